@@ -1,0 +1,1 @@
+"""Benchmarks of celery-dedupe: ``python -m benchmarks`` (or ``./noxw -s bench``)."""

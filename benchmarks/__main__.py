@@ -1,0 +1,47 @@
+"""Run the benchmarks: ``python -m benchmarks [--quick] [--only NAME ...]`` (or ./noxw -s bench).
+
+Writes benchmarks/results/latest.md and ratios.png, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import derivation, enqueue, report, roundtrips, scale, worker
+from ._env import redis_url
+
+BENCHES = ("enqueue", "worker", "derivation", "scale", "roundtrips")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--redis", metavar="URL", help="default: a throwaway redis-server")
+    parser.add_argument("--only", nargs="+", choices=BENCHES, default=list(BENCHES))
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, smaller sizes")
+    args = parser.parse_args(argv)
+    rounds = 5 if args.quick else 11
+    results: dict[str, Any] = {}
+    with redis_url(args.redis) as url:
+        if "enqueue" in args.only:
+            results["enqueue"] = enqueue.run(url, rounds, 500 if args.quick else 2000)
+        if "worker" in args.only:
+            results["worker"] = worker.run(url, rounds, 200 if args.quick else 500)
+        if "derivation" in args.only:
+            results["derivation"] = derivation.run()
+        if "scale" in args.only:
+            sizes = (1_000, 10_000) if args.quick else (1_000, 100_000, 1_000_000)
+            results["scale"] = scale.run(url, sizes, 300 if args.quick else 1000)
+        if "roundtrips" in args.only:
+            results["roundtrips"] = roundtrips.run(url)
+    command = "python -m benchmarks " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
+    path = report.write(results, command.strip())
+    print(path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

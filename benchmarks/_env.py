@@ -1,0 +1,79 @@
+"""What every benchmark needs: a Redis, apps, and interleaved timing rounds."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from celery import Celery
+
+import dedupe
+from dedupe._redis_server import RedisServer
+
+
+@contextlib.contextmanager
+def redis_url(given: str | None) -> Iterator[str]:
+    """The given Redis, or a throwaway redis-server for the run."""
+    if given:
+        yield given
+        return
+    with RedisServer() as server:
+        yield server.url
+
+
+def make_app(url: str, **conf: Any) -> Celery:
+    """An installed app with its own queue and key prefix and no result backend (so that
+    the plain publish is as cheap as it gets: ratios against it are the worst case)."""
+    suffix = uuid.uuid4().hex[:8]
+    app = Celery(f"bench{suffix}", broker=url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"bench-{suffix}",
+        dedupe_key_prefix=f"bench-{suffix}",
+        broker_connection_retry_on_startup=True,
+        **conf,
+    )
+    dedupe.install(app)
+    return app
+
+
+def in_process_worker(app: Celery, **kwargs: Any) -> Any:
+    """A worker thread in this process (celery.contrib.testing)."""
+    from celery.contrib.testing.worker import start_worker
+
+    kwargs.setdefault("pool", "solo")
+    return start_worker(app, perform_ping_check=False, shutdown_timeout=60, **kwargs)
+
+
+def interleaved(
+    variants: dict[str, tuple[Callable[[int], Any], Callable[[], Any] | None]],
+    rounds: int,
+    calls: int,
+) -> dict[str, float]:
+    """Median microseconds per call of each variant, rounds interleaved (A B C, C A B, ...) so
+    that drift of a shared machine hits every variant alike, in a new order every round.
+
+    ``variants`` maps a name to ``(call, reset)``: ``call(i)`` is timed ``calls`` times per
+    round; ``reset()`` (untimed) runs after each round.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    counter = 0
+    order = list(variants)
+    shuffle = random.Random(20261122).shuffle
+    for _ in range(rounds):
+        # A new order every round: no variant always follows the same neighbour.
+        shuffle(order)
+        for name in order:
+            call, reset = variants[name]
+            start = time.perf_counter_ns()
+            for _ in range(calls):
+                call(counter)
+                counter += 1
+            samples[name].append((time.perf_counter_ns() - start) / calls / 1000)
+            if reset is not None:
+                reset()
+    return {name: statistics.median(values) for name, values in samples.items()}

@@ -1,0 +1,111 @@
+"""Enqueue cost: plain apply_async against dedup accepted and duplicate calls (and peers).
+
+Accepted calls use distinct arguments (a new key each); duplicate calls repeat one call
+whose key is held. Each round's accepted calls are cleared (queue and keys) untimed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import Celery
+
+import dedupe
+
+from ._env import interleaved, make_app
+
+Variant = tuple[Callable[[int], Any], Callable[[], Any] | None]
+
+
+def run(url: str, rounds: int, calls: int) -> dict[str, float]:
+    """Median microseconds per call of each variant."""
+    client = redis.Redis.from_url(url)
+
+    def clearer(app: Celery, *patterns: str, hold: Callable[[], Any] | None = None) -> Any:
+        def clear() -> None:
+            client.delete(app.conf.task_default_queue)
+            for pattern in patterns:
+                keys = list(client.scan_iter(match=pattern, count=10_000))
+                if keys:
+                    client.delete(*keys)
+            if hold is not None:
+                hold()
+
+        return clear
+
+    app = make_app(url)
+
+    @app.task(shared=False)
+    def plain(x: int) -> None: ...
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def unique(x: int) -> None: ...
+
+    def hold() -> None:
+        unique.delay(-1)  # the duplicate variant's holder
+
+    hold()
+    prefix = app.conf.dedupe_key_prefix
+    variants: dict[str, Variant] = {
+        "plain apply_async": (lambda i: plain.apply_async((i,)), clearer(app)),
+        "dedupe accepted": (
+            lambda i: unique.apply_async((i,)),
+            clearer(app, f"{prefix}:*", hold=hold),
+        ),
+        "dedupe duplicate": (lambda i: unique.apply_async((-1,)), None),
+    }
+    variants.update(_peers(url, clearer))
+    return interleaved(variants, rounds, calls)
+
+
+def _peers(url: str, clearer: Callable[..., Any]) -> dict[str, Variant]:
+    """celery-once and celery-singleton, when installed (the bench extra)."""
+    variants: dict[str, Variant] = {}
+    try:
+        from celery_once import QueueOnce
+    except ImportError:
+        pass
+    else:
+        app = make_app(url)
+        app.conf.ONCE = {
+            "backend": "celery_once.backends.Redis",
+            "settings": {"url": url, "default_timeout": 3600},
+        }
+
+        @app.task(shared=False, base=QueueOnce, once={"graceful": True})
+        def once_task(x: int) -> None: ...
+
+        def hold_once() -> None:
+            once_task.apply_async((-1,))
+
+        hold_once()
+        variants["celery-once accepted"] = (
+            lambda i: once_task.apply_async((i,)),
+            clearer(app, "qo_*", hold=hold_once),
+        )
+        variants["celery-once duplicate"] = (lambda i: once_task.apply_async((-1,)), None)
+    try:
+        from celery_singleton import Singleton
+    except ImportError:
+        pass
+    else:
+        app = make_app(url, singleton_backend_url=url)
+
+        @app.task(shared=False, base=Singleton)
+        def singleton_task(x: int) -> None: ...
+
+        def hold_singleton() -> None:
+            singleton_task.apply_async((-1,))
+
+        hold_singleton()
+        variants["celery-singleton accepted"] = (
+            lambda i: singleton_task.apply_async((i,)),
+            clearer(app, "SINGLETONLOCK_*", hold=hold_singleton),
+        )
+        variants["celery-singleton duplicate"] = (
+            lambda i: singleton_task.apply_async((-1,)),
+            None,
+        )
+    return variants

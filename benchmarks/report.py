@@ -1,0 +1,154 @@
+"""The benchmark report: a markdown table (printed, and written to benchmarks/results/) and a
+PNG bar chart of the ratios (when matplotlib is installed: the bench extra)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+TARGETS = {
+    "dedupe accepted": ("<=", 1.25),
+    "dedupe duplicate": ("<=", 0.30),
+    "worker throughput": (">=", 0.75),
+    "10 small arguments": ("<=", 15.0),
+    "memory per live key": ("<=", 200),
+}
+
+
+def verdict(name: str, value: float) -> str:
+    rule = TARGETS.get(name)
+    if rule is None:
+        return ""
+    op, bound = rule
+    ok = value <= bound if op == "<=" else value >= bound
+    return f"{'met' if ok else 'MISSED'} ({op} {bound:g})"
+
+
+def markdown(results: dict[str, Any], command: str) -> str:
+    lines = [
+        f"# celery-dedupe benchmarks, {dt.date.today().isoformat()}",
+        "",
+        f"`{command}` on {platform.node()} ({platform.machine()}, Python "
+        f"{platform.python_version()}). Absolute times drift on shared machines; the ratios "
+        f"come from rounds interleaved in one run.",
+        "",
+    ]
+    enqueue = results.get("enqueue")
+    if enqueue:
+        plain = enqueue["plain apply_async"]
+        lines += [
+            "## Enqueue cost",
+            "",
+            "| variant | us/call | x plain | target |",
+            "|---|---:|---:|---|",
+        ]
+        for name, micros in enqueue.items():
+            ratio = micros / plain
+            lines.append(f"| {name} | {micros:.0f} | {ratio:.2f} | {verdict(name, ratio)} |")
+        lines.append("")
+    worker = results.get("worker")
+    if worker:
+        ratio = worker["dedupe"] / worker["plain"]
+        lines += [
+            "## Worker throughput (solo pool, no-op tasks)",
+            "",
+            "| variant | tasks/s | x plain | target |",
+            "|---|---:|---:|---|",
+            f"| plain | {worker['plain']:.0f} | 1.00 | |",
+            f"| dedupe | {worker['dedupe']:.0f} | {ratio:.2f} | "
+            f"{verdict('worker throughput', ratio)} |",
+            "",
+        ]
+    derivation = results.get("derivation")
+    if derivation:
+        lines += ["## Key derivation", "", "| arguments | us | target |", "|---|---:|---|"]
+        lines += [
+            f"| {name} | {micros:.1f} | {verdict(name, micros)} |"
+            for name, micros in derivation.items()
+        ]
+        lines.append("")
+    scale = results.get("scale")
+    if scale:
+        lines += [
+            "## Scale: the enqueue round trip as live keys grow",
+            "",
+            "Interleaved with a bare PING at each size: the ratio to PING is what the "
+            "number of keys could change.",
+            "",
+            "| live keys | PING us | accepted us | x PING | duplicate us | x PING |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for name, timing in scale.items():
+            if name.endswith("live keys"):
+                ping = timing["ping"]
+                lines.append(
+                    f"| {name.removesuffix(' live keys')} | {ping:.0f} | "
+                    f"{timing['accepted']:.0f} | {timing['accepted'] / ping:.2f} | "
+                    f"{timing['duplicate']:.0f} | {timing['duplicate'] / ping:.2f} |"
+                )
+        usage = scale["MEMORY USAGE"]
+        lines += [
+            "",
+            "| memory per live key | bytes | target |",
+            "|---|---:|---|",
+            f"| queued record (MEMORY USAGE) | {usage['queued']} | "
+            f"{verdict('memory per live key', usage['queued'])} |",
+            f"| running record, 25-character host name (MEMORY USAGE) | "
+            f"{usage['running']} | {verdict('memory per live key', usage['running'])} |",
+            f"| used_memory / live keys, at the largest size | "
+            f"{scale['used_memory per key']:.0f} | |",
+            "",
+        ]
+    trips = results.get("roundtrips")
+    if trips:
+        lines += [
+            "## Redis commands (a Redis holding only the dedup records)",
+            "",
+            "| per | round trips | commands, with those inside scripts |",
+            "|---|---:|---:|",
+        ]
+        lines += [f"| {name} | {top:.2f} | {total:.2f} |" for name, (top, total) in trips.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(results: dict[str, Any], command: str) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    text = markdown(results, command)
+    (RESULTS / "latest.md").write_text(text + "\n")
+    _chart(results)
+    return RESULTS / "latest.md"
+
+
+def _chart(results: dict[str, Any]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    bars: dict[str, float] = {}
+    enqueue = results.get("enqueue") or {}
+    if enqueue:
+        plain = enqueue["plain apply_async"]
+        bars.update({name: micros / plain for name, micros in enqueue.items()})
+    worker = results.get("worker")
+    if worker:
+        bars["worker throughput (dedupe / plain)"] = worker["dedupe"] / worker["plain"]
+    if not bars:
+        return
+    figure, axes = plt.subplots(figsize=(9, 4.5))
+    colors = ["#4c72b0" if "dedupe" in name else "#999999" for name in bars]
+    axes.barh(list(bars), list(bars.values()), color=colors)
+    axes.axvline(1.0, color="black", linewidth=0.8)
+    axes.invert_yaxis()
+    axes.set_xlabel("x plain apply_async (enqueue: time per call; worker: tasks per second)")
+    axes.set_title("celery-dedupe: cost relative to plain Celery")
+    figure.tight_layout()
+    figure.savefig(RESULTS / "ratios.png", dpi=110)
+    plt.close(figure)

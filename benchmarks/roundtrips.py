@@ -1,0 +1,69 @@
+"""Redis commands per call and per run, from INFO commandstats on a Redis that holds only the
+dedup records (the broker is another server)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import redis
+from celery import signals
+
+import dedupe
+from dedupe._redis_server import RedisServer
+
+from ._env import in_process_worker, make_app
+
+_TOP_LEVEL = ("evalsha", "eval", "script|load", "script")
+
+
+def _stats(client: redis.Redis) -> dict[str, int]:
+    return {
+        name.removeprefix("cmdstat_"): int(value["calls"])
+        for name, value in client.info("commandstats").items()
+        if name not in ("cmdstat_info", "cmdstat_config|resetstat")
+    }
+
+
+def _delta(client: redis.Redis, action: Any, count: int) -> tuple[float, float]:
+    """(round trips, commands including those run inside scripts) per action."""
+    before = _stats(client)
+    action()
+    after = _stats(client)
+    delta = {name: after[name] - before.get(name, 0) for name in after}
+    top = sum(calls for name, calls in delta.items() if name in _TOP_LEVEL)
+    return top / count, sum(delta.values()) / count
+
+
+def run(broker_url: str, calls: int = 1000) -> dict[str, tuple[float, float]]:
+    with RedisServer() as store_server:
+        app = make_app(broker_url, dedupe_redis_url=store_server.url)
+
+        @app.task(shared=False, base=dedupe.DedupeTask, unique=True, ignore_result=True)
+        def job(x: int) -> None: ...
+
+        client = redis.Redis.from_url(store_server.url)
+        job.delay(-1)  # scripts loaded, connections open
+        results = {
+            "accepted call": _delta(client, lambda: [job.delay(i) for i in range(calls)], calls),
+            "duplicate call": _delta(client, lambda: [job.delay(-1) for _ in range(calls)], calls),
+        }
+        done = threading.Event()
+        finished = 0
+
+        def count(**_: Any) -> None:
+            nonlocal finished
+            finished += 1
+            if finished == calls + 1:
+                done.set()
+
+        signals.task_postrun.connect(count, weak=False)
+        try:
+            with in_process_worker(app):
+                results["task run (claim + release)"] = _delta(
+                    client, lambda: done.wait(120), calls + 1
+                )
+        finally:
+            signals.task_postrun.disconnect(count)
+        app.close()
+        return results

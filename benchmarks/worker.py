@@ -1,0 +1,60 @@
+"""Worker throughput: no-op tasks per second drained by a solo-pool worker, plain vs dedup."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import signals
+
+import dedupe
+
+from ._env import in_process_worker, make_app
+
+
+def run(url: str, rounds: int, tasks: int) -> dict[str, float]:
+    """Median tasks per second of each variant, rounds interleaved."""
+    app = make_app(url)
+
+    @app.task(shared=False, ignore_result=True)
+    def plain_noop(i: int) -> None: ...
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, ignore_result=True)
+    def dedupe_noop(i: int) -> None: ...
+
+    client = redis.Redis.from_url(url)
+    stamps: list[float] = []
+    done = threading.Event()
+
+    def on_postrun(**_: Any) -> None:
+        stamps.append(time.perf_counter())
+        if len(stamps) == tasks:
+            done.set()
+
+    samples: dict[str, list[float]] = {"plain": [], "dedupe": []}
+    signals.task_postrun.connect(on_postrun, weak=False)
+    try:
+        with in_process_worker(app, pool="solo") as worker:
+            for round_ in range(rounds):
+                for name, task in (("plain", plain_noop), ("dedupe", dedupe_noop)):
+                    # Pause consuming, queue the round's tasks, resume: the worker then drains
+                    # a full queue. (Remote control: it runs in the worker's own thread.)
+                    queue = app.conf.task_default_queue
+                    app.control.cancel_consumer(queue, destination=[worker.hostname], reply=True)
+                    stamps.clear()
+                    done.clear()
+                    for i in range(tasks):
+                        task.delay(round_ * tasks + i)
+                    app.control.add_consumer(queue, destination=[worker.hostname], reply=True)
+                    if not done.wait(300):
+                        raise RuntimeError(f"{name}: only {len(stamps)} of {tasks} tasks ran")
+                    # First to last completion: start-up and consumer set-up excluded.
+                    samples[name].append((tasks - 1) / (stamps[-1] - stamps[0]))
+    finally:
+        signals.task_postrun.disconnect(on_postrun)
+        client.delete(app.conf.task_default_queue)
+        app.close()
+    return {name: statistics.median(values) for name, values in samples.items()}

@@ -1,0 +1,51 @@
+"""celery-dedupe: stop Celery from queueing, or running, the same work twice.
+
+>>> import dedupe
+>>> app = Celery("proj", broker="redis://localhost:6379/0")
+>>> dedupe.install(app)
+>>> @app.task(base=dedupe.DedupeTask, unique=True)
+... def sync_customer(customer_id, full=False): ...
+>>> sync_customer.delay(42).deduplicated
+False
+>>> sync_customer.delay(42).deduplicated      # the first one is still queued or running
+True
+"""
+
+from __future__ import annotations
+
+from .aio import aapply_async, alookup
+from .errors import (
+    AlreadyQueued,
+    ConfigurationError,
+    DedupeError,
+    KeyDerivationError,
+    NotInstalled,
+    RedisUnavailable,
+)
+from .producer import apply_async, lookup, release
+from .record import Holder
+from .result import DedupeResult
+from .runtime import install
+from .task import DedupeTask
+from .web import response_for
+
+__all__ = [
+    "AlreadyQueued",
+    "ConfigurationError",
+    "DedupeError",
+    "DedupeResult",
+    "DedupeTask",
+    "Holder",
+    "KeyDerivationError",
+    "NotInstalled",
+    "RedisUnavailable",
+    "aapply_async",
+    "alookup",
+    "apply_async",
+    "install",
+    "lookup",
+    "release",
+    "response_for",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,90 @@
+"""Django: deduplicated calls that wait for the transaction, and Celery's DjangoTask.
+
+Settings come through Celery's usual namespace (``CELERY_DEDUPE_REDIS_URL``, ...) when the
+app loads them with ``app.config_from_object("django.conf:settings", namespace="CELERY")``.
+
+>>> @app.task(base=DedupeDjangoTask, unique=True)
+... def refresh_report(report_id): ...
+>>> with transaction.atomic():
+...     report.save()
+...     pending = refresh_report.delay_unique_on_commit(report.id)
+>>> pending.result.deduplicated      # set when the transaction committed
+False
+
+Nothing is claimed and nothing is sent when the transaction rolls back.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from celery.contrib.django.task import DjangoTask
+from celery.result import AsyncResult
+from django.db import transaction
+
+from .producer import apply_async
+from .task import DedupeTask
+
+__all__ = ["DedupeDjangoTask", "OnCommit", "apply_async_on_commit"]
+
+
+class OnCommit:
+    """A deduplicated call waiting for its transaction to commit.
+
+    ``result`` is None until then (and stays None if the transaction rolls back); after the
+    commit it is the call's result, with ``deduplicated`` as usual.
+    """
+
+    def __init__(self) -> None:
+        self.result: AsyncResult[Any] | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.result is not None
+
+    def _schedule(self, call: Callable[[], AsyncResult[Any]], using: str | None) -> OnCommit:
+        def run() -> None:
+            self.result = call()
+
+        transaction.on_commit(run, using=using)
+        return self
+
+
+def apply_async_on_commit(
+    task_or_name: Any,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    using: str | None = None,
+    **options: Any,
+) -> OnCommit:
+    """:func:`dedupe.apply_async` when the current transaction commits (at once outside one)."""
+    call = functools.partial(apply_async, task_or_name, args, kwargs, **options)
+    return OnCommit()._schedule(call, using)
+
+
+class DedupeDjangoTask(DedupeTask, DjangoTask[Any, Any]):
+    """:class:`~dedupe.DedupeTask` and Celery's ``DjangoTask`` in one base class.
+
+    ``delay_on_commit`` and ``apply_async_on_commit`` keep Celery's meaning (deduplicated
+    too when the task is ``unique``); the ``*_unique_on_commit`` methods deduplicate always
+    and return an :class:`OnCommit` handle.
+    """
+
+    def delay_unique_on_commit(self, *args: Any, **kwargs: Any) -> OnCommit:
+        """``delay_unique`` when the current transaction commits."""
+        return OnCommit()._schedule(functools.partial(self.delay_unique, *args, **kwargs), None)
+
+    def apply_async_unique_on_commit(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        using: str | None = None,
+        **options: Any,
+    ) -> OnCommit:
+        """``apply_async_unique`` when the current transaction commits."""
+        call = functools.partial(self.apply_async_unique, args, kwargs, **options)
+        return OnCommit()._schedule(call, using)

@@ -1,0 +1,66 @@
+"""Every error celery-dedupe raises derives from :class:`DedupeError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyQueued",
+    "ConfigurationError",
+    "DedupeError",
+    "KeyDerivationError",
+    "NotInstalled",
+    "RedisUnavailable",
+]
+
+
+class DedupeError(Exception):
+    """Root of every error celery-dedupe raises."""
+
+
+class ConfigurationError(DedupeError, ValueError):
+    """A setting or a task option has an invalid value, or a required one is missing."""
+
+
+class NotInstalled(ConfigurationError):
+    """A dedup feature was used on an app that ``dedupe.install(app)`` was never called for."""
+
+    def __init__(self, app_name: str) -> None:
+        self.app_name = app_name
+        super().__init__(
+            f"celery-dedupe is not installed on Celery app {app_name!r}: call "
+            f"dedupe.install(app) once where the app is created (producers and workers alike)."
+        )
+
+
+class KeyDerivationError(DedupeError, TypeError):
+    """The arguments of a call cannot be turned into a dedup key; nothing was written or sent."""
+
+    def __init__(self, task_name: str, argument: str | None, reason: str) -> None:
+        self.task_name = task_name
+        #: The argument at fault (with its path inside nested values), or None when the
+        #: arguments as a whole do not fit the task's signature.
+        self.argument = argument
+        self.reason = reason
+        where = f"argument {argument!r}" if argument is not None else "its arguments"
+        super().__init__(f"cannot derive a dedup key for task {task_name!r}: {where}: {reason}")
+
+
+class AlreadyQueued(DedupeError):
+    """A call with ``on_duplicate="raise"`` found its key held by a queued or running task."""
+
+    def __init__(self, task_name: str, task_id: str, state: str, key: str) -> None:
+        self.task_name = task_name
+        #: The id of the task that already holds the key (it will do the work).
+        self.task_id = task_id
+        #: ``"queued"`` or ``"running"``.
+        self.state = state
+        self.key = key
+        super().__init__(f"task {task_name!r} is already {state} as {task_id} (key {key})")
+
+
+class RedisUnavailable(DedupeError):
+    """The dedup Redis could not be reached (raised with ``dedupe_on_redis_error="raise"``)."""
+
+    def __init__(self, operation: str, cause: BaseException) -> None:
+        self.operation = operation
+        self.cause = cause
+        super().__init__(f"dedup Redis unavailable during {operation}: {cause!r}")

@@ -1,0 +1,145 @@
+"""Lease renewal: one daemon thread per worker process renews the leases of its runs.
+
+A run's key is held with a short lease (``unique_lease``, default 60 s) and renewed every
+third of it, so a killed worker frees its keys within one lease. Under gevent or eventlet the
+thread is a green thread: it renews as long as tasks yield to the hub; a task that blocks the
+hub for longer than its lease loses its key (raise ``unique_lease`` for such tasks).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .errors import RedisUnavailable
+from .store import Lease, Store
+
+__all__ = ["Heartbeat"]
+
+logger = logging.getLogger("dedupe.heartbeat")
+
+_RENEWED, _RECREATED, _LOST = 1, 2, 0
+
+# How long an idle thread sleeps between looks. hold() wakes it only for a lease due before
+# its next look: with the default 60 s lease (due in 20 s), starting a run never wakes it.
+_IDLE_WAIT = 1.0
+
+
+@dataclass(eq=False)
+class _Held:
+    lease: Lease
+    due: float = field(default=0.0)
+
+    def schedule(self) -> None:
+        self.due = time.monotonic() + self.lease.lease_ms / 3000
+
+
+class Heartbeat:
+    """Renews the leases of the runs this process holds, in one round trip per beat."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._reset()
+
+    def _reset(self) -> None:
+        # Also the state of a freshly forked child: no thread, no leases, fresh locks.
+        self._pid = os.getpid()
+        self._held: dict[int, _Held] = {}
+        self._wake = threading.Condition()
+        # Held while a beat talks to Redis, so that drop() returns only once no renewal of
+        # the dropped lease is in flight: a late renewal would re-create a released key.
+        self._renewing = threading.Lock()
+        self._thread: threading.Thread | None = None
+        #: When the thread next looks at its leases (monotonic; 0 while it renews).
+        self._wake_at = 0.0
+
+    def hold(self, lease: Lease) -> None:
+        """Start renewing ``lease``."""
+        if self._pid != os.getpid():
+            self._reset()
+        held = _Held(lease)
+        held.schedule()
+        with self._wake:
+            self._held[id(lease)] = held
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="dedupe-heartbeat", daemon=True
+                )
+                self._thread.start()
+            elif held.due < self._wake_at:
+                self._wake.notify()
+
+    def drop(self, lease: Lease) -> None:
+        """Stop renewing ``lease``; when this returns, no renewal of it is in flight."""
+        if self._pid != os.getpid():
+            return
+        with self._renewing, self._wake:
+            self._held.pop(id(lease), None)
+
+    def holding(self) -> int:
+        """How many leases this process renews now."""
+        with self._wake:
+            return len(self._held)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                due = self._due()
+                while not due:
+                    next_due = self._next_due()
+                    self._wake_at = (
+                        next_due if next_due is not None else time.monotonic() + _IDLE_WAIT
+                    )
+                    self._wake.wait(max(self._wake_at - time.monotonic(), 0))
+                    due = self._due()
+                self._wake_at = 0.0
+            with self._renewing:
+                self._beat(due)
+
+    def _due(self) -> list[_Held]:
+        now = time.monotonic()
+        return [held for held in self._held.values() if held.due <= now]
+
+    def _next_due(self) -> float | None:
+        return min((held.due for held in self._held.values()), default=None)
+
+    def _beat(self, due: list[_Held]) -> None:
+        with self._wake:
+            # Dropped while this beat waited for the lock: leave them be.
+            due = [held for held in due if self._held.get(id(held.lease)) is held]
+        if not due:
+            return
+        try:
+            codes = self._store.renew([held.lease for held in due])
+        except Exception as exc:
+            # Keep trying at the next beat (a lease is renewed three times per period): an
+            # unreachable Redis, or one that refuses for a while (BUSY, OOM, MISCONF), must
+            # not end the thread that every run of this process relies on.
+            reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
+            logger.warning("could not renew %d lease(s): %r", len(due), reason)
+            for held in due:
+                held.schedule()
+            return
+        for held, code in zip(due, codes, strict=True):
+            lease = held.lease
+            if code == _LOST:
+                logger.warning(
+                    "lost the lease on %s for task %s: another run holds the key now; "
+                    "no longer renewing it",
+                    lease.key,
+                    lease.task_id,
+                )
+                with self._wake:
+                    self._held.pop(id(lease), None)
+                continue
+            if code == _RECREATED:
+                logger.warning(
+                    "re-created %s for running task %s: the key was gone (Redis restarted, "
+                    "failed over or evicted it)",
+                    lease.key,
+                    lease.task_id,
+                )
+            held.schedule()

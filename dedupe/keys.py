@@ -1,0 +1,233 @@
+"""From a call to its dedup key: bind the arguments, pick the ones that count, digest them.
+
+Key format, versioned by :data:`KEY_VERSION` (a change of any rule here must bump it)::
+
+    <prefix>:{<task name>:<32 hex digits>}        the record of a call
+    <prefix>:{<task name>:<32 hex digits>}:run    the run lock (unique_until="started" only)
+
+The braces are a Redis Cluster hash tag: every key of one call lands in one slot, so one
+Lua script may touch them all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .canonical import Unencodable, canonical_bytes
+from .errors import KeyDerivationError
+
+__all__ = ["KEY_VERSION", "Binder", "CallKeys", "binder_for", "call_digest", "call_keys"]
+
+#: Personalises BLAKE2b, so that digests of a future key format never equal today's.
+KEY_VERSION = b"dedupe-key-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class CallKeys:
+    """The Redis keys of one call. ``run == record`` unless ``unique_until="started"``."""
+
+    record: str
+    run: str
+
+
+def call_keys(prefix: str, task_name: str, digest: str, *, separate_run_lock: bool) -> CallKeys:
+    """Name the keys of a call from its digest."""
+    record = f"{prefix}:{{{task_name}:{digest}}}"
+    return CallKeys(record, f"{record}:run" if separate_run_lock else record)
+
+
+class Binder:
+    """Binds call arguments to a task's signature, with defaults applied.
+
+    Gives the mapping ``inspect.Signature.bind`` + ``apply_defaults`` gives, several times
+    faster (it runs on every call); a call that does not fit is handed to inspect, for its
+    exact error message.
+    """
+
+    def __init__(self, task_name: str, signature: inspect.Signature) -> None:
+        self.task_name = task_name
+        self.signature = signature
+        kinds = inspect.Parameter
+        params = list(signature.parameters.values())
+        #: Names that may be passed by position, in order.
+        self._positional = [
+            p.name for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        ]
+        #: Names that may be passed by keyword.
+        self._keywords = {
+            p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+        }
+        self._var_positional = next(
+            (p.name for p in params if p.kind is kinds.VAR_POSITIONAL), None
+        )
+        self._var_keyword = next((p.name for p in params if p.kind is kinds.VAR_KEYWORD), None)
+        self._defaults = [(p.name, p.default) for p in params if p.default is not kinds.empty]
+        self._required = [
+            p.name
+            for p in params
+            if p.default is kinds.empty and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+        ]
+        empty = inspect.Parameter.empty
+        plain = signature.replace(
+            parameters=[p.replace(annotation=empty) for p in signature.parameters.values()],
+            return_annotation=empty,
+        )
+        #: How error messages show the signature: ``proj.sync(customer_id, full=False)``.
+        self.display = f"{task_name}{plain}"
+
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        bound = self._fast_bind(args, kwargs)
+        if bound is not None:
+            return bound
+        try:
+            slow = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise KeyDerivationError(
+                self.task_name, None, f"{exc} (signature: {self.display})"
+            ) from None
+        slow.apply_defaults()
+        return dict(slow.arguments)
+
+    def _fast_bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The bound arguments, or None when the call does not fit (inspect then explains)."""
+        positional = self._positional
+        if len(args) > len(positional) and self._var_positional is None:
+            return None
+        bound = dict(zip(positional, args, strict=False))
+        if self._var_positional is not None:
+            bound[self._var_positional] = tuple(args[len(positional) :])
+        extra = {}
+        for name, value in kwargs.items():
+            if name in bound:
+                return None  # given twice (or a *args name passed by keyword)
+            if name in self._keywords:
+                bound[name] = value
+            elif self._var_keyword is not None:
+                extra[name] = value
+            else:
+                return None  # unexpected keyword, or a positional-only name by keyword
+        if self._var_keyword is not None:
+            bound[self._var_keyword] = extra
+        for name, default in self._defaults:
+            bound.setdefault(name, default)
+        if len(bound) < len(self._required) or any(n not in bound for n in self._required):
+            return None
+        return bound
+
+
+# Keyed weakly by the task object: tasks live as long as their app, and a signature is
+# worth computing once (inspect.signature costs far more than a bind).
+_binders: weakref.WeakKeyDictionary[Any, Binder] = weakref.WeakKeyDictionary()
+
+
+def binder_for(task: Any) -> Binder:
+    """The cached :class:`Binder` of a Celery task object."""
+    try:
+        return _binders[task]
+    except KeyError:
+        binder = Binder(task.name, inspect.signature(task.run))
+        _binders[task] = binder
+        return binder
+
+
+def call_digest(
+    task_name: str,
+    binder: Binder | None,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    *,
+    unique_on: Sequence[str] | None = None,
+    unique_key: Callable[..., Any] | None = None,
+) -> str:
+    """The 128-bit hex digest of the arguments that make a call unique.
+
+    ``binder`` is None for a task that is not registered in this process (the send_task
+    path): its arguments count exactly as passed, positional and keyword apart.
+
+    >>> call_digest("t", None, (1,), {}) == call_digest("t", None, [1], None)
+    True
+    """
+    args = args or ()
+    kwargs = kwargs or {}
+    if unique_key is not None:
+        try:
+            value: Any = unique_key(*args, **kwargs)
+        except Exception as exc:
+            raise KeyDerivationError(
+                task_name, None, f"unique_key {_name_of(unique_key)} raised {exc!r}"
+            ) from exc
+        return _digest(task_name, "unique_key() result", value)
+    if binder is not None:
+        arguments = binder.bind(args, kwargs)
+    elif unique_on:
+        arguments = dict(kwargs)
+    else:
+        arguments = {"args": list(args), "kwargs": kwargs}
+    if unique_on:
+        arguments = _pick(task_name, binder, arguments, unique_on)
+    try:
+        packed = canonical_bytes(arguments)
+    except Unencodable as exc:
+        raise _unencodable(task_name, exc) from None
+    return hashlib.blake2b(packed, digest_size=16, person=KEY_VERSION).hexdigest()
+
+
+def _digest(task_name: str, label: str, value: Any) -> str:
+    try:
+        packed = canonical_bytes(value)
+    except Unencodable as exc:
+        raise KeyDerivationError(task_name, label + exc.path, _unencodable_reason(exc)) from None
+    return hashlib.blake2b(packed, digest_size=16, person=KEY_VERSION).hexdigest()
+
+
+def _pick(
+    task_name: str, binder: Binder | None, arguments: dict[str, Any], names: Sequence[str]
+) -> dict[str, Any]:
+    picked = {}
+    for name in names:
+        if name in arguments:
+            picked[name] = arguments[name]
+        elif binder is not None:
+            raise KeyDerivationError(
+                task_name,
+                name,
+                f"unique_on names it, but it is not a parameter of {binder.display}",
+            )
+        else:
+            raise KeyDerivationError(
+                task_name,
+                name,
+                "unique_on names it, but the task is not registered in this process, so "
+                "only keyword arguments can be matched to names: pass it as a keyword "
+                "argument or import the task's module",
+            )
+    return picked
+
+
+def _unencodable(task_name: str, exc: Unencodable) -> KeyDerivationError:
+    # exc.path starts with the argument name, as in "['payload'][3]".
+    path = exc.path
+    argument: str | None = path or None
+    if path.startswith("['"):
+        end = path.index("']")
+        argument = path[2:end] + path[end + 2 :]
+    return KeyDerivationError(task_name, argument, _unencodable_reason(exc))
+
+
+def _unencodable_reason(exc: Unencodable) -> str:
+    return (
+        f"a {type(exc.value).__module__}.{type(exc.value).__qualname__} value has no "
+        f"canonical encoding (supported: None, bool, int, float, str, bytes, list, tuple, "
+        f"dict, set, datetime, date, time, UUID, Decimal, pydantic models). Pass a "
+        f"serializable value, leave the argument out with unique_on=(...), or compute the "
+        f"key yourself with unique_key=callable"
+    )
+
+
+def _name_of(func: Callable[..., Any]) -> str:
+    return getattr(func, "__qualname__", None) or repr(func)

@@ -1,0 +1,11 @@
+-- Prepended to every script when it is loaded (see dedupe/scripts.py).
+-- A record is a msgpack map (fields documented in dedupe/record.py).
+
+-- Returns the decoded record stored at key and its raw bytes, or nil when the key is absent.
+local function load_record(key)
+  local raw = redis.call('GET', key)
+  if not raw then
+    return nil, nil
+  end
+  return cmsgpack.unpack(raw), raw
+end

@@ -1,0 +1,37 @@
+-- claim: a worker starts a run (queued or absent -> running, with a lease).
+--
+-- KEYS[1]  record key
+-- KEYS[2]  run key: equal to KEYS[1] with unique_until="finished"; the separate run lock
+--          with unique_until="started", whose queued record is released as the run starts
+-- ARGV[1]  task id
+-- ARGV[2]  run token (tells this run from a redelivered copy of the same task id)
+-- ARGV[3]  lease, ms
+-- ARGV[4]  worker host
+-- ARGV[5]  worker pid
+-- ARGV[6]  now, whole unix seconds
+--
+-- Returns
+--   {1}                  claimed (also when this very run claimed already: a re-sent command)
+--   {0, record, pttl}    held: another run is live on the run key; its record and ttl in ms
+--
+-- A queued record of another task id is taken over: this run starts after that call was
+-- made, so it does the work the call asked for, and the other message, when it starts,
+-- finds the key running and is guarded.
+local id, token = ARGV[1], ARGV[2]
+local run, raw = load_record(KEYS[2])
+if run and run['s'] == 'r' and (run['i'] ~= id or run['r'] ~= token) then
+  return {0, raw, redis.call('PTTL', KEYS[2])}
+end
+local rec = {i = id, s = 'r', r = token, h = ARGV[4], p = tonumber(ARGV[5]), b = tonumber(ARGV[6])}
+local queued = run
+if KEYS[1] ~= KEYS[2] then
+  queued = load_record(KEYS[1])
+  if queued and queued['i'] == id then
+    redis.call('DEL', KEYS[1])
+  end
+end
+if queued and queued['i'] == id then
+  rec['q'] = queued['q']
+end
+redis.call('SET', KEYS[2], cmsgpack.pack(rec), 'PX', ARGV[3])
+return {1}

@@ -1,0 +1,24 @@
+-- release: a call or a run ends (queued or running -> absent): the task finished, failed,
+-- was ignored, rejected, revoked or expired, or its publish failed.
+--
+-- KEYS[1]  record key
+-- KEYS[2]  run key (may equal KEYS[1])
+-- ARGV[1]  task id
+-- ARGV[2]  run token of the run that ends; "" to release whatever this task id holds
+--          (a publish that failed, a revoke, a lost worker child)
+--
+-- Returns the number of keys deleted. A key held by another task id, or by another run of
+-- this task id, is never touched: a stale owner cannot release what someone else holds.
+local id, token = ARGV[1], ARGV[2]
+local deleted = 0
+local function release(key)
+  local rec = load_record(key)
+  if rec and rec['i'] == id and (token == '' or rec['r'] == token) then
+    deleted = deleted + redis.call('DEL', key)
+  end
+end
+release(KEYS[1])
+if KEYS[2] ~= KEYS[1] then
+  release(KEYS[2])
+end
+return deleted

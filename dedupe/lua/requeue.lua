@@ -1,0 +1,31 @@
+-- requeue: a continuation of a task id goes back to the queue (running -> queued): a retry,
+-- a replace with the same task, a worker lost under retry_on_worker_lost, a requeued Reject.
+--
+-- KEYS[1]  record key
+-- KEYS[2]  run key (equal to KEYS[1] with unique_until="finished")
+-- ARGV[1]  task id
+-- ARGV[2]  run token of the run that continues; "" when the caller is no run (the worker's
+--          main process after losing the child) and speaks for every run of this task id
+-- ARGV[3]  the queued record, msgpack
+-- ARGV[4]  time to live, ms
+--
+-- Returns
+--   1   queued: the record is this task id's, queued again with the new ttl
+--   0   left alone: another task id holds the record
+--   2   left alone: another live run of this task id holds it (a redelivered copy)
+local id, token = ARGV[1], ARGV[2]
+if KEYS[1] ~= KEYS[2] then
+  local run = load_record(KEYS[2])
+  if run and run['i'] == id and (token == '' or run['r'] == token) then
+    redis.call('DEL', KEYS[2])
+  end
+end
+local rec = load_record(KEYS[1])
+if rec and rec['i'] ~= id then
+  return 0
+end
+if rec and rec['s'] == 'r' and token ~= '' and rec['r'] ~= token then
+  return 2
+end
+redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+return 1

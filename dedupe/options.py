@@ -1,0 +1,114 @@
+"""Dedup options of a task and of a call, validated into :class:`UniqueOptions`.
+
+Set on the task (``@app.task(base=DedupeTask, unique=True, unique_ttl=600)``), overridden
+per call (``task.apply_async_unique(args, unique_ttl=60)``), else the app's defaults.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from .config import DedupeConfig, positive_seconds
+from .errors import ConfigurationError
+
+__all__ = ["CALL_OPTIONS", "UniqueOptions", "pop_call_options", "resolve"]
+
+#: Options a call may pass, next to Celery's own.
+CALL_OPTIONS = ("unique_on", "unique_key", "unique_ttl", "unique_until", "on_duplicate")
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "unique_until": ("finished", "started"),
+    "on_duplicate": ("return", "raise"),
+    "on_running": ("skip", "retry"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class UniqueOptions:
+    """How one call (or one run) of a task is deduplicated."""
+
+    on: tuple[str, ...] | None = None
+    key: Callable[..., Any] | None = None
+    ttl: float = 3600.0
+    until: Literal["finished", "started"] = "finished"
+    lease: float = 60.0
+    on_duplicate: Literal["return", "raise"] = "return"
+    on_running: Literal["skip", "retry"] = "skip"
+    running_countdown: float = 2.0
+
+
+def pop_call_options(options: MutableMapping[str, Any]) -> dict[str, Any]:
+    """Take the dedup options out of a call's Celery options."""
+    return {name: options.pop(name) for name in CALL_OPTIONS if name in options}
+
+
+def resolve(
+    task: Any, task_name: str, config: DedupeConfig, overrides: Mapping[str, Any] | None = None
+) -> UniqueOptions:
+    """Merge call overrides, task attributes and app defaults, and validate them.
+
+    ``task`` may be any Celery task (the attributes are read if present) or None for a task
+    that is not registered in this process.
+    """
+
+    def pick(name: str, default: Any = None) -> Any:
+        if overrides and overrides.get(name) is not None:
+            return overrides[name]
+        # Static lookup: a function set as a task attribute (unique_key=...) must not come
+        # back bound to the task instance.
+        value = inspect.getattr_static(task, name, None) if task is not None else None
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__get__(task)
+        return default if value is None else value
+
+    def choice(name: str, default: str) -> Any:
+        value = pick(name, default)
+        if value not in _CHOICES[name]:
+            allowed = " or ".join(repr(c) for c in _CHOICES[name])
+            raise ConfigurationError(f"task {task_name!r}: {name} must be {allowed}; got {value!r}")
+        return value
+
+    def seconds(name: str, default: float) -> float:
+        try:
+            return positive_seconds(name, pick(name, default))
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"task {task_name!r}: {exc}") from None
+
+    until = choice("unique_until", "finished")
+    return UniqueOptions(
+        on=_names(task_name, pick("unique_on")),
+        key=_callable(task_name, pick("unique_key")),
+        ttl=seconds("unique_ttl", config.default_ttl),
+        until=cast('Literal["finished", "started"]', until),
+        lease=seconds("unique_lease", config.default_lease),
+        on_duplicate=cast('Literal["return", "raise"]', choice("on_duplicate", "return")),
+        # until="started" promises that a call made during a run runs after it: a queued
+        # copy that meets the run lock always waits, whatever on_running says.
+        on_running=cast('Literal["skip", "retry"]', choice("on_running", "skip")),
+        running_countdown=seconds("on_running_countdown", 2.0),
+    )
+
+
+def _names(task_name: str, value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Sequence) and value and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ConfigurationError(
+        f"task {task_name!r}: unique_on must be a non-empty sequence of argument names, "
+        f"such as unique_on=('customer_id',); got {value!r}"
+    )
+
+
+def _callable(task_name: str, value: Any) -> Callable[..., Any] | None:
+    if value is None or callable(value):
+        return cast("Callable[..., Any] | None", value)
+    raise ConfigurationError(
+        f"task {task_name!r}: unique_key must be a callable that takes the task's arguments "
+        f"and returns the value to deduplicate on; got {value!r}"
+    )

@@ -1,0 +1,91 @@
+"""The result every dedup entry point returns."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from celery.result import AsyncResult
+
+from .errors import DedupeError
+from .keys import CallKeys
+
+if TYPE_CHECKING:
+    from .record import Holder
+    from .store import Store
+
+__all__ = ["DedupeResult", "mark_result"]
+
+logger = logging.getLogger("dedupe.producer")
+
+
+class DedupeResult(AsyncResult[Any]):
+    """An :class:`~celery.result.AsyncResult` for the task that will do the work.
+
+    ``deduplicated`` is False when this call published the task, True when an existing
+    holder of the key was found (then ``id`` is the holder's task id and ``holder`` tells
+    whether it is queued or running).
+
+    >>> result = refresh_report.delay_unique(42)
+    >>> result.deduplicated, result.id
+    (False, '5b1f...')
+    """
+
+    deduplicated: bool = False
+    #: The Redis keys of the call (None in eager mode).
+    keys: CallKeys | None = None
+    #: For a duplicate: the record found (``task_id``, ``state``, ``ttl``, ...).
+    holder: Holder | None = None
+    _dedupe_store: Store | None = None
+
+    def revoke(self, *args: Any, **kwargs: Any) -> None:
+        """Revoke the task. A task still queued frees its key at once, so a new call may
+        queue again; a running one keeps it until the run ends (with ``terminate=True``, when
+        the worker has stopped it)."""
+        super().revoke(*args, **kwargs)
+        if self.keys is not None and self._dedupe_store is not None:
+            try:
+                self._dedupe_store.cancel(self.keys, self.id)
+            except DedupeError as exc:
+                # The worker frees it when it meets the revoked message, else its ttl does.
+                logger.warning("revoked %s but could not free its key: %s", self.id, exc)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}: {self.id} deduplicated={self.deduplicated}>"
+
+
+def mark_result(
+    result: AsyncResult[Any],
+    *,
+    deduplicated: bool,
+    keys: CallKeys | None = None,
+    store: Store | None = None,
+    holder: Holder | None = None,
+) -> AsyncResult[Any]:
+    """Make ``result`` a :class:`DedupeResult`, in place, and set its dedup attributes.
+
+    In place, not wrapped: a dropped AsyncResult unsubscribes from its task's result
+    channel when garbage-collected, so a wrapper would cost the caller a resubscription.
+    """
+    if not isinstance(result, DedupeResult):
+        result.__class__ = _dedupe_class(type(result))
+    values = {"deduplicated": deduplicated, "keys": keys, "holder": holder, "_dedupe_store": store}
+    for name, value in values.items():
+        setattr(result, name, value)
+    return result
+
+
+# Each app binds its own AsyncResult subclass (and a task may bring another): keep that
+# class's behaviour and add ours. A handful of classes per process.
+_classes: weakref.WeakKeyDictionary[type, type[DedupeResult]] = weakref.WeakKeyDictionary()
+
+
+def _dedupe_class(cls: type) -> type[DedupeResult]:
+    if cls is AsyncResult:
+        return DedupeResult
+    combined = _classes.get(cls)
+    if combined is None:
+        combined = type(DedupeResult.__name__, (DedupeResult, cls), {})
+        _classes[cls] = combined
+    return combined

@@ -1,0 +1,139 @@
+"""``DedupeTask``: a Task base class whose calls and runs are deduplicated."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+from celery import Task
+from celery.result import AsyncResult
+
+from . import worker
+from .errors import ConfigurationError
+from .options import CALL_OPTIONS
+from .producer import publish_unique
+from .run import HEADER
+
+__all__ = ["DedupeTask"]
+
+
+class DedupeTask(Task[Any, Any]):
+    """Base class for tasks that must not be queued, or run, twice for the same arguments.
+
+    >>> @app.task(base=DedupeTask, unique=True)        # every .delay() deduplicates
+    ... def sync_customer(customer_id, full=False): ...
+    >>> @app.task(base=DedupeTask)                     # only delay_unique() does
+    ... def report(day): ...
+    >>> report.delay_unique("2026-11-22").deduplicated
+    False
+    """
+
+    #: Deduplicate every call (``delay``, ``apply_async``), not only the ``*_unique`` ones.
+    unique: ClassVar[bool] = False
+    #: The execution guard alone: two runs of the same arguments never overlap, calls are
+    #: not deduplicated (the cookbook's lock recipe, done right).
+    exclusive: ClassVar[bool] = False
+    #: Only these arguments make calls the same (names of the task's parameters).
+    unique_on: ClassVar[Sequence[str] | str | None] = None
+    #: ``unique_key(*args, **kwargs)`` returns the value to deduplicate on.
+    unique_key: ClassVar[Callable[..., Any] | None] = None
+    #: Seconds a queued record lives (plus any countdown): how long a lost message keeps
+    #: its key. Default: ``dedupe_default_ttl`` (3600).
+    unique_ttl: ClassVar[float | None] = None
+    #: ``"finished"``: a call is a duplicate while another is queued or running.
+    #: ``"started"``: only while another is queued; a call during a run queues behind it.
+    unique_until: ClassVar[Literal["finished", "started"] | None] = None
+    #: Seconds a run holds its key between heartbeats. Default: ``dedupe_default_lease`` (60).
+    unique_lease: ClassVar[float | None] = None
+    #: ``"return"`` the holder's result, or ``"raise"`` :class:`~dedupe.AlreadyQueued`.
+    on_duplicate: ClassVar[Literal["return", "raise"] | None] = None
+    #: When a run finds another run of its key live: ``"skip"`` it (recorded as ignored)
+    #: or ``"retry"`` it later. Canvas members and ``unique_until="started"`` always retry.
+    on_running: ClassVar[Literal["skip", "retry"] | None] = None
+    #: Seconds before a run that met a live run is tried again.
+    on_running_countdown: ClassVar[float | None] = None
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> AsyncResult[Any]:
+        """Celery's apply_async; deduplicated when the task is ``unique`` (or ``unique=True``
+        is passed), and then it also takes the call options of :meth:`apply_async_unique`."""
+        unique = options.pop("unique", None)
+        options.update(
+            task_id=task_id, producer=producer, link=link, link_error=link_error, shadow=shadow
+        )
+        if unique is None:
+            # A message of ours sent again (a retry) keeps the key it carries.
+            unique = self.unique or HEADER in (options.get("headers") or {})
+        if unique:
+            return publish_unique(
+                self.app, self, self.name, args, kwargs, options, self._dedupe_publish
+            )
+        stray = [name for name in CALL_OPTIONS if name in options]
+        if stray:
+            raise ConfigurationError(
+                f"task {self.name!r}: {', '.join(stray)} only apply to deduplicated calls: "
+                f"use apply_async_unique(...), pass unique=True, or declare the task unique=True"
+            )
+        return self._dedupe_publish(args, kwargs, options)
+
+    def apply_async_unique(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> AsyncResult[Any]:
+        """Publish unless the same call is queued or running; see :func:`dedupe.apply_async`.
+
+        >>> report.apply_async_unique(args=("2026-11-22",), countdown=10, unique_ttl=600)
+        """
+        options.pop("unique", None)
+        return publish_unique(
+            self.app, self, self.name, args, kwargs, options, self._dedupe_publish
+        )
+
+    def delay_unique(self, *args: Any, **kwargs: Any) -> AsyncResult[Any]:
+        """``delay`` with dedup: ``report.delay_unique("2026-11-22")``."""
+        return self.apply_async_unique(args, kwargs)
+
+    async def aapply_async_unique(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> AsyncResult[Any]:
+        """:meth:`apply_async_unique` for asyncio code: the Redis round trip is awaited.
+
+        >>> result = await report.aapply_async_unique(args=("2026-11-22",))
+        """
+        from .aio import apublish_unique
+
+        options.pop("unique", None)
+        return await apublish_unique(
+            self.app, self, self.name, args, kwargs, options, self._dedupe_publish
+        )
+
+    async def adelay_unique(self, *args: Any, **kwargs: Any) -> AsyncResult[Any]:
+        """:meth:`delay_unique` for asyncio code: ``await report.adelay_unique(day)``."""
+        return await self.aapply_async_unique(args, kwargs)
+
+    def _dedupe_publish(
+        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: dict[str, Any]
+    ) -> AsyncResult[Any]:
+        return super().apply_async(
+            tuple(args) if args is not None else None,
+            dict(kwargs) if kwargs is not None else None,
+            **options,
+        )
+
+    def before_start(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The execution guard: skip or defer this run if another run of its key is live."""
+        worker.guard(self, task_id)

@@ -1,0 +1,29 @@
+"""A consistent answer for views that queue work through the guard, framework-neutral.
+
+>>> status, body = dedupe.web.response_for(dedupe.apply_async(refresh_report, args=(42,)))
+>>> status, body
+(202, {'task_id': '5b1f...', 'deduplicated': False})
+
+202 Accepted when this request published the task; for a duplicate, 200 (the work is
+already under way: here is its id) or, with ``duplicate_status=409``, Conflict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.result import AsyncResult
+
+__all__ = ["response_for"]
+
+
+def response_for(
+    result: AsyncResult[Any], *, duplicate_status: int = 200
+) -> tuple[int, dict[str, Any]]:
+    """``(status, JSON body)`` for a result returned by a dedup entry point."""
+    deduplicated = bool(getattr(result, "deduplicated", False))
+    body: dict[str, Any] = {"task_id": result.id, "deduplicated": deduplicated}
+    holder = getattr(result, "holder", None)
+    if deduplicated and holder is not None:
+        body["state"] = holder.state
+    return (duplicate_status if deduplicated else 202), body

@@ -1,0 +1,1 @@
+"""A FastAPI app that refreshes reports through celery-dedupe's async guard."""

@@ -1,0 +1,276 @@
+"""Test helpers: servers, real worker processes, waiting."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+LOGDIR = Path(os.environ.get("DEDUPE_TEST_LOGDIR", "/tmp"))
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip when a server the test needs is missing; under CI=true, fail instead."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"{reason} (CI=true: a missing server is a failure)")
+    pytest.skip(reason)
+
+
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    message: str = "condition",
+) -> Any:
+    """Poll until ``predicate()`` is truthy; return its value or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def keys_with_prefix(client: redis.Redis, prefix: str) -> list[bytes]:
+    return sorted(client.scan_iter(match=f"{prefix}:*", count=1000))
+
+
+def rabbitmq_available(url: str = "amqp://guest:guest@127.0.0.1:5672//") -> bool:
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=1) as connection:
+            connection.ensure_connection(max_retries=1)
+        return True
+    except Exception:
+        return False
+
+
+def _pythonpath(env: dict[str, str]) -> str:
+    """The repository root, after any path the test gives."""
+    return os.pathsep.join(path for path in (env.get("PYTHONPATH"), str(ROOT)) if path)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ProcessGroup:
+    """A real process started in its own process group, its output in a log file."""
+
+    def __init__(self, env: dict[str, str], log: Path, cwd: Path = ROOT) -> None:
+        self.env = {**os.environ, **env, "PYTHONPATH": _pythonpath(env)}
+        self.log = log
+        self.cwd = cwd
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def spawn(self, command: list[str]) -> subprocess.Popen[bytes]:
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                command,
+                cwd=self.cwd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self.process
+
+    def wait_ready(self, ready: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+        """Poll ``ready()`` until true; fail with the log if the process exits or stalls."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{what} exited at start:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start:\n{self.tail()}")
+            time.sleep(0.1)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the group, SIGKILL what is left (children included)."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.process = None
+
+    def tail(self, size: int = 200_000) -> str:
+        return self.log.read_text(errors="replace")[-size:] if self.log.exists() else ""
+
+
+class ServerProcess(ProcessGroup):
+    """A real HTTP server (uvicorn, Django's runserver) on a free port."""
+
+    def __init__(self, command: list[str], env: dict[str, str], cwd: Path = ROOT) -> None:
+        self.port = free_port()
+        super().__init__(env, LOGDIR / f"server-{self.port}.log", cwd)
+        self.command = [part.replace("{port}", str(self.port)) for part in command]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, ready_path: str) -> None:
+        import httpx
+
+        def answers() -> bool:
+            try:
+                httpx.get(self.url + ready_path, timeout=1.0)
+            except httpx.HTTPError:
+                return False
+            return True
+
+        self.spawn(self.command)
+        self.wait_ready(answers, "server")
+
+
+class WorkerProcess(ProcessGroup):
+    """A real ``celery worker`` with the prefork pool, ready when it answers a ping."""
+
+    def __init__(
+        self,
+        app: Any,
+        env: dict[str, str],
+        concurrency: int = 2,
+        module: str = "tests.worker_app",
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.app = app
+        self.name = f"w{uuid.uuid4().hex[:8]}@%h"
+        super().__init__(env, LOGDIR / f"{self.name[:9]}.log")
+        self.command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            module,
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-n",
+            self.name,
+            "--without-mingle",
+            "--without-gossip",
+            "--loglevel",
+            "INFO",
+            *extra,
+        ]
+
+    @property
+    def hostname(self) -> str:
+        return self.name.replace("%h", os.uname().nodename)
+
+    def start(self) -> None:
+        self.spawn(self.command)
+        self.wait_ready(
+            lambda: bool(self.app.control.ping(destination=[self.hostname], timeout=0.5)),
+            "worker",
+        )
+
+    def child_pids(self) -> list[int]:
+        assert self.process is not None
+        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return [int(pid) for pid in path.read_text().split()]
+
+
+class BeatProcess(ProcessGroup):
+    """A real ``celery beat`` with a given scheduler, ready when it says it started."""
+
+    def __init__(
+        self, scheduler: str, env: dict[str, str], workdir: Path, module: str = "tests.beat_app"
+    ) -> None:
+        super().__init__(env, workdir / f"beat-{uuid.uuid4().hex[:6]}.log")
+        self.command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            module,
+            "beat",
+            "-S",
+            scheduler,
+            "-s",
+            str(workdir / f"schedule-{uuid.uuid4().hex[:6]}"),
+            "--loglevel",
+            "INFO",
+            "--max-interval",
+            "1",
+        ]
+
+    def start(self) -> None:
+        self.spawn(self.command)
+        self.wait_ready(lambda: "beat: Starting..." in self.tail(), "beat")
+
+
+class RunLog:
+    """Tasks write when each run starts and ends; tests check that runs never overlap."""
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self.client = client
+        self.name = f"runlog:{name}"
+
+    def started(self, task_id: str) -> None:
+        self.client.rpush(self.name, f"start {task_id} {time.time()!r} {os.getpid()}")
+
+    def ended(self, task_id: str) -> None:
+        self.client.rpush(self.name, f"end {task_id} {time.time()!r} {os.getpid()}")
+
+    def runs(self, killed: dict[int, float] | None = None) -> list[tuple[str, float, float | None]]:
+        """(task id, start, end or None) for every run, in start order.
+
+        ``killed`` maps the pids of killed processes to when they were killed: a run they
+        never ended ends then.
+        """
+        open_runs: dict[tuple[str, int], list[float]] = {}
+        done: list[tuple[str, float, float | None]] = []
+        for raw in self.client.lrange(self.name, 0, -1):
+            kind, task_id, at, pid = raw.decode().split()
+            if kind == "start":
+                open_runs.setdefault((task_id, int(pid)), []).append(float(at))
+            else:
+                done.append((task_id, open_runs[(task_id, int(pid))].pop(0), float(at)))
+        for (task_id, pid), starts in open_runs.items():
+            end = (killed or {}).get(pid)
+            done.extend((task_id, start, end) for start in starts)
+        return sorted(done, key=lambda run: run[1])
+
+    def overlaps(self, killed: dict[int, float] | None = None) -> list[tuple[Any, Any]]:
+        """Pairs of runs that were live at the same time."""
+        runs = self.runs(killed)
+        found = []
+        for index, (task_id, start, end) in enumerate(runs):
+            for other in runs[index + 1 :]:
+                if end is None or other[1] < end:
+                    found.append(((task_id, start, end), other))
+        return found

@@ -1,0 +1,126 @@
+"""The producer guard for asyncio code: awaited round trips, the same records as sync."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import dedupe
+from dedupe._redis_server import RedisServer
+
+
+@pytest.fixture
+def job(app: Celery) -> Any:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def refresh_report(report_id: int) -> None: ...
+
+    return refresh_report
+
+
+@pytest.fixture
+def stoppable_redis(redis_server: RedisServer) -> Iterator[RedisServer]:
+    server = RedisServer(executable=redis_server.executable)
+    server.start()
+    yield server
+    server.resume() if server._process else None
+    server.close()
+
+
+def test_a_burst_of_identical_async_calls_publishes_once(
+    app: Celery, job: Any, queue_length: Any
+) -> None:
+    async def burst() -> list[Any]:
+        return await asyncio.gather(*(dedupe.aapply_async(job, args=(7,)) for _ in range(50)))
+
+    results = asyncio.run(burst())
+    assert len({result.id for result in results}) == 1
+    assert sum(not result.deduplicated for result in results) == 1
+    assert queue_length(app) == 1
+
+
+def test_async_and_sync_calls_meet_on_the_same_records(job: Any) -> None:
+    first = asyncio.run(job.adelay_unique(8))
+    assert first.deduplicated is False
+    assert job.delay(8).id == first.id
+    holder = asyncio.run(dedupe.alookup(job, (8,)))
+    assert holder is not None
+    assert holder.task_id == first.id
+    assert asyncio.run(job.aapply_async_unique((8,))).id == first.id
+
+
+def test_an_async_duplicate_can_raise(job: Any) -> None:
+    first = job.delay(9)
+
+    async def again() -> None:
+        await job.aapply_async_unique((9,), on_duplicate="raise")
+
+    with pytest.raises(dedupe.AlreadyQueued) as caught:
+        asyncio.run(again())
+    assert caught.value.task_id == first.id
+
+
+def test_an_async_call_with_redis_down_publishes_anyway(
+    make_app: Callable[..., Celery], stoppable_redis: RedisServer, queue_length: Any
+) -> None:
+    app = make_app(dedupe_redis_url=stoppable_redis.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    stoppable_redis.stop()
+    result = asyncio.run(job.adelay_unique(1))
+    assert result.deduplicated is False
+    assert queue_length(app) == 1
+
+
+def test_the_async_guard_never_blocks_the_event_loop(
+    make_app: Callable[..., Celery], stoppable_redis: RedisServer, queue_length: Any
+) -> None:
+    # 200 guarded calls on 20 keys are in flight while the dedup Redis hangs for 0.4 s:
+    # their round trips wait, the loop does not. A ticker coroutine shows any blocking.
+    app = make_app(dedupe_redis_url=stoppable_redis.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    async def scenario() -> tuple[float, int, list[Any]]:
+        # A server under load has its connections open: warm the pool up first.
+        await asyncio.gather(*(dedupe.alookup(job, (-i,)) for i in range(200)))
+        gaps: list[float] = []
+        ticks_while_paused = 0
+        paused = False
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks_while_paused
+            last = time.monotonic()
+            while not done.is_set():
+                await asyncio.sleep(0.005)
+                now = time.monotonic()
+                gaps.append(now - last)
+                ticks_while_paused += paused
+                last = now
+
+        ticking = asyncio.create_task(ticker())
+        stoppable_redis.pause()
+        paused = True
+        calls = asyncio.gather(*(job.aapply_async_unique((i % 20,)) for i in range(200)))
+        await asyncio.sleep(0.4)
+        paused = False
+        stoppable_redis.resume()
+        results = await calls
+        done.set()
+        await ticking
+        return max(gaps), ticks_while_paused, results
+
+    largest_gap, ticks_while_paused, results = asyncio.run(scenario())
+    # A round trip that blocked the loop would stop the ticker for the whole 0.4 s pause.
+    assert ticks_while_paused >= 20
+    assert largest_gap < 0.2
+    assert sum(not result.deduplicated for result in results) == 20
+    assert queue_length(app) == 20

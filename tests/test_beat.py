@@ -1,0 +1,188 @@
+"""Real ``celery beat`` processes with the deduplicating schedulers, and a real worker.
+
+An entry fires every second; its task runs for 3.5 s on a worker with two processes. Without
+dedup, runs would overlap and the queue would pile up; with it, the entry is sent again only
+after the previous run ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import dedupe
+from dedupe._redis_server import RedisServer
+
+from .helpers import ROOT, BeatProcess, wait_for
+
+pytestmark = pytest.mark.usefixtures("prefork_worker")
+
+SECONDS = 3.5
+OBSERVE = 12.0
+
+
+@pytest.fixture
+def tag() -> str:
+    return f"beat{uuid.uuid4().hex[:8]}"
+
+
+def queued_per_key(client: redis.Redis, queue: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for raw in client.lrange(queue, 0, -1):
+        header = json.loads(raw)["headers"].get("celery_dedupe")
+        if header:
+            counts[header["key"]] = counts.get(header["key"], 0) + 1
+    return counts
+
+
+def observe(client: redis.Redis, queue: str, seconds: float) -> int:
+    """The most messages of one key seen waiting in the queue at once."""
+    most = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        most = max([most, *queued_per_key(client, queue).values()])
+        time.sleep(0.05)
+    return most
+
+
+@pytest.fixture
+def run_beats(
+    tmp_path: Path, worker_app: Any, redis_client: redis.Redis, tag: str
+) -> Iterator[Any]:
+    """Run beat processes for OBSERVE seconds; return (most queued per key, beats)."""
+    started: list[BeatProcess] = []
+
+    def run(scheduler: str, count: int = 1, **env: str) -> tuple[int, list[BeatProcess]]:
+        beats = [
+            BeatProcess(scheduler, {"DEDUPE_BEAT_TAG": tag, **env}, tmp_path) for _ in range(count)
+        ]
+        started.extend(beats)
+        for beat in beats:
+            beat.start()
+        most = observe(redis_client, worker_app.QUEUE, OBSERVE)
+        for beat in beats:
+            beat.stop()
+        # Let the last run end and free its key.
+        wait_for(
+            lambda: dedupe.lookup(worker_app.plain_sleepy, (tag, SECONDS)) is None,
+            timeout=SECONDS + 10,
+            message="last run's key freed",
+        )
+        return most, beats
+
+    yield run
+    for beat in started:
+        beat.stop()
+
+
+def assert_runs_back_to_back(worker_app: Any, tag: str) -> None:
+    runs = worker_app.runlog(tag).runs()
+    assert len(runs) >= 2, runs
+    assert worker_app.runlog(tag).overlaps() == []
+    for previous, following in itertools.pairwise(runs):
+        assert previous[2] is not None
+        assert following[1] - previous[2] < 2.5, "a run started late: something was stuck"
+
+
+def test_one_beat_never_piles_up_or_overlaps_a_slow_task(
+    run_beats: Any, worker_app: Any, tag: str
+) -> None:
+    most_queued, (beat,) = run_beats("dedupe.beat:DedupeScheduler")
+    assert most_queued <= 1
+    assert_runs_back_to_back(worker_app, tag)
+    assert "not sending sleepy-every-second (tests.worker_app.plain_sleepy)" in beat.tail()
+
+
+def test_two_beats_side_by_side_do_not_double_the_work(
+    run_beats: Any, worker_app: Any, tag: str
+) -> None:
+    most_queued, beats = run_beats("dedupe.beat:DedupeScheduler", count=2)
+    assert most_queued <= 1
+    assert_runs_back_to_back(worker_app, tag)
+    assert all("Sending due task sleepy-every-second" in beat.tail() for beat in beats)
+
+
+def test_an_entry_whose_task_beat_does_not_import_is_deduplicated(
+    run_beats: Any, worker_app: Any, tag: str
+) -> None:
+    most_queued, (beat,) = run_beats("dedupe.beat:DedupeScheduler", DEDUPE_BEAT_MODE="names")
+    assert most_queued <= 1
+    assert_runs_back_to_back(worker_app, tag)
+    assert "not sending sleepy-every-second" in beat.tail()
+
+
+def test_the_mixin_composes_with_django_celery_beats_database_scheduler(
+    run_beats: Any, worker_app: Any, tag: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("django_celery_beat", reason="django-celery-beat is not installed")
+    env = {
+        "DEDUPE_BEAT_MODE": "django",
+        "DEDUPE_BEAT_DB": str(tmp_path / "beat.sqlite3"),
+        "DEDUPE_BEAT_TAG": tag,
+    }
+    subprocess.run(
+        [sys.executable, "-c", "import tests.beat_app as b; b.seed_database()"],
+        cwd=ROOT,
+        env={**__import__("os").environ, **env, "PYTHONPATH": str(ROOT)},
+        check=True,
+    )
+    most_queued, (beat,) = run_beats("dedupe.beat.database:DedupeDatabaseScheduler", **env)
+    assert most_queued <= 1
+    assert_runs_back_to_back(worker_app, tag)
+    assert "not sending sleepy-every-second" in beat.tail()
+
+
+def test_the_mixin_composes_with_redbeat(run_beats: Any, worker_app: Any, tag: str) -> None:
+    pytest.importorskip("redbeat", reason="celery-redbeat is not installed")
+    most_queued, (beat,) = run_beats("dedupe.beat.redbeat:DedupeRedBeatScheduler")
+    assert most_queued <= 1
+    assert_runs_back_to_back(worker_app, tag)
+    assert "not sending sleepy-every-second" in beat.tail()
+
+
+def test_beat_keeps_running_while_the_dedup_redis_is_down(
+    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, tag: str
+) -> None:
+    dedup = RedisServer(executable=redis_server.executable)
+    dedup.start()
+    queue = f"beat-outage-{tag}"  # nothing consumes it: records stay queued, sends are skipped
+    beat = BeatProcess(
+        "dedupe.beat:DedupeScheduler",
+        {"DEDUPE_BEAT_TAG": tag, "DEDUPE_BEAT_DEDUP_REDIS": dedup.url, "DEDUPE_BEAT_QUEUE": queue},
+        tmp_path,
+    )
+    try:
+        beat.start()
+        wait_for(lambda: "not sending" in beat.tail(), timeout=10, message="a skipped send")
+        dedup.stop()
+        wait_for(
+            lambda: beat.tail().count("without dedup") >= 2,
+            timeout=10,
+            message="sends without dedup while Redis is down",
+        )
+        assert beat.alive()
+        dedup.start()
+        sent_while_down = redis_client.llen(queue)
+        marker = len(beat.tail())
+        wait_for(
+            lambda: "not sending" in beat.tail()[marker:],
+            timeout=10,
+            message="dedup again once Redis is back",
+        )
+        assert beat.alive()
+        assert sent_while_down >= 2
+        assert redis_client.llen(queue) <= sent_while_down + 1
+    finally:
+        beat.stop()
+        dedup.close()
+        redis_client.delete(queue)

@@ -1,0 +1,138 @@
+"""The deduplicating scheduler, driven in this process (no beat subprocess)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.beat import ScheduleEntry, SchedulingError
+
+import dedupe
+from dedupe._redis_server import RedisServer
+from dedupe.beat import DedupeScheduler
+
+
+@pytest.fixture
+def beat(app: Celery, tmp_path: Path) -> Callable[..., Any]:
+    """Make a scheduler for ``app`` and an entry for it."""
+
+    def make(task: str, args: tuple[Any, ...] = (), **options: Any) -> tuple[DedupeScheduler, Any]:
+        scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "schedule"))
+        entry = ScheduleEntry(
+            name="every-minute", task=task, schedule=60.0, args=args, options=options, app=app
+        )
+        return scheduler, entry
+
+    return make
+
+
+@pytest.fixture
+def tasks(app: Celery) -> Any:
+    class Tasks:
+        @staticmethod
+        @app.task(shared=False, name="jobs.refresh")
+        def refresh(report_id: int, full: bool = False) -> None: ...
+
+        @staticmethod
+        @app.task(shared=False, base=dedupe.DedupeTask, unique=True, name="jobs.unique_refresh")
+        def unique_refresh(report_id: int) -> None: ...
+
+    return Tasks
+
+
+def test_an_entry_is_not_sent_while_its_previous_run_is_queued(
+    app: Celery, tasks: Any, beat: Any, queue_length: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler, entry = beat("jobs.refresh", (1,))
+    first = scheduler.apply_async(entry)
+    with caplog.at_level(logging.INFO, logger="dedupe.beat"):
+        second = scheduler.apply_async(entry)
+    assert (first.deduplicated, second.deduplicated) == (False, True)
+    assert second.id == first.id
+    assert queue_length(app) == 1
+    assert scheduler.dedupe_skipped["every-minute"] == 1
+    assert "not sending every-minute (jobs.refresh)" in caplog.text
+    assert first.id in caplog.text
+
+
+def test_a_manual_call_and_the_entry_share_the_key(tasks: Any, beat: Any) -> None:
+    manual = dedupe.apply_async(tasks.refresh, args=(2,), kwargs={"full": False})
+    scheduler, entry = beat("jobs.refresh", (2,))
+    sent = scheduler.apply_async(entry)
+    assert sent.deduplicated
+    assert sent.id == manual.id
+
+
+def test_a_unique_task_entry_is_deduplicated_through_one_guard(
+    app: Celery, tasks: Any, beat: Any, queue_length: Any
+) -> None:
+    scheduler, entry = beat("jobs.unique_refresh", (3,))
+    first = scheduler.apply_async(entry)
+    assert tasks.unique_refresh.delay(3).id == first.id
+    assert scheduler.apply_async(entry).deduplicated
+    assert queue_length(app) == 1
+
+
+def test_an_entry_can_opt_out(app: Celery, tasks: Any, beat: Any, queue_length: Any) -> None:
+    scheduler, entry = beat("jobs.refresh", (4,), unique=False)
+    scheduler.apply_async(entry)
+    scheduler.apply_async(entry)
+    assert queue_length(app) == 2
+
+
+def test_entry_options_reach_the_key(tasks: Any, beat: Any) -> None:
+    scheduler, entry = beat("jobs.refresh", (5,), unique_on=("report_id",), unique_ttl=30)
+    first = scheduler.apply_async(entry)
+    holder = dedupe.lookup(tasks.refresh, (5,), {"full": True}, unique_on=("report_id",))
+    assert holder is not None
+    assert holder.task_id == first.id
+    assert holder.ttl is not None
+    assert holder.ttl <= 30
+
+
+def test_an_entry_for_a_task_this_process_does_not_import_is_deduplicated(
+    app: Celery, beat: Any, queue_length: Any
+) -> None:
+    scheduler, entry = beat("elsewhere.nightly", (6,))
+    first = scheduler.apply_async(entry)
+    assert scheduler.apply_async(entry).id == first.id
+    assert queue_length(app) == 1
+
+
+def test_the_beat_header_is_set_and_the_entry_is_left_untouched(
+    redis_app: Celery, redis_client: Any, tmp_path: Path
+) -> None:
+    import json
+
+    scheduler = DedupeScheduler(app=redis_app, schedule_filename=str(tmp_path / "s"))
+    entry = ScheduleEntry(
+        name="e",
+        task="x.y",
+        schedule=60.0,
+        args=(1,),
+        options={"headers": {"mine": 1}},
+        app=redis_app,
+    )
+    scheduler.apply_async(entry)
+    (raw,) = redis_client.lrange(redis_app.conf.task_default_queue, 0, -1)
+    headers = json.loads(raw)["headers"]
+    assert headers["celery_beat_task"] is True
+    assert headers["mine"] == 1
+    assert "celery_dedupe" in headers
+    assert entry.options == {"headers": {"mine": 1}}
+
+
+def test_redis_down_with_raise_is_a_scheduling_error_beat_survives(
+    make_app: Callable[..., Celery], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    down = RedisServer(executable=redis_server.executable)
+    app = make_app(dedupe_redis_url=down.url, dedupe_on_redis_error="raise")
+    scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "s"))
+    entry = ScheduleEntry(name="e", task="x.y", schedule=60.0, args=(1,), app=app)
+    with pytest.raises(SchedulingError, match="Couldn't apply scheduled task e"):
+        scheduler.apply_async(entry)
+    down.close()

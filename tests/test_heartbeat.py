@@ -1,0 +1,69 @@
+"""The heartbeat thread: renews leases, survives a Redis that refuses for a while."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from dedupe._redis_server import RedisServer
+from dedupe.heartbeat import Heartbeat
+from dedupe.keys import CallKeys
+from dedupe.record import pack_running
+from dedupe.store import Lease, Store
+
+from .helpers import wait_for
+
+
+@pytest.fixture
+def server(redis_server: RedisServer) -> Iterator[RedisServer]:
+    private = RedisServer(executable=redis_server.executable)
+    private.start()
+    yield private
+    private.close()
+
+
+def held_lease(store: Store, key: str, lease_ms: int = 600) -> Lease:
+    keys = CallKeys(key, key)
+    assert store.claim(keys, "task-1", "run-1", lease_ms, "host", 1, time.time()) is None
+    return Lease(key, "task-1", "run-1", lease_ms, pack_running("task-1", "run-1", "host", 1, 0))
+
+
+def test_a_held_lease_outlives_its_length(server: RedisServer) -> None:
+    store = Store(redis.Redis.from_url(server.url))
+    heartbeat = Heartbeat(store)
+    heartbeat.hold(held_lease(store, "k:{a}"))
+    time.sleep(1.5)  # more than two leases
+    assert store.client.exists("k:{a}")
+
+
+def test_a_dropped_lease_lapses(server: RedisServer) -> None:
+    store = Store(redis.Redis.from_url(server.url))
+    heartbeat = Heartbeat(store)
+    lease = held_lease(store, "k:{b}")
+    heartbeat.hold(lease)
+    heartbeat.drop(lease)
+    wait_for(lambda: not store.client.exists("k:{b}"), timeout=2, message="lease lapsed")
+
+
+def test_the_heartbeat_survives_a_redis_that_refuses_for_a_while(server: RedisServer) -> None:
+    store = Store(redis.Redis.from_url(server.url))
+    heartbeat = Heartbeat(store)
+    heartbeat.hold(held_lease(store, "k:{c}", lease_ms=1500))
+    # Another client's slow script makes Redis answer BUSY to everyone else for 0.8 s.
+    admin = redis.Redis.from_url(server.url)
+    admin.config_set("lua-time-limit", "100")
+    slow = (
+        "local t = redis.call('TIME'); local start = t[1] * 1e6 + t[2]; "
+        "repeat local n = redis.call('TIME') until n[1] * 1e6 + n[2] - start > 800000"
+    )
+    blocker = threading.Thread(target=lambda: redis.Redis.from_url(server.url).eval(slow, 0))
+    blocker.start()
+    blocker.join()
+    # The thread is still there and still renewing: the key outlives its lease.
+    time.sleep(2.0)
+    assert store.client.exists("k:{c}")
+    assert heartbeat.holding() == 1

@@ -1,0 +1,385 @@
+"""Key derivation: signature binding, canonical encoding, digests, key names (pure, no Redis)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import uuid
+from collections import OrderedDict
+from decimal import Decimal
+from enum import IntEnum
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dedupe import KeyDerivationError
+from dedupe.canonical import canonical_bytes
+from dedupe.keys import Binder, call_digest, call_keys
+
+
+def sync_customer(customer_id: int, full: bool = False, *, region: str = "eu") -> None: ...
+
+
+def variadic(a: Any, *rest: Any, **extra: Any) -> None: ...
+
+
+BINDER = Binder("proj.sync_customer", inspect.signature(sync_customer))
+
+
+def digest(*args: Any, **kwargs: Any) -> str:
+    return call_digest("proj.sync_customer", BINDER, args, kwargs)
+
+
+# -- binding to the signature ----------------------------------------------------------------
+
+
+def test_positional_and_keyword_spellings_of_a_call_share_a_digest() -> None:
+    assert digest(1) == digest(customer_id=1)
+
+
+def test_passing_a_default_explicitly_is_the_same_call() -> None:
+    assert digest(1) == digest(1, False) == digest(1, full=False) == digest(1, region="eu")
+
+
+def test_a_non_default_value_is_a_different_call() -> None:
+    assert digest(1) != digest(1, full=True)
+    assert digest(1) != digest(2)
+
+
+def test_arguments_that_do_not_fit_the_signature_raise_naming_the_task() -> None:
+    with pytest.raises(KeyDerivationError, match=r"proj\.sync_customer") as caught:
+        digest(1, nonsense=3)
+    assert caught.value.argument is None
+    assert "customer_id, full=False" in str(caught.value)
+
+
+def test_variadic_arguments_are_bound_too() -> None:
+    binder = Binder("t", inspect.signature(variadic))
+    assert call_digest("t", binder, (1, 2), {"x": 1}) == call_digest("t", binder, [1, 2], {"x": 1})
+    assert call_digest("t", binder, (1, 2), {}) != call_digest("t", binder, (1,), {"rest": 2})
+
+
+# -- unique_on and unique_key ------------------------------------------------------------------
+
+
+def test_unique_on_keeps_only_the_named_arguments() -> None:
+    one = call_digest(
+        "proj.sync_customer", BINDER, (1,), {"full": True}, unique_on=("customer_id",)
+    )
+    two = call_digest(
+        "proj.sync_customer", BINDER, (1,), {"full": False}, unique_on=("customer_id",)
+    )
+    assert one == two
+    assert one != call_digest("proj.sync_customer", BINDER, (2,), {}, unique_on=("customer_id",))
+
+
+def test_unique_on_with_an_unknown_name_raises_naming_it_and_the_signature() -> None:
+    with pytest.raises(KeyDerivationError) as caught:
+        call_digest("proj.sync_customer", BINDER, (1,), {}, unique_on=("customer",))
+    assert caught.value.argument == "customer"
+    assert "proj.sync_customer(customer_id, full=False, *, region='eu')" in str(caught.value)
+
+
+def test_unique_on_for_an_unregistered_task_matches_keyword_arguments() -> None:
+    assert call_digest("remote", None, (), {"a": 1, "b": 2}, unique_on=("a",)) == call_digest(
+        "remote", None, (), {"a": 1, "b": 3}, unique_on=("a",)
+    )
+
+
+def test_unique_on_for_an_unregistered_task_cannot_name_positional_arguments() -> None:
+    with pytest.raises(KeyDerivationError, match="keyword argument"):
+        call_digest("remote", None, (1,), {}, unique_on=("a",))
+
+
+def test_unique_key_decides_the_digest() -> None:
+    def by_customer(customer_id: int, **_: Any) -> int:
+        return customer_id
+
+    one = call_digest("t", BINDER, (7,), {"full": True}, unique_key=by_customer)
+    assert one == call_digest("t", BINDER, (7,), {}, unique_key=by_customer)
+    assert one != call_digest("t", BINDER, (8,), {}, unique_key=by_customer)
+
+
+def test_unique_key_that_raises_is_reported_with_the_task() -> None:
+    def broken(*_: Any) -> None:
+        raise LookupError("nope")
+
+    with pytest.raises(KeyDerivationError, match=r"'t'.*unique_key .*broken raised LookupError"):
+        call_digest("t", None, (1,), {}, unique_key=broken)
+
+
+def test_unregistered_task_keys_on_arguments_as_passed() -> None:
+    assert call_digest("remote", None, (1,), {}) == call_digest("remote", None, [1], None)
+    assert call_digest("remote", None, (1,), {}) != call_digest("remote", None, (), {"x": 1})
+
+
+# -- canonical encoding ------------------------------------------------------------------------
+
+
+def test_tuples_and_lists_are_alike_at_any_depth() -> None:
+    assert digest({"a": (1, (2, 3))}) == digest({"a": [1, [2, 3]]})
+
+
+def test_dict_key_order_does_not_matter() -> None:
+    assert digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})
+    assert digest({1: "x", "1": "y"}) == digest({"1": "y", 1: "x"})
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        (1, 1.0, True, "1", b"1", Decimal("1"), [1], None),
+        (0, 0.0, False, "", b"", None, [], {}),
+        (dt.date(2026, 11, 22), "2026-11-22", dt.datetime(2026, 11, 22)),
+        (dt.time(12, 0), "12:00:00"),
+        (uuid.UUID(int=7), uuid.UUID(int=7).hex, str(uuid.UUID(int=7))),
+        (Decimal("1.0"), Decimal("1.00"), 1.0, "1.0"),
+        (2**64, str(2**64), float(2**64)),
+        (frozenset({1}), [1], {1: None}),
+    ],
+)
+def test_values_of_different_types_never_collide(values: tuple[Any, ...]) -> None:
+    digests = [digest(value) for value in values]
+    assert len(set(digests)) == len(values)
+
+
+def test_aware_datetimes_in_different_zones_stay_distinct_as_sent() -> None:
+    utc = dt.datetime(2026, 1, 1, 12, tzinfo=dt.timezone.utc)
+    cet = utc.astimezone(dt.timezone(dt.timedelta(hours=1)))
+    assert digest(utc) != digest(cet)
+
+
+def test_subclasses_encode_like_their_json_base_type() -> None:
+    class Level(IntEnum):
+        HIGH = 3
+
+    assert digest(Level.HIGH) == digest(3)
+    assert digest(OrderedDict([("b", 1), ("a", 2)])) == digest({"a": 2, "b": 1})
+
+
+def test_sets_are_order_insensitive() -> None:
+    assert digest({3, 1, 2}) == digest({1, 2, 3}) == digest(frozenset({2, 3, 1}))
+
+
+def test_an_unencodable_argument_raises_naming_the_task_and_its_path() -> None:
+    with pytest.raises(KeyDerivationError) as caught:
+        digest({"items": [1, object()]})
+    error = caught.value
+    assert error.task_name == "proj.sync_customer"
+    assert error.argument == "customer_id['items'][1]"
+    assert "builtins.object" in str(error)
+    assert "unique_on" in str(error)
+
+
+def test_an_unencodable_top_level_argument_is_named_plainly() -> None:
+    with pytest.raises(KeyDerivationError) as caught:
+        digest(1, full=object())
+    assert caught.value.argument == "full"
+
+
+# -- key names ---------------------------------------------------------------------------------
+
+
+def test_keys_carry_a_cluster_hash_tag_shared_by_the_run_lock() -> None:
+    keys = call_keys("dedupe", "proj.sync", "ab" * 16, separate_run_lock=True)
+    assert keys.record == "dedupe:{proj.sync:" + "ab" * 16 + "}"
+    assert keys.run == keys.record + ":run"
+    assert call_keys("dedupe", "t", "00", separate_run_lock=False).run == "dedupe:{t:00}"
+
+
+def test_digest_is_128_bit_hex() -> None:
+    value = digest(1)
+    assert len(value) == 32
+    int(value, 16)
+
+
+# -- golden vectors: a change here changes every user's keys (bump KEY_VERSION) ------------------
+
+GOLDEN: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
+    ((1,), {}, "9a388db87b24b5b884756b19ccebc388"),
+    ((1,), {"full": True}, "f50615b8d7b1e13e626217338fdb225d"),
+    ((0,), {"region": "us"}, "28b6d12ce8abb4706bd3c558f3b28128"),
+    (("abc",), {}, "078bb1c59b1c3139d1ce89c446e9b005"),
+    ((1.5,), {}, "ffc82035e974afce300dc2227c2e2a01"),
+    ((None,), {}, "4376efa9ce9aca8cdd2cd7a5e61fb013"),
+    ((True,), {}, "ab53c15bb53e58d824a01438037cbaa1"),
+    ((b"\x00\xff",), {}, "fda21f5633b8c3fdeb88b7209f270945"),
+    (([1, "two", 3.0],), {}, "f956d391200011626619e34d54d46ede"),
+    (({"b": [1, 2], "a": {"z": None}},), {}, "eb287473ecf5ffc4c85b2dd87559f218"),
+    ((2**70,), {}, "2995bb46558f535af820a4542a254edd"),
+    ((-(2**63),), {}, "1c2e10b950e8fe31aa2e9dd089e136d5"),
+    (
+        (dt.datetime(2026, 11, 22, 9, 30, tzinfo=dt.timezone.utc),),
+        {},
+        "052041a562952a84ddf5d3535021157f",
+    ),
+    ((dt.date(2026, 11, 22),), {}, "0dbe953fc0159337430247e22dd7d7c6"),
+    ((dt.time(23, 59, 59, 1),), {}, "0a4b3b902641256837d1bf24b03a74bc"),
+    ((uuid.UUID("12345678-1234-5678-1234-567812345678"),), {}, "5f15d951eedf058057a37ec98a63d9d4"),
+    ((Decimal("10.50"),), {}, "d3a3703e16c0bea6dbfb39e15aa66632"),
+    (({1: "int key", "1": "str key"},), {}, "8cfdd75641a4b70c8c00d450e54adb75"),
+    ((frozenset({"x", "y"}),), {}, "31b8f2a1d1952be893b48f8ee1c14180"),
+    (("ünïcødé ✓",), {"full": False, "region": "eu"}, "3cf4ad9c3f820cfaa68700a023567d76"),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "expected"), GOLDEN)
+def test_golden_digests_never_change(
+    args: tuple[Any, ...], kwargs: dict[str, Any], expected: str
+) -> None:
+    assert digest(*args, **kwargs) == expected
+
+
+# -- properties --------------------------------------------------------------------------------
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
+    | st.binary(max_size=8)
+    | st.datetimes()
+    | st.dates()
+    | st.uuids()
+    | st.decimals(allow_nan=False, places=3)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Type-exact equality, tuples and lists alike, dicts order-free: what keys promise."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=False))
+    if isinstance(a, dict) and isinstance(b, dict):
+        if len(a) != len(b):
+            return False
+        by_key = {(type(k), k): v for k, v in b.items()}
+        return all(
+            (type(k), k) in by_key and same_value(v, by_key[(type(k), k)]) for k, v in a.items()
+        )
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Decimal):
+        return str(a) == str(b)
+    if isinstance(a, dt.datetime):
+        return a.isoformat() == b.isoformat()
+    return bool(a == b) and not (isinstance(a, float) and str(a) != str(b))
+
+
+def reshaped(value: Any) -> Any:
+    """An equivalent value: tuples become lists and back, dict order reversed."""
+    if isinstance(value, tuple):
+        return [reshaped(item) for item in value]
+    if isinstance(value, list):
+        return tuple(reshaped(item) for item in value)
+    if isinstance(value, dict):
+        return {k: reshaped(v) for k, v in reversed(list(value.items()))}
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(values)
+def test_equivalent_values_share_a_digest(value: Any) -> None:
+    assert digest(value) == digest(reshaped(value))
+
+
+@settings(max_examples=500, deadline=None)
+@given(values, values)
+def test_different_values_never_share_a_digest(a: Any, b: Any) -> None:
+    assert (canonical_bytes(a) == canonical_bytes(b)) == same_value(a, b)
+    assert (digest(a) == digest(b)) == same_value(a, b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(), st.booleans())
+def test_binding_makes_spelling_irrelevant(customer_id: int, full: bool) -> None:
+    expected = digest(customer_id, full)
+    assert digest(customer_id=customer_id, full=full) == expected
+    assert digest(customer_id, full=full, region="eu") == expected
+
+
+def test_a_namedtuple_is_encoded_as_the_tuple_json_would_send() -> None:
+    from collections import namedtuple
+
+    Point = namedtuple("Point", "x y")
+    assert canonical_bytes(Point(1, 2)) == canonical_bytes((1, 2)) == canonical_bytes([1, 2])
+
+
+def test_set_digests_do_not_depend_on_the_hash_seed() -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "from dedupe.canonical import canonical_bytes; "
+        "print(canonical_bytes({'alpha', 'beta', 'gamma', 'delta', 'epsilon'}).hex())"
+    )
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", script],
+            env={"PYTHONHASHSEED": str(seed), "PATH": ""},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in range(6)
+    }
+    assert len(outputs) == 1
+
+
+def test_pydantic_models_of_different_classes_never_collide() -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class Customer(pydantic.BaseModel):
+        id: int
+
+    class Supplier(pydantic.BaseModel):
+        id: int
+
+    assert canonical_bytes(Customer(id=1)) == canonical_bytes(Customer(id=1))
+    assert canonical_bytes(Customer(id=1)) != canonical_bytes(Supplier(id=1))
+    assert canonical_bytes(Customer(id=1)) != canonical_bytes({"id": 1})
+
+
+def test_an_unregistered_tasks_positional_and_keyword_arguments_stay_apart() -> None:
+    assert call_digest("remote", None, (1,), {}) != call_digest("remote", None, (), {"args": [1]})
+    assert call_digest("remote", None, (1,), {}) == "dd06c36e1b528da7fb1205d80696dd48"
+
+
+def _sig_plain(a: Any, b: Any = 2, *, c: Any = 3) -> None: ...
+def _sig_varargs(a: Any, *rest: Any, b: Any = 2, **extra: Any) -> None: ...
+def _sig_posonly(a: Any, /, b: Any, c: Any = 3, **extra: Any) -> None: ...
+def _sig_kwonly(*, a: Any, b: Any = 2) -> None: ...
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from([_sig_plain, _sig_varargs, _sig_posonly, _sig_kwonly]),
+    st.lists(st.integers(), max_size=4),
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c", "rest", "extra", "z"]), st.integers(), max_size=4
+    ),
+)
+def test_the_fast_binder_binds_exactly_as_inspect_does(
+    function: Any, args: list[int], kwargs: dict[str, int]
+) -> None:
+    signature = inspect.signature(function)
+    binder = Binder("t", signature)
+    try:
+        expected = signature.bind(*args, **kwargs)
+    except TypeError:
+        with pytest.raises(KeyDerivationError):
+            binder.bind(args, kwargs)
+        return
+    expected.apply_defaults()
+    assert binder.bind(args, kwargs) == dict(expected.arguments)

@@ -1,0 +1,499 @@
+"""Enqueue-time dedup against a real Redis broker and store (no worker consumes here)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+from celery import Celery, Task
+from celery.result import AsyncResult
+from kombu.exceptions import OperationalError
+
+import dedupe
+from dedupe._redis_server import RedisServer
+from dedupe.run import HEADER
+
+from .helpers import keys_with_prefix
+
+QueueLength = Callable[[Celery], int]
+
+
+@pytest.fixture
+def tasks(app: Celery) -> Any:
+    class Tasks:
+        @staticmethod
+        @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+        def sync_customer(customer_id: int, full: bool = False) -> int:
+            return customer_id
+
+        @staticmethod
+        @app.task(shared=False, base=dedupe.DedupeTask)
+        def report(day: str) -> str:
+            return day
+
+        @staticmethod
+        @app.task(shared=False)
+        def plain(x: int) -> int:
+            return x
+
+    return Tasks
+
+
+@pytest.fixture
+def stoppable_redis(redis_server: RedisServer) -> Iterator[RedisServer]:
+    server = RedisServer(executable=redis_server.executable)
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def unreachable_broker(make_app: Callable[..., Celery]) -> tuple[Celery, Any]:
+    """An app whose broker refuses connections (and a unique task of it): every publish fails."""
+    app = make_app(
+        broker="redis://127.0.0.1:1/0", task_publish_retry=False, broker_connection_timeout=0.5
+    )
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    return app, job
+
+
+def broker_messages(client: redis.Redis, app: Celery) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in client.lrange(app.conf.task_default_queue, 0, -1)]
+
+
+def test_a_duplicate_call_publishes_nothing_and_returns_the_holders_id(
+    app: Celery, tasks: Any, queue_length: QueueLength
+) -> None:
+    first = tasks.sync_customer.delay(42)
+    second = tasks.sync_customer.delay(42)
+    assert second.id == first.id
+    assert queue_length(app) == 1
+
+
+def test_the_result_says_whether_the_call_was_deduplicated(tasks: Any) -> None:
+    first = tasks.sync_customer.delay(42)
+    second = tasks.sync_customer.delay(42)
+    assert isinstance(first, AsyncResult)
+    assert isinstance(second, dedupe.DedupeResult)
+    assert (first.deduplicated, second.deduplicated) == (False, True)
+    assert second.holder is not None
+    assert second.holder.state == "queued"
+
+
+def test_spellings_of_the_same_call_are_duplicates(
+    app: Celery, tasks: Any, queue_length: QueueLength
+) -> None:
+    ids = {
+        tasks.sync_customer.delay(7).id,
+        tasks.sync_customer.delay(customer_id=7).id,
+        tasks.sync_customer.apply_async((7,), {"full": False}).id,
+        tasks.sync_customer.apply_async(kwargs={"customer_id": 7}).id,
+    }
+    assert len(ids) == 1
+    assert queue_length(app) == 1
+
+
+def test_different_arguments_are_separate_calls(
+    app: Celery, tasks: Any, queue_length: QueueLength
+) -> None:
+    assert tasks.sync_customer.delay(1).id != tasks.sync_customer.delay(2).id
+    assert tasks.sync_customer.delay(1, full=True).deduplicated is False
+    assert queue_length(app) == 3
+
+
+def test_a_task_that_is_not_unique_deduplicates_only_when_asked(
+    app: Celery, tasks: Any, queue_length: QueueLength
+) -> None:
+    tasks.report.delay("2026-11-22")
+    tasks.report.delay("2026-11-22")
+    assert queue_length(app) == 2
+    first = tasks.report.delay_unique("2026-11-22")
+    second = tasks.report.apply_async_unique(args=("2026-11-22",))
+    third = tasks.report.apply_async(("2026-11-22",), unique=True)
+    assert first.id == second.id == third.id
+    assert queue_length(app) == 3
+
+
+def test_unique_false_per_call_opts_out(app: Celery, tasks: Any, queue_length: QueueLength) -> None:
+    tasks.sync_customer.delay(5)
+    tasks.sync_customer.apply_async((5,), unique=False)
+    assert queue_length(app) == 2
+
+
+def test_on_duplicate_raise_raises_already_queued_naming_the_holder(tasks: Any) -> None:
+    first = tasks.sync_customer.delay(3)
+    with pytest.raises(dedupe.AlreadyQueued) as caught:
+        tasks.sync_customer.apply_async((3,), on_duplicate="raise")
+    assert caught.value.task_id == first.id
+    assert caught.value.state == "queued"
+    assert "sync_customer" in str(caught.value)
+
+
+def test_unique_on_per_call_ignores_the_other_arguments(tasks: Any) -> None:
+    first = tasks.sync_customer.apply_async((9,), {"full": True}, unique_on=("customer_id",))
+    second = tasks.sync_customer.apply_async((9,), {"full": False}, unique_on=("customer_id",))
+    assert second.id == first.id
+
+
+def test_unique_key_per_call_decides_the_key(tasks: Any) -> None:
+    def by_parity(customer_id: int, full: bool = False) -> int:
+        return customer_id % 2
+
+    first = tasks.sync_customer.apply_async((2,), unique_key=by_parity)
+    assert tasks.sync_customer.apply_async((4,), unique_key=by_parity).id == first.id
+    assert tasks.sync_customer.apply_async((3,), unique_key=by_parity).id != first.id
+
+
+def test_a_queued_record_lives_for_unique_ttl(app: Celery, tasks: Any) -> None:
+    tasks.sync_customer.apply_async((11,), unique_ttl=30)
+    holder = dedupe.lookup(tasks.sync_customer, (11,))
+    assert holder is not None
+    assert holder.ttl is not None
+    assert 29 < holder.ttl <= 30
+
+
+def test_a_countdown_extends_the_records_life_by_the_delay(tasks: Any) -> None:
+    tasks.sync_customer.apply_async((12,), countdown=100, unique_ttl=30)
+    holder = dedupe.lookup(tasks.sync_customer, (12,))
+    assert holder is not None
+    assert holder.ttl is not None
+    assert holder.eta is not None
+    assert 129 < holder.ttl <= 130
+    assert 99 < holder.eta - time.time() <= 100
+
+
+def test_an_eta_extends_the_records_life_too(tasks: Any) -> None:
+    import datetime as dt
+
+    eta = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=200)
+    tasks.sync_customer.apply_async((13,), eta=eta, unique_ttl=30)
+    holder = dedupe.lookup(tasks.sync_customer, (13,))
+    assert holder is not None
+    assert holder.ttl is not None
+    assert 228 < holder.ttl <= 230
+
+
+def test_arguments_are_never_stored_in_redis(
+    app: Celery, tasks: Any, redis_client: redis.Redis
+) -> None:
+    tasks.sync_customer.delay(987654321)
+    (key,) = keys_with_prefix(redis_client, app.conf.dedupe_key_prefix)
+    record = msgpack.unpackb(redis_client.get(key), raw=False)
+    assert set(record) == {"i", "s", "q"}
+    assert b"987654321" not in key
+    assert b"987654321" not in redis_client.get(key)
+
+
+def test_the_key_travels_in_a_namespaced_message_header(
+    redis_app: Celery, redis_client: redis.Redis
+) -> None:
+    app = redis_app
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def sync_customer(customer_id: int) -> None: ...
+
+    result = sync_customer.delay(21)
+    (message,) = broker_messages(redis_client, app)
+    header = message["headers"][HEADER]
+    assert header["key"] == result.keys.record
+    assert header["until"] == "finished"
+    assert message["headers"]["id"] == result.id
+
+
+def test_an_unencodable_argument_raises_before_anything_is_written_or_sent(
+    app: Celery, tasks: Any, redis_client: redis.Redis, queue_length: QueueLength
+) -> None:
+    with pytest.raises(dedupe.KeyDerivationError) as caught:
+        tasks.sync_customer.delay(object())
+    assert caught.value.task_name == tasks.sync_customer.name
+    assert caught.value.argument == "customer_id"
+    assert queue_length(app) == 0
+    assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
+
+
+def test_a_failed_publish_leaves_no_record_and_the_error_reaches_the_caller(
+    unreachable_broker: Any, redis_client: redis.Redis
+) -> None:
+    app, job = unreachable_broker
+    with pytest.raises(OperationalError):
+        job.delay(1)
+    assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
+
+
+def test_eager_mode_runs_inline_and_leaves_no_record(
+    make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_app(task_always_eager=True)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def double(x: int) -> int:
+        return 2 * x
+
+    result = double.delay(4)
+    assert result.get() == 8
+    assert result.deduplicated is False
+    assert double.delay_unique(4).get() == 8
+    assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
+
+
+def test_redis_down_with_enqueue_publishes_anyway_and_warns(
+    make_app: Callable[..., Celery],
+    stoppable_redis: RedisServer,
+    queue_length: QueueLength,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error="enqueue")
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    job.delay(1)
+    stoppable_redis.stop()
+    with caplog.at_level(logging.WARNING, logger="dedupe.producer"):
+        result = job.delay(1)
+    assert result.deduplicated is False
+    assert queue_length(app) == 2
+    assert "publishing" in caplog.text
+    assert "without dedup" in caplog.text
+
+
+def test_redis_down_with_raise_raises_and_publishes_nothing(
+    make_app: Callable[..., Celery], stoppable_redis: RedisServer, queue_length: QueueLength
+) -> None:
+    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error="raise")
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    stoppable_redis.stop()
+    with pytest.raises(dedupe.RedisUnavailable) as caught:
+        job.delay(1)
+    assert caught.value.operation == "enqueue"
+    assert queue_length(app) == 0
+
+
+def test_dedup_resumes_when_redis_comes_back(
+    make_app: Callable[..., Celery], stoppable_redis: RedisServer, queue_length: QueueLength
+) -> None:
+    app = make_app(dedupe_redis_url=stoppable_redis.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    stoppable_redis.stop()
+    job.delay(1)
+    stoppable_redis.start()
+    assert job.delay(1).deduplicated is False
+    assert job.delay(1).deduplicated is True
+    assert queue_length(app) == 2
+
+
+def test_an_app_without_install_gets_a_clear_error(redis_url: str) -> None:
+    app = Celery("not_installed", broker=redis_url, set_as_current=False)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    with pytest.raises(dedupe.NotInstalled, match=r"dedupe.install\(app\)"):
+        job.delay(1)
+    app.close()
+
+
+def test_dedup_options_on_a_plain_call_are_refused(tasks: Any) -> None:
+    with pytest.raises(dedupe.ConfigurationError, match="apply_async_unique"):
+        tasks.report.apply_async(("x",), unique_ttl=5)
+
+
+def test_the_standalone_guard_works_for_a_plain_task(
+    app: Celery, tasks: Any, queue_length: QueueLength
+) -> None:
+    first = dedupe.apply_async(tasks.plain, args=(1,))
+    second = dedupe.apply_async(tasks.plain, kwargs={"x": 1})
+    assert (first.deduplicated, second.deduplicated) == (False, True)
+    assert second.id == first.id
+    assert queue_length(app) == 1
+
+
+def test_the_standalone_guard_sends_a_task_name_this_process_does_not_know(
+    redis_app: Celery, redis_client: redis.Redis, queue_length: QueueLength
+) -> None:
+    app = redis_app
+    first = dedupe.apply_async("elsewhere.refresh", args=(5,), app=app)
+    second = dedupe.apply_async("elsewhere.refresh", args=[5], app=app)
+    assert second.id == first.id
+    assert second.deduplicated
+    (message,) = broker_messages(redis_client, app)
+    assert message["headers"]["task"] == "elsewhere.refresh"
+    assert queue_length(app) == 1
+
+
+def test_the_standalone_guard_and_the_task_methods_share_keys(tasks: Any) -> None:
+    first = tasks.sync_customer.delay(77)
+    assert dedupe.apply_async(tasks.sync_customer, args=(77,)).id == first.id
+    assert (
+        dedupe.apply_async(tasks.sync_customer.name, args=(77,), app=tasks.sync_customer.app).id
+        == first.id
+    )
+
+
+def test_the_standalone_guard_does_not_deduplicate_twice_through_a_unique_task(
+    app: Celery, tasks: Any, queue_length: QueueLength
+) -> None:
+    result = dedupe.apply_async(tasks.sync_customer, args=(31,))
+    assert result.deduplicated is False
+    assert queue_length(app) == 1
+
+
+def test_lookup_reports_the_holder_and_release_frees_the_key(tasks: Any) -> None:
+    assert dedupe.lookup(tasks.sync_customer, (8,)) is None
+    first = tasks.sync_customer.delay(8)
+    holder = dedupe.lookup(tasks.sync_customer, kwargs={"customer_id": 8})
+    assert holder is not None
+    assert (holder.task_id, holder.state) == (first.id, "queued")
+    assert dedupe.release(tasks.sync_customer, (8,)) is True
+    assert dedupe.release(tasks.sync_customer, (8,)) is False
+    assert tasks.sync_customer.delay(8).deduplicated is False
+
+
+def test_revoking_through_the_returned_result_frees_the_key_at_once(tasks: Any) -> None:
+    first = tasks.sync_customer.delay(15)
+    first.revoke()
+    assert dedupe.lookup(tasks.sync_customer, (15,)) is None
+    assert tasks.sync_customer.delay(15).id != first.id
+
+
+def test_a_duplicate_leaves_no_result_subscription(
+    app: Celery, tasks: Any, redis_client: redis.Redis
+) -> None:
+    def subscriptions() -> int:
+        return len(redis_client.pubsub_channels("celery-task-meta-*"))
+
+    accepted = tasks.sync_customer.delay(64)
+    channel = f"celery-task-meta-{accepted.id}"
+    assert redis_client.pubsub_channels(channel) == [channel.encode()]
+    before = subscriptions()
+    duplicates = [tasks.sync_customer.delay(64) for _ in range(5)]
+    assert all(d.deduplicated for d in duplicates)
+    assert subscriptions() == before
+
+
+def test_an_explicit_task_id_is_used_for_an_accepted_call(tasks: Any) -> None:
+    result = tasks.sync_customer.apply_async((50,), task_id="my-own-id")
+    assert result.id == "my-own-id"
+    assert tasks.sync_customer.apply_async((50,), task_id="another-id").id == "my-own-id"
+
+
+def test_the_same_explicit_task_id_twice_is_a_duplicate(
+    app: Celery, tasks: Any, queue_length: QueueLength
+) -> None:
+    # Deterministic task ids are a dedup idiom of their own: the second call must not
+    # publish a second message under the same id.
+    first = tasks.sync_customer.apply_async((51,), task_id="report-51")
+    second = tasks.sync_customer.apply_async((51,), task_id="report-51")
+    assert (first.deduplicated, second.deduplicated) == (False, True)
+    assert queue_length(app) == 1
+
+
+def test_a_message_of_ours_sent_again_with_its_task_id_is_a_continuation(
+    app: Celery, tasks: Any, queue_length: QueueLength
+) -> None:
+    # What retry_on_worker_lost does in the worker's main process: same id, same header.
+    first = tasks.sync_customer.delay(60)
+    headers = {HEADER: {"key": first.keys.record, "until": "finished", "ttl": 3600}}
+    again = tasks.sync_customer.apply_async((60,), task_id=first.id, headers=headers)
+    assert again.deduplicated is False
+    assert queue_length(app) == 2
+    holder = dedupe.lookup(tasks.sync_customer, (60,))
+    assert holder is not None
+    assert holder.task_id == first.id
+
+
+def test_any_task_instance_works_with_the_standalone_guard_after_install(
+    app: Celery, queue_length: QueueLength
+) -> None:
+    class Base(Task):  # type: ignore[type-arg]
+        pass
+
+    @app.task(shared=False, base=Base)
+    def custom(x: int) -> None: ...
+
+    assert dedupe.apply_async(custom, (1,)).deduplicated is False
+    assert dedupe.apply_async(custom, (1,)).deduplicated is True
+    assert queue_length(app) == 1
+
+
+def test_a_shared_task_proxy_works_with_every_entry_point(
+    app: Celery, queue_length: QueueLength
+) -> None:
+    from celery import shared_task
+    from celery._state import _set_current_app, get_current_app
+
+    @shared_task(base=dedupe.DedupeTask, unique=True, name=f"shared.sync.{app.main}")
+    def sync(x: int) -> None: ...
+
+    # A shared task resolves through the current app, as in a project with one app.
+    previous = get_current_app()
+    app.set_current()
+    try:
+        proxy = sync
+        assert type(proxy).__name__ == "Proxy"
+        first = dedupe.apply_async(proxy, (1,))
+        holder = dedupe.lookup(proxy, (1,))
+        assert holder is not None
+        assert holder.task_id == first.id
+        assert dedupe.release(proxy, (1,)) is True
+    finally:
+        _set_current_app(previous)
+
+
+def test_a_continuation_is_published_even_while_another_task_holds_the_key(
+    app: Celery, tasks: Any, queue_length: QueueLength
+) -> None:
+    # The worker's main process re-sending a task after its child died: never refused.
+    holder = tasks.sync_customer.delay(61)
+    headers = {HEADER: {"key": holder.keys.record, "until": "finished", "ttl": 3600}}
+    again = tasks.sync_customer.apply_async((61,), task_id="lost-child-task", headers=headers)
+    assert again.deduplicated is False
+    assert again.id == "lost-child-task"
+    assert queue_length(app) == 2
+
+
+def test_a_continuation_whose_publish_fails_leaves_no_record(
+    unreachable_broker: Any, redis_client: redis.Redis
+) -> None:
+    app, job = unreachable_broker
+    key = f"{app.conf.dedupe_key_prefix}:{{{job.name}:0}}"
+    headers = {HEADER: {"key": key, "until": "finished", "ttl": 3600}}
+    with pytest.raises(OperationalError):
+        job.apply_async((1,), task_id="continued", headers=headers)
+    assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
+
+
+def test_a_naive_eta_is_read_as_utc_when_the_app_is_utc(
+    tasks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import datetime as dt
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # nine hours from UTC: a misread shows
+    time.tzset()
+    try:
+        naive_eta = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) + dt.timedelta(
+            seconds=100
+        )
+        tasks.sync_customer.apply_async((62,), eta=naive_eta, unique_ttl=30)
+        holder = dedupe.lookup(tasks.sync_customer, (62,))
+        assert holder is not None
+        assert holder.ttl is not None
+        assert 128 < holder.ttl <= 130
+    finally:
+        monkeypatch.undo()
+        time.tzset()

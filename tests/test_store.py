@@ -1,0 +1,410 @@
+"""Each state transition (one Lua script each), on a real Redis: the contract of the store.
+
+Owner checks (task id) and run checks (run token) overlap in real runs; here each is pinned
+on its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import msgpack
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dedupe.keys import CallKeys
+from dedupe.record import pack_queued, pack_running
+from dedupe.store import Lease, Store
+
+LEASE_MS = 5_000
+TTL_MS = 60_000
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[Store]:
+    client = redis.Redis.from_url(redis_url)
+    yield Store(client)
+    client.close()
+
+
+@pytest.fixture
+def finished(request: pytest.FixtureRequest) -> CallKeys:
+    """Keys of a unique_until="finished" call: one key, queued then running."""
+    key = f"store:{{{request.node.name}}}"
+    return CallKeys(key, key)
+
+
+@pytest.fixture
+def started(request: pytest.FixtureRequest) -> CallKeys:
+    """Keys of a unique_until="started" call: a queued record and a separate run lock."""
+    key = f"store:{{{request.node.name}}}"
+    return CallKeys(key, f"{key}:run")
+
+
+def record(store: Store, key: str) -> dict[str, object] | None:
+    raw = store.client.get(key)
+    return None if raw is None else msgpack.unpackb(raw, raw=False)
+
+
+def enqueue(store: Store, keys: CallKeys, task_id: str) -> bytes:
+    packed = pack_queued(task_id, time.time(), None)
+    assert store.enqueue(keys, task_id, packed, TTL_MS) is None
+    return packed
+
+
+def claim(store: Store, keys: CallKeys, task_id: str, token: str) -> object:
+    return store.claim(keys, task_id, token, LEASE_MS, "host", 7, time.time())
+
+
+def lease(keys: CallKeys, task_id: str, token: str) -> Lease:
+    return Lease(keys.run, task_id, token, LEASE_MS, pack_running(task_id, token, "h", 7, 0))
+
+
+# -- enqueue -----------------------------------------------------------------------------------
+
+
+def test_enqueue_creates_a_queued_record_with_its_ttl(store: Store, finished: CallKeys) -> None:
+    enqueue(store, finished, "A")
+    assert record(store, finished.record) == {
+        "i": "A",
+        "s": "q",
+        "q": pytest.approx(time.time(), abs=5),
+    }
+    assert 55_000 < store.client.pttl(finished.record) <= TTL_MS
+
+
+def test_enqueue_reports_the_holder_of_a_live_key(store: Store, finished: CallKeys) -> None:
+    enqueue(store, finished, "A")
+    holder = store.enqueue(finished, "B", pack_queued("B", time.time(), None), TTL_MS)
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("A", "queued")
+    assert holder.ttl is not None
+    assert 55 < holder.ttl <= 60
+    assert record(store, finished.record)["i"] == "A"  # type: ignore[index]
+
+
+def test_enqueue_accepts_its_own_command_sent_again(store: Store, finished: CallKeys) -> None:
+    packed = enqueue(store, finished, "A")
+    assert store.enqueue(finished, "A", packed, TTL_MS) is None
+
+
+def test_enqueue_refuses_a_second_call_with_the_same_task_id(
+    store: Store, finished: CallKeys
+) -> None:
+    enqueue(store, finished, "A")
+    again = pack_queued("A", time.time() + 1, None)
+    holder = store.enqueue(finished, "A", again, TTL_MS)
+    assert holder is not None
+    assert holder.task_id == "A"
+
+
+# -- claim --------------------------------------------------------------------------------------
+
+
+def test_claim_turns_the_callers_queued_record_into_a_running_lease(
+    store: Store, finished: CallKeys
+) -> None:
+    enqueue(store, finished, "A")
+    assert claim(store, finished, "A", "t1") is None
+    found = record(store, finished.record)
+    assert found is not None
+    assert (found["i"], found["s"], found["r"], found["h"], found["p"]) == (
+        "A",
+        "r",
+        "t1",
+        "host",
+        7,
+    )
+    assert "q" in found  # the enqueue time is kept
+    assert 4_000 < store.client.pttl(finished.record) <= LEASE_MS
+
+
+def test_claim_of_an_absent_key_runs_a_message_that_bypassed_the_producer(
+    store: Store, finished: CallKeys
+) -> None:
+    assert claim(store, finished, "A", "t1") is None
+    assert record(store, finished.record)["s"] == "r"  # type: ignore[index]
+
+
+def test_claim_takes_over_another_calls_queued_record(store: Store, finished: CallKeys) -> None:
+    enqueue(store, finished, "B")
+    assert claim(store, finished, "A", "t1") is None
+    found = record(store, finished.record)
+    assert found is not None
+    assert (found["i"], found["s"]) == ("A", "r")
+    assert "q" not in found  # B's enqueue time is not A's
+
+
+def test_claim_is_held_by_another_tasks_run(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "B", "t0")
+    holder = claim(store, finished, "A", "t1")
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("B", "running")  # type: ignore[attr-defined]
+
+
+def test_claim_is_held_by_another_run_of_the_same_task_id(store: Store, finished: CallKeys) -> None:
+    # A redelivered copy of a message that is still running must not run alongside it.
+    claim(store, finished, "A", "t0")
+    holder = claim(store, finished, "A", "t1")
+    assert holder is not None
+    assert record(store, finished.record)["r"] == "t0"  # type: ignore[index]
+
+
+def test_claim_accepts_its_own_command_sent_again(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "A", "t1")
+    assert claim(store, finished, "A", "t1") is None
+
+
+def test_claim_in_started_mode_frees_the_queued_record_for_the_next_call(
+    store: Store, started: CallKeys
+) -> None:
+    enqueue(store, started, "A")
+    assert claim(store, started, "A", "t1") is None
+    assert record(store, started.record) is None
+    assert record(store, started.run)["i"] == "A"  # type: ignore[index]
+
+
+def test_claim_in_started_mode_leaves_a_newer_calls_queued_record(
+    store: Store, started: CallKeys
+) -> None:
+    enqueue(store, started, "B")
+    assert claim(store, started, "A", "t1") is None
+    assert record(store, started.record)["i"] == "B"  # type: ignore[index]
+
+
+def test_claim_in_started_mode_is_held_by_the_run_lock(store: Store, started: CallKeys) -> None:
+    claim(store, started, "A", "t0")
+    enqueue(store, started, "B")
+    assert claim(store, started, "B", "t1") is not None
+    assert record(store, started.record)["i"] == "B"  # type: ignore[index]
+
+
+# -- renew --------------------------------------------------------------------------------------
+
+
+def test_renew_extends_the_lease_of_its_run(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "A", "t1")
+    store.client.pexpire(finished.run, 1_000)
+    assert store.renew([lease(finished, "A", "t1")]) == [1]
+    assert store.client.pttl(finished.run) > 4_000
+
+
+def test_renew_recreates_a_key_that_redis_lost(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "A", "t1")
+    store.client.delete(finished.run)  # a restart, a failover, an eviction
+    assert store.renew([lease(finished, "A", "t1")]) == [2]
+    found = record(store, finished.run)
+    assert found is not None
+    assert (found["i"], found["s"], found["r"]) == ("A", "r", "t1")
+
+
+def test_renew_leaves_another_tasks_key_alone(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "B", "t0")
+    store.client.pexpire(finished.run, 1_000)
+    assert store.renew([lease(finished, "A", "t1")]) == [0]
+    assert store.client.pttl(finished.run) <= 1_000
+
+
+def test_renew_leaves_another_run_of_the_same_task_id_alone(
+    store: Store, finished: CallKeys
+) -> None:
+    claim(store, finished, "A", "t0")
+    store.client.pexpire(finished.run, 1_000)
+    assert store.renew([lease(finished, "A", "stale")]) == [0]
+    assert store.client.pttl(finished.run) <= 1_000
+
+
+def test_renew_stops_at_a_record_put_back_to_queued(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "A", "t1")
+    store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS)
+    assert store.renew([lease(finished, "A", "t1")]) == [0]
+    assert record(store, finished.record)["s"] == "q"  # type: ignore[index]
+
+
+def test_renew_of_several_leases_is_one_pipeline(store: Store, finished: CallKeys) -> None:
+    other = CallKeys(finished.record + "x", finished.record + "x")
+    claim(store, finished, "A", "t1")
+    claim(store, other, "B", "t2")
+    assert store.renew([lease(finished, "A", "t1"), lease(other, "B", "t2")]) == [1, 1]
+
+
+# -- requeue ------------------------------------------------------------------------------------
+
+
+def test_requeue_puts_its_run_back_to_queued_with_the_new_ttl(
+    store: Store, finished: CallKeys
+) -> None:
+    claim(store, finished, "A", "t1")
+    assert store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS) == 1
+    assert record(store, finished.record)["s"] == "q"  # type: ignore[index]
+    assert store.client.pttl(finished.record) > 55_000
+
+
+def test_requeue_recreates_a_lapsed_record(store: Store, finished: CallKeys) -> None:
+    assert store.requeue(finished, "A", "", pack_queued("A", time.time(), None), TTL_MS) == 1
+    assert record(store, finished.record)["i"] == "A"  # type: ignore[index]
+
+
+def test_requeue_leaves_another_tasks_record_alone(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "B", "t0")
+    assert store.requeue(finished, "A", "", pack_queued("A", time.time(), None), TTL_MS) == 0
+    assert record(store, finished.record)["i"] == "B"  # type: ignore[index]
+
+
+def test_requeue_leaves_a_live_copy_of_the_same_task_id_running(
+    store: Store, finished: CallKeys
+) -> None:
+    claim(store, finished, "A", "t0")
+    assert store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS) == 2
+    assert record(store, finished.record)["r"] == "t0"  # type: ignore[index]
+
+
+def test_requeue_without_a_token_speaks_for_any_run_of_its_task_id(
+    store: Store, finished: CallKeys
+) -> None:
+    # The worker's main process, after the child that ran the task died.
+    claim(store, finished, "A", "t0")
+    assert store.requeue(finished, "A", "", pack_queued("A", time.time(), None), TTL_MS) == 1
+    assert record(store, finished.record)["s"] == "q"  # type: ignore[index]
+
+
+def test_requeue_in_started_mode_frees_the_run_lock(store: Store, started: CallKeys) -> None:
+    claim(store, started, "A", "t1")
+    assert store.requeue(started, "A", "t1", pack_queued("A", time.time(), None), TTL_MS) == 1
+    assert record(store, started.run) is None
+    assert record(store, started.record)["i"] == "A"  # type: ignore[index]
+
+
+# -- release and cancel -------------------------------------------------------------------------
+
+
+def test_release_deletes_what_its_run_holds(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "A", "t1")
+    assert store.release(finished, "A", "t1") == 1
+    assert record(store, finished.record) is None
+
+
+def test_release_never_deletes_another_tasks_key(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "B", "t0")
+    assert store.release(finished, "A") == 0
+    assert store.release(finished, "A", "t0") == 0
+    assert record(store, finished.record)["i"] == "B"  # type: ignore[index]
+
+
+def test_release_never_deletes_another_run_of_the_same_task_id(
+    store: Store, finished: CallKeys
+) -> None:
+    claim(store, finished, "A", "t0")
+    assert store.release(finished, "A", "stale") == 0
+    assert record(store, finished.record)["r"] == "t0"  # type: ignore[index]
+
+
+def test_release_without_a_token_deletes_whatever_its_task_id_holds(
+    store: Store, started: CallKeys
+) -> None:
+    enqueue(store, started, "A")
+    store.client.set(started.run, pack_running("A", "t0", "h", 1, 0))
+    assert store.release(started, "A") == 2
+    assert store.client.exists(started.record, started.run) == 0
+
+
+def test_cancel_deletes_its_queued_record(store: Store, finished: CallKeys) -> None:
+    enqueue(store, finished, "A")
+    assert store.cancel(finished, "A") is True
+    assert record(store, finished.record) is None
+
+
+def test_cancel_never_deletes_a_running_record(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "A", "t1")
+    assert store.cancel(finished, "A") is False
+    assert record(store, finished.record)["s"] == "r"  # type: ignore[index]
+
+
+def test_cancel_never_deletes_another_tasks_record(store: Store, finished: CallKeys) -> None:
+    enqueue(store, finished, "B")
+    assert store.cancel(finished, "A") is False
+    assert record(store, finished.record)["i"] == "B"  # type: ignore[index]
+
+
+# -- lookup and clear ---------------------------------------------------------------------------
+
+
+def test_lookup_prefers_the_queued_record_in_started_mode(store: Store, started: CallKeys) -> None:
+    claim(store, started, "A", "t1")
+    enqueue(store, started, "B")
+    holder = store.lookup(started)
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("B", "queued")
+
+
+def test_clear_deletes_every_key_of_a_call(store: Store, started: CallKeys) -> None:
+    claim(store, started, "A", "t1")
+    enqueue(store, started, "B")
+    assert store.clear(started) is True
+    assert store.lookup(started) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.text(), st.binary(), st.integers(), st.floats(allow_nan=False)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_commands_are_packed_exactly_as_redis_py_packs_them(parts: list[object]) -> None:
+    from redis.connection import Connection
+
+    from dedupe.script_runner import pack_command
+
+    command = (b"EVALSHA", *parts)  # a command word first, as every call has
+    assert pack_command(*command) == b"".join(Connection().pack_command(*command))
+
+
+# -- a release sent without waiting for its reply (the end of a run) ---------------------------
+
+
+def test_a_release_sent_without_waiting_takes_effect_at_once(
+    store: Store, finished: CallKeys, redis_client: redis.Redis
+) -> None:
+    claim(store, finished, "A", "t1")
+    store.release_soon(finished, "A", "t1")
+    assert redis_client.exists(finished.record) == 0
+
+
+def test_the_next_call_reads_the_replies_of_releases_in_order(
+    store: Store, finished: CallKeys
+) -> None:
+    claim(store, finished, "A", "t1")
+    store.release_soon(finished, "A", "t1")
+    store.release_soon(finished, "A", "t1")
+    assert claim(store, finished, "B", "t2") is None
+    assert store.release(finished, "B", "t2") == 1
+
+
+def test_a_release_refused_for_a_forgotten_script_still_happens(
+    store: Store, finished: CallKeys, redis_client: redis.Redis
+) -> None:
+    claim(store, finished, "A", "t1")
+    assert store.release(finished, "A", "t1") == 1  # the release script is known loaded
+    claim(store, finished, "A", "t1")
+    redis_client.script_flush()  # then lost, as after a restart or a failover
+    store.release_soon(finished, "A", "t1")
+    assert redis_client.exists(finished.record) == 1  # refused: NOSCRIPT
+    other = CallKeys(finished.record + "o", finished.record + "o")
+    assert claim(store, other, "B", "t2") is None  # the thread's next call catches up
+    assert redis_client.exists(finished.record) == 0
+
+
+def test_the_first_release_on_a_server_waits_until_its_script_is_loaded(
+    redis_url: str, finished: CallKeys, redis_client: redis.Redis
+) -> None:
+    # A fresh store (a new worker process): the release script was never run on it.
+    fresh = Store(redis.Redis.from_url(redis_url))
+    assert claim(fresh, finished, "A", "t1") is None
+    redis_client.script_flush()
+    fresh.release_soon(finished, "A", "t1")
+    assert redis_client.exists(finished.record) == 0

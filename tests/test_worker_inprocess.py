@@ -1,0 +1,576 @@
+"""The worker side with in-process workers: claim, release, the execution guard."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, signals
+from celery.exceptions import Ignore, Reject, Retry
+
+import dedupe
+
+from .conftest import in_process_worker
+from .helpers import RunLog, keys_with_prefix, wait_for
+
+
+@pytest.fixture
+def runlog(redis_client: redis.Redis, app: Celery) -> RunLog:
+    return RunLog(redis_client, app.conf.dedupe_key_prefix)
+
+
+@pytest.fixture
+def postrun_states() -> Iterator[dict[str, str]]:
+    """The final state of every run in this process, by task id (IGNORED for a skip)."""
+    states: dict[str, str] = {}
+
+    def record(task_id: str = "", state: str = "", **_: Any) -> None:
+        states[task_id] = state
+
+    signals.task_postrun.connect(record, weak=False)
+    yield states
+    signals.task_postrun.disconnect(record)
+
+
+@pytest.fixture
+def gate() -> threading.Event:
+    """Holds a task inside its run until the test opens it."""
+    return threading.Event()
+
+
+def test_the_key_is_freed_when_the_task_succeeds(app: Celery, no_keys_left: Any) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    with in_process_worker(app):
+        assert add.delay(1, 2).get(timeout=10) == 3
+        wait_for(lambda: dedupe.lookup(add, (1, 2)) is None, message="key freed")
+        assert add.delay(1, 2).deduplicated is False
+    no_keys_left(app)
+
+
+def test_the_key_is_freed_when_the_task_fails(app: Celery) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def boom(x: int) -> None:
+        raise ValueError(x)
+
+    with in_process_worker(app):
+        with pytest.raises(ValueError, match="1"):
+            boom.delay(1).get(timeout=10)
+        wait_for(lambda: dedupe.lookup(boom, (1,)) is None, message="key freed")
+
+
+def test_a_running_task_holds_its_key_as_running_with_its_worker(
+    app: Celery, gate: threading.Event
+) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def hold(x: int) -> None:
+        gate.wait(10)
+
+    with in_process_worker(app):
+        result = hold.delay(1)
+        holder = wait_for(
+            lambda: (h := dedupe.lookup(hold, (1,))) and h.state == "running" and h,
+            message="running",
+        )
+        assert holder.task_id == result.id
+        assert holder.worker is not None
+        assert holder.worker.endswith(":" + str(__import__("os").getpid()))
+        assert holder.ttl is not None
+        assert holder.ttl <= 60
+        gate.set()
+        result.get(timeout=10)
+
+
+def test_a_call_during_a_run_is_a_duplicate_of_the_run(app: Celery, gate: threading.Event) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def hold(x: int) -> None:
+        gate.wait(10)
+
+    with in_process_worker(app):
+        first = hold.delay(1)
+        wait_for(
+            lambda: (h := dedupe.lookup(hold, (1,))) and h.state == "running", message="running"
+        )
+        during = hold.delay(1)
+        assert during.deduplicated
+        assert during.id == first.id
+        assert during.holder is not None
+        assert during.holder.state == "running"
+        gate.set()
+        first.get(timeout=10)
+
+
+def test_until_started_accepts_a_call_during_a_run_and_runs_it_after(
+    app: Celery, runlog: RunLog, gate: threading.Event
+) -> None:
+    @app.task(
+        shared=False,
+        base=dedupe.DedupeTask,
+        unique=True,
+        unique_until="started",
+        on_running_countdown=0.2,
+        bind=True,
+    )
+    def refresh(self: Any, x: int) -> None:
+        runlog.started(self.request.id)
+        gate.wait(10)
+        time.sleep(0.3)
+        runlog.ended(self.request.id)
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        first = refresh.delay(1)
+        wait_for(lambda: runlog.runs(), message="first run")
+        second = refresh.delay(1)
+        third = refresh.delay(1)
+        assert second.deduplicated is False
+        assert second.id != first.id
+        assert third.deduplicated is True
+        assert third.id == second.id
+        gate.set()
+        first.get(timeout=10)
+        second.get(timeout=10)
+    (one, two) = runlog.runs()
+    assert (one[0], two[0]) == (first.id, second.id)
+    assert two[1] >= one[2]  # the call made during the first run ran after it
+
+
+def test_an_exclusive_task_queues_every_call_but_never_overlaps_runs(
+    app: Celery, runlog: RunLog, queue_length: Any
+) -> None:
+    @app.task(
+        shared=False,
+        base=dedupe.DedupeTask,
+        exclusive=True,
+        on_running="retry",
+        on_running_countdown=0.1,
+        bind=True,
+    )
+    def nightly(self: Any, x: int) -> None:
+        runlog.started(self.request.id)
+        time.sleep(0.3)
+        runlog.ended(self.request.id)
+
+    results = [nightly.delay(1) for _ in range(3)]
+    assert queue_length(app) == 3
+    with in_process_worker(app, pool="threads", concurrency=3):
+        for result in results:
+            result.get(timeout=20)
+    assert len(runlog.runs()) == 3
+    assert runlog.overlaps() == []
+
+
+def test_a_message_that_bypassed_the_producer_is_skipped_while_a_run_holds_the_key(
+    app: Celery,
+    runlog: RunLog,
+    gate: threading.Event,
+    redis_client: redis.Redis,
+    postrun_states: dict[str, str],
+) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
+    def sync(self: Any, x: int) -> None:
+        runlog.started(self.request.id)
+        gate.wait(10)
+        runlog.ended(self.request.id)
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        first = sync.delay(1)
+        wait_for(lambda: runlog.runs(), message="first run")
+        holder_before = redis_client.get(first.keys.record)
+        bypass = app.send_task(sync.name, args=(1,))
+        wait_for(lambda: postrun_states.get(bypass.id) == "IGNORED", message="bypass skipped")
+        assert redis_client.get(first.keys.record) == holder_before  # untouched
+        gate.set()
+        first.get(timeout=10)
+    assert [run[0] for run in runlog.runs()] == [first.id]
+
+
+def test_a_retry_keeps_the_key_until_the_run_that_succeeds(app: Celery) -> None:
+    attempts: list[str] = []
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True, max_retries=3)
+    def flaky(self: Any, x: int) -> int:
+        attempts.append(self.request.id)
+        if len(attempts) < 3:
+            during = flaky.delay(x)
+            assert during.deduplicated
+            assert during.id == self.request.id
+            raise self.retry(countdown=0.2)
+        return x
+
+    with in_process_worker(app):
+        result = flaky.delay(5)
+        assert result.get(timeout=20) == 5
+        wait_for(lambda: dedupe.lookup(flaky, (5,)) is None, message="key freed")
+    assert attempts == [result.id] * 3
+
+
+def test_a_retry_goes_back_to_queued_with_a_ttl_covering_its_countdown(app: Celery) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True, unique_ttl=30)
+    def later(self: Any, x: int) -> None:
+        if self.request.retries == 0:
+            raise self.retry(countdown=100)
+
+    with in_process_worker(app):
+        result = later.delay(1)
+        holder = wait_for(
+            lambda: (h := dedupe.lookup(later, (1,))) and h.state == "queued" and h.eta and h,
+            message="requeued",
+        )
+        assert holder.task_id == result.id
+        assert holder.ttl is not None
+        assert 125 < holder.ttl <= 130
+        result.revoke()
+
+
+@pytest.mark.parametrize(
+    "exception", [Ignore(), Reject("no", requeue=False)], ids=["ignore", "reject"]
+)
+def test_ignore_and_reject_free_the_key(app: Celery, exception: Exception) -> None:
+    ran = threading.Event()
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def quit_early(x: int) -> None:
+        ran.set()
+        raise exception
+
+    with in_process_worker(app):
+        quit_early.delay(1)
+        assert ran.wait(10)
+        wait_for(lambda: dedupe.lookup(quit_early, (1,)) is None, message="key freed")
+
+
+def test_a_plain_task_sent_through_the_guard_is_claimed_and_freed(app: Celery) -> None:
+    @app.task(shared=False)
+    def plain(x: int) -> int:
+        return x
+
+    with in_process_worker(app):
+        result = dedupe.apply_async(plain, (3,))
+        assert result.get(timeout=10) == 3
+        wait_for(lambda: dedupe.lookup(plain, (3,)) is None, message="key freed")
+
+
+def test_worker_side_keys_use_the_header_not_the_arguments(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    seen: list[Any] = []
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
+    def nested(self: Any, payload: Any) -> None:
+        seen.append(dedupe.lookup(nested, (payload,)))
+
+    with in_process_worker(app):
+        # The JSON round trip turns tuples into lists; the key must not change with it.
+        result = nested.delay(((1, 2), {"a": (3,)}))
+        result.get(timeout=10)
+        assert seen[0] is not None
+        assert seen[0].task_id == result.id
+        wait_for(
+            lambda: keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == [],
+            message="key freed",
+        )
+
+
+def test_revoking_a_running_task_through_its_result_keeps_the_key_until_the_run_ends(
+    app: Celery, gate: threading.Event
+) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def hold(x: int) -> None:
+        gate.wait(10)
+
+    with in_process_worker(app):
+        first = hold.delay(1)
+        wait_for(
+            lambda: (h := dedupe.lookup(hold, (1,))) and h.state == "running", message="running"
+        )
+        first.revoke()  # no terminate: the run goes on, and so must its hold on the key
+        during = hold.delay(1)
+        assert during.deduplicated
+        assert during.id == first.id
+        gate.set()
+        wait_for(lambda: dedupe.lookup(hold, (1,)) is None, message="freed when the run ends")
+
+
+def test_a_plain_tasks_retry_keeps_its_key_and_frees_it_at_the_end(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # The retry message may start on another thread before the first run has ended: the
+    # key must already be back to queued by then, or it is left behind for an hour.
+    @app.task(shared=False, bind=True)
+    def again(self: Any, x: int) -> int:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return x
+
+    def slow_retry_bookkeeping(**_: Any) -> None:
+        # Widens the gap between the retry's publish and the end of the first run, as a
+        # slow result backend would: the retry message starts inside it.
+        time.sleep(0.3)
+
+    signals.task_retry.connect(slow_retry_bookkeeping, weak=False)
+    try:
+        with in_process_worker(app, pool="threads", concurrency=2):
+            results = [dedupe.apply_async(again, (x,)) for x in range(3)]
+            assert [result.get(timeout=20) for result in results] == list(range(3))
+            wait_for(
+                lambda: keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == [],
+                timeout=10,
+                message="no key left behind",
+            )
+    finally:
+        signals.task_retry.disconnect(slow_retry_bookkeeping)
+
+
+def test_a_retry_keeps_the_key_its_call_was_made_with(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    # Call-level options decide the key: a retry must carry it, not recompute it without them.
+    seen: list[Any] = []
+
+    @app.task(shared=False, base=dedupe.DedupeTask, bind=True)
+    def report(self: Any, day: str, verbose: bool) -> str:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0.5)
+        seen.append(dedupe.lookup(report, (day, not verbose), unique_on=("day",)))
+        return day
+
+    with in_process_worker(app):
+        first = report.apply_async_unique(("monday", True), unique_on=("day",))
+        wait_for(
+            lambda: (
+                (h := dedupe.lookup(report, ("monday", False), unique_on=("day",)))
+                and h.state == "queued"
+                and h.eta
+            ),
+            message="requeued for the retry",
+        )
+        same = report.apply_async_unique(("monday", False), unique_on=("day",))
+        assert same.deduplicated
+        assert same.id == first.id
+        assert first.get(timeout=10) == "monday"
+        assert seen[0] is not None
+        assert seen[0].task_id == first.id
+        wait_for(
+            lambda: keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == [],
+            message="no key left behind",
+        )
+
+
+def test_a_retry_of_a_call_sent_by_name_keeps_its_key(
+    app: Celery, make_app: Any, redis_client: redis.Redis
+) -> None:
+    # The producer does not import the task (raw-argument key); the worker does (it could
+    # bind the arguments): the retry must keep the producer's key.
+    @app.task(shared=False, base=dedupe.DedupeTask, bind=True, name="named.retrying")
+    def retrying(self: Any, x: int) -> int:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0.5)
+        return x
+
+    producer = _producer_without_tasks(app)
+    with in_process_worker(app):
+        first = dedupe.apply_async("named.retrying", args=(4,), app=producer)
+        wait_for(
+            lambda: (
+                (h := dedupe.lookup("named.retrying", (4,), app=producer)) is not None and h.eta
+            ),
+            message="requeued under the producer's key",
+        )
+        assert first.get(timeout=10) == 4
+        producer.close()
+        wait_for(
+            lambda: keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == [],
+            message="no key left behind",
+        )
+
+
+def _producer_without_tasks(app: Celery) -> Celery:
+    producer = Celery(
+        "producer",
+        broker=app.conf.broker_url,
+        backend=app.conf.result_backend,
+        set_as_current=False,
+    )
+    producer.conf.update(
+        {
+            key: app.conf[key]
+            for key in ("task_default_queue", "dedupe_redis_url", "dedupe_key_prefix")
+        }
+    )
+    dedupe.install(producer)
+    return producer
+
+
+def test_a_copy_of_a_running_task_id_waits_and_leaves_the_holder_untouched(
+    app: Celery, gate: threading.Event, redis_client: redis.Redis, runlog: RunLog
+) -> None:
+    # A redelivered copy (visibility timeout, a reconnect) of a message still running.
+    @app.task(
+        shared=False, base=dedupe.DedupeTask, unique=True, bind=True, on_running_countdown=0.2
+    )
+    def hold(self: Any, x: int) -> None:
+        runlog.started(self.request.id)
+        gate.wait(10)
+        runlog.ended(self.request.id)
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        first = hold.delay(1)
+        wait_for(lambda: runlog.runs(), message="first run")
+        before = redis_client.get(first.keys.record)
+        headers = {"celery_dedupe": {"key": first.keys.record, "until": "finished", "ttl": 3600}}
+        app.send_task(hold.name, args=(1,), task_id=first.id, headers=headers)
+        time.sleep(0.6)  # the copy met the run, deferred, met it again...
+        assert redis_client.get(first.keys.record) == before  # same run token, still running
+        assert [run[0] for run in runlog.runs()] == [first.id]
+        gate.set()
+        wait_for(
+            lambda: len(runlog.runs()) == 2 and all(run[2] for run in runlog.runs()),
+            message="the copy ran after the first run ended",
+        )
+    one, two = runlog.runs()
+    assert two[1] >= one[2]
+
+
+def test_a_retry_with_new_arguments_frees_the_key_of_the_old_ones(
+    app: Celery, redis_client: redis.Redis
+) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
+    def step(self: Any, x: int) -> int:
+        if x < 2:
+            raise self.retry(args=(x + 1,), countdown=0.1)
+        return x
+
+    with in_process_worker(app):
+        result = step.delay(0)
+        assert result.get(timeout=10) == 2
+        wait_for(
+            lambda: keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == [],
+            message="no key of any of the arguments left",
+        )
+
+
+def test_a_requeued_reject_under_acks_late_keeps_the_key_queued_for_the_redelivery(
+    app: Celery,
+) -> None:
+    seen: list[Any] = []
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True, acks_late=True)
+    def picky(self: Any, x: int) -> str:
+        if not self.request.delivery_info.get("redelivered") and not seen:
+            raise Reject("not yet", requeue=True)
+        return "done"
+
+    def after_first_delivery(task_id: str = "", state: str = "", **_: Any) -> None:
+        # Connected after dedupe's own handler: the key's state between the deliveries.
+        if state == "REJECTED":
+            seen.append(dedupe.lookup(picky, (1,)))
+
+    signals.task_postrun.connect(after_first_delivery, weak=False)
+    try:
+        with in_process_worker(app):
+            result = picky.delay(1)
+            assert result.get(timeout=10) == "done"
+    finally:
+        signals.task_postrun.disconnect(after_first_delivery)
+    assert seen[0] is not None
+    assert (seen[0].task_id, seen[0].state) == (result.id, "queued")
+    wait_for(lambda: dedupe.lookup(picky, (1,)) is None, message="freed after the redelivery")
+
+
+def test_a_bare_retry_that_publishes_nothing_frees_the_key(app: Celery) -> None:
+    ran = threading.Event()
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def marks_retry(x: int) -> None:
+        ran.set()
+        raise Retry()  # the state says RETRY, but no message will run it again
+
+    with in_process_worker(app):
+        marks_retry.delay(1)
+        assert ran.wait(10)
+        wait_for(lambda: dedupe.lookup(marks_retry, (1,)) is None, message="key freed")
+
+
+def test_a_worker_whose_dedup_redis_is_down_still_runs_its_tasks(
+    make_app: Any, redis_server: Any
+) -> None:
+    from dedupe._redis_server import RedisServer
+
+    dedup = RedisServer(executable=redis_server.executable)
+    dedup.start()
+    app = make_app(dedupe_redis_url=dedup.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> int:
+        return x
+
+    try:
+        result = job.delay(1)  # accepted while Redis was up
+        dedup.stop()
+        with in_process_worker(app):
+            assert result.get(timeout=15) == 1
+    finally:
+        dedup.close()
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads"])
+def test_a_run_longer_than_its_lease_keeps_its_key_through_heartbeats(
+    app: Celery, pool: str
+) -> None:
+    seen: list[Any] = []
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, unique_lease=0.6, bind=True)
+    def long_run(self: Any, x: int) -> None:
+        for _ in range(4):  # 2 s: more than three leases
+            time.sleep(0.5)
+            seen.append(dedupe.lookup(long_run, (x,)))
+
+    with in_process_worker(app, pool=pool):
+        long_run.delay(1).get(timeout=15)
+    assert len(seen) == 4
+    assert all(holder is not None and holder.state == "running" for holder in seen)
+    wait_for(lambda: dedupe.lookup(long_run, (1,)) is None, message="freed at the end")
+
+
+def test_replace_is_a_continuation_never_refused(app: Celery, queue_length: Any) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def finish(x: int) -> str:
+        return f"finished {x}"
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
+    def start(self: Any, x: int) -> None:
+        raise self.replace(finish.s(x))
+
+    queued_finish = finish.delay(9)  # the replacement's key is held by another call
+    result = start.delay(9)
+    with in_process_worker(app):
+        # The replacement was published under start's id: waiting on it does not hang.
+        assert result.get(timeout=15) == "finished 9"
+        assert queued_finish.get(timeout=15) == "finished 9"
+    wait_for(
+        lambda: dedupe.lookup(start, (9,)) is None and dedupe.lookup(finish, (9,)) is None,
+        message="every key freed",
+    )
+
+
+def test_replace_with_the_same_call_keeps_the_key_for_the_replacement(app: Celery) -> None:
+    rounds: list[int] = []
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
+    def again(self: Any, x: int) -> str:
+        rounds.append(x)
+        if len(rounds) == 1:
+            raise self.replace(again.s(x))
+        return "second round"
+
+    with in_process_worker(app):
+        result = again.delay(3)
+        assert result.get(timeout=15) == "second round"
+    assert rounds == [3, 3]
+    wait_for(lambda: dedupe.lookup(again, (3,)) is None, message="freed at the end")

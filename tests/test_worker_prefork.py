@@ -1,0 +1,330 @@
+"""The key's lifecycle on every path Celery takes, with real prefork workers and Redis.
+
+One test per ending. After each test, no key may remain (unless the test says so): a key
+left behind would refuse the next call for up to an hour.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
+
+import dedupe
+
+from .helpers import WorkerProcess, keys_with_prefix, wait_for
+
+pytestmark = pytest.mark.usefixtures("prefork_worker")
+
+
+@pytest.fixture
+def tag() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(autouse=True)
+def no_key_left_behind(
+    request: pytest.FixtureRequest, redis_client: redis.Redis, worker_app: Any
+) -> Iterator[None]:
+    yield
+    if request.node.get_closest_marker("leaves_keys"):
+        return
+    prefix = worker_app.PREFIX
+    deadline = time.monotonic() + 3 * worker_app.LEASE + 3
+    while (left := keys_with_prefix(redis_client, prefix)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        redis_client.delete(*left)
+        pytest.fail(f"keys left behind: {left}")
+
+
+def holder(task: Any, *args: Any) -> dedupe.Holder | None:
+    return dedupe.lookup(task, args)
+
+
+def wait_running(task: Any, *args: Any, timeout: float = 10) -> dedupe.Holder:
+    found: dedupe.Holder = wait_for(
+        lambda: (h := holder(task, *args)) is not None and h.state == "running" and h,
+        timeout=timeout,
+        message=f"{task.name}{args} running",
+    )
+    return found
+
+
+def pid_of(redis_client: redis.Redis, tag: str) -> int:
+    return int(wait_for(lambda: redis_client.get(f"pid:{tag}"), message="task pid"))
+
+
+def test_success_frees_the_key(worker_app: Any, tag: str) -> None:
+    assert worker_app.ok.delay(tag).get(timeout=10) == tag
+
+
+def test_failure_frees_the_key(worker_app: Any, tag: str) -> None:
+    with pytest.raises(ValueError, match=tag):
+        worker_app.fail.delay(tag).get(timeout=10)
+
+
+def test_a_retry_keeps_the_key_for_the_same_task_id_until_success(
+    worker_app: Any, tag: str
+) -> None:
+    result = worker_app.retry_then_ok.delay(tag, 2, 0.5)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline and not result.ready():
+        current = holder(worker_app.retry_then_ok, tag, 2, 0.5)
+        assert (current is None and result.ready()) or current.task_id == result.id
+        duplicate = worker_app.retry_then_ok.delay(tag, 2, 0.5)
+        assert duplicate.id == result.id
+        time.sleep(0.05)
+    assert result.get(timeout=10) == 2
+    assert len(worker_app.runlog(tag).runs()) == 3
+
+
+def test_exhausted_retries_free_the_key(worker_app: Any, tag: str) -> None:
+    result = worker_app.retry_forever.delay(tag)
+    with pytest.raises(worker_app.retry_forever.MaxRetriesExceededError):
+        result.get(timeout=10)
+    assert len(worker_app.runlog(tag).runs()) == 3
+
+
+def test_ignore_frees_the_key(worker_app: Any, tag: str) -> None:
+    worker_app.ignore.delay(tag)
+    wait_for(lambda: [r for r in worker_app.runlog(tag).runs() if r[2]], message="run ended")
+
+
+def test_reject_without_requeue_frees_the_key(worker_app: Any, tag: str) -> None:
+    worker_app.reject.delay(tag, False)
+    wait_for(lambda: [r for r in worker_app.runlog(tag).runs() if r[2]], message="run ended")
+    time.sleep(0.5)
+    assert len(worker_app.runlog(tag).runs()) == 1
+
+
+def test_reject_with_requeue_under_acks_late_keeps_the_key_for_the_redelivery(
+    worker_app: Any, tag: str
+) -> None:
+    result = worker_app.reject.delay(tag, True)
+    assert result.get(timeout=15) == "second delivery"
+    runs = worker_app.runlog(tag).runs()
+    assert [run[0] for run in runs] == [result.id, result.id]
+
+
+def test_revoke_through_the_returned_result_frees_the_key_at_once(
+    worker_app: Any, tag: str
+) -> None:
+    result = worker_app.sleepy.apply_async((tag, 0), countdown=30)
+    result.revoke()
+    assert holder(worker_app.sleepy, tag, 0) is None
+
+
+def test_a_revoked_message_frees_its_key_when_the_worker_meets_it(
+    worker_app: Any, tag: str
+) -> None:
+    result = worker_app.sleepy.apply_async((tag, 0), countdown=1)
+    worker_app.app.control.revoke(result.id)  # not through the result: the key stays...
+    assert holder(worker_app.sleepy, tag, 0) is not None
+    # ...until the worker meets the revoked message.
+    wait_for(lambda: holder(worker_app.sleepy, tag, 0) is None, timeout=10, message="freed")
+    assert worker_app.runlog(tag).runs() == []
+
+
+def test_an_expired_message_frees_its_key_and_never_runs(worker_app: Any, tag: str) -> None:
+    worker_app.sleepy_long_lease.apply_async((tag, 0), countdown=1, expires=0.5)
+    assert holder(worker_app.sleepy_long_lease, tag, 0) is not None
+    wait_for(
+        lambda: holder(worker_app.sleepy_long_lease, tag, 0) is None,
+        timeout=10,
+        message="freed when the worker meets the expired message",
+    )
+    assert worker_app.runlog(tag).runs() == []
+
+
+def test_terminate_while_running_frees_the_key(worker_app: Any, tag: str) -> None:
+    result = worker_app.sleepy.delay(tag, 30)
+    wait_running(worker_app.sleepy, tag, 30)
+    result.revoke(terminate=True)
+    wait_for(lambda: holder(worker_app.sleepy, tag, 30) is None, timeout=5, message="freed")
+
+
+def test_a_soft_time_limit_frees_the_key(worker_app: Any, tag: str) -> None:
+    with pytest.raises(SoftTimeLimitExceeded):
+        worker_app.soft_limited.delay(tag).get(timeout=10)
+
+
+def test_a_hard_time_limit_frees_the_key(worker_app: Any, tag: str) -> None:
+    result = worker_app.hard_limited.delay(tag)
+    with pytest.raises(TimeLimitExceeded):
+        result.get(timeout=10)
+    wait_for(lambda: holder(worker_app.hard_limited, tag) is None, timeout=5, message="freed")
+
+
+def test_a_hard_time_limit_under_acks_late_keeps_the_key_for_the_redelivery(
+    worker_app: Any, tag: str
+) -> None:
+    result = worker_app.hard_limited_redelivered.delay(tag)
+    # (Celery stores the first delivery's TimeLimitExceeded before the redelivery runs.)
+    runs = wait_for(
+        lambda: [r for r in worker_app.runlog(tag).runs() if r[2]],
+        timeout=20,
+        message="the redelivery ran to its end",
+    )
+    assert [run[0] for run in worker_app.runlog(tag).runs()] == [result.id, result.id]
+    assert len(runs) == 1  # the first delivery was killed: only the redelivery ended
+
+
+def test_a_killed_child_frees_its_key_within_one_lease(
+    worker_app: Any, tag: str, redis_client: redis.Redis
+) -> None:
+    result = worker_app.sleepy.delay(tag, 30)
+    wait_running(worker_app.sleepy, tag, 30)
+    os.kill(pid_of(redis_client, tag), signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(
+        lambda: holder(worker_app.sleepy, tag, 30) is None,
+        timeout=worker_app.LEASE + 1,
+        message="key free within one lease",
+    )
+    assert time.monotonic() - killed_at <= worker_app.LEASE + 1
+    with pytest.raises(WorkerLostError):
+        result.get(timeout=10)
+
+
+def test_the_main_process_frees_a_killed_childs_key_long_before_its_lease(
+    worker_app: Any, tag: str, redis_client: redis.Redis
+) -> None:
+    task = worker_app.sleepy_long_lease
+    result = task.delay(tag, 30)
+    wait_running(task, tag, 30)
+    os.kill(pid_of(redis_client, tag), signal.SIGKILL)
+    wait_for(lambda: holder(task, tag, 30) is None, timeout=5, message="freed, lease is 30 s")
+    with pytest.raises(WorkerLostError):
+        result.get(timeout=10)
+
+
+def test_the_main_process_frees_the_key_of_a_run_past_its_hard_time_limit(
+    worker_app: Any, tag: str
+) -> None:
+    task = worker_app.hard_limited_long_lease
+    result = task.delay(tag)
+    with pytest.raises(TimeLimitExceeded):
+        result.get(timeout=10)
+    wait_for(lambda: holder(task, tag) is None, timeout=5, message="freed, lease is 30 s")
+
+
+def test_terminate_frees_the_key_long_before_its_lease(worker_app: Any, tag: str) -> None:
+    task = worker_app.sleepy_long_lease
+    result = task.delay(tag, 30)
+    wait_running(task, tag, 30)
+    result.revoke(terminate=True)
+    wait_for(lambda: holder(task, tag, 30) is None, timeout=5, message="freed, lease is 30 s")
+
+
+def test_retry_on_worker_lost_keeps_the_key_for_the_retry(
+    worker_app: Any, tag: str, redis_client: redis.Redis
+) -> None:
+    task = worker_app.lost_then_retried
+    result = task.delay(tag)
+    wait_running(task, tag)
+    os.kill(pid_of(redis_client, tag), signal.SIGKILL)
+    # The main process re-sends it (same id): the key is the retry's, never free meanwhile.
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not worker_app.runlog(tag).runs()[1:]:
+        current = holder(task, tag)
+        assert current is not None
+        assert current.task_id == result.id
+        time.sleep(0.02)
+    wait_for(
+        lambda: [r for r in worker_app.runlog(tag).runs() if r[2]],
+        timeout=10,
+        message="the retry ran",
+    )
+    assert [run[0] for run in worker_app.runlog(tag).runs()] == [result.id, result.id]
+
+
+def test_a_redelivered_message_claims_its_key_again_after_a_killed_child(
+    worker_app: Any, tag: str, redis_client: redis.Redis
+) -> None:
+    result = worker_app.redelivered.delay(tag, 30)
+    first = wait_running(worker_app.redelivered, tag, 30)
+    os.kill(pid_of(redis_client, tag), signal.SIGKILL)
+    assert result.get(timeout=worker_app.LEASE + 15) == tag
+    runs = worker_app.runlog(tag).runs()
+    assert [run[0] for run in runs] == [result.id, result.id]
+    assert first.task_id == result.id
+
+
+def test_a_paused_worker_past_its_lease_cannot_release_or_renew_the_new_holders_key(
+    worker_app: Any, tag: str, redis_client: redis.Redis, prefork_worker: WorkerProcess
+) -> None:
+    sleepy = worker_app.sleepy
+
+    def by_tag(seconds: float) -> dedupe.Holder | None:
+        return dedupe.lookup(sleepy, (tag, seconds), unique_on=("tag",))
+
+    stale = sleepy.apply_async((tag, 1.5), unique_on=("tag",))
+    stale_holder = wait_for(
+        lambda: (h := by_tag(1.5)) and h.state == "running" and h, message="stale run running"
+    )
+    pid = pid_of(redis_client, tag)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: by_tag(1.5) is None, timeout=worker_app.LEASE + 2, message="lease lapsed")
+        fresh = sleepy.apply_async((tag, 6), unique_on=("tag",))
+        assert fresh.deduplicated is False
+        wait_for(
+            lambda: (h := by_tag(6)) and h.task_id == fresh.id and h.state == "running",
+            message="new holder running",
+        )
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    stale.get(timeout=10)
+    # The result is stored before the run's release: give a wrongful release time to
+    # happen, and the new holder's heartbeat time to notice it.
+    time.sleep(worker_app.LEASE)
+    current = by_tag(6)
+    # The stale run's release was refused: the new holder's record is the one it claimed
+    # (it still carries its enqueue time), not one its heartbeat had to re-create.
+    assert current is not None
+    assert current.task_id == fresh.id
+    assert current.enqueued_at is not None
+    log = prefork_worker.tail(50000)
+    assert f"re-created {current.key}" not in log
+    # The stale run's heartbeat found another owner and stopped renewing.
+    assert f"lost the lease on {current.key} for task {stale.id}" in log
+    assert stale_holder.task_id == stale.id != fresh.id
+    fresh.get(timeout=15)
+
+
+def test_a_send_task_that_bypassed_the_producer_is_skipped_by_the_guard(
+    worker_app: Any, tag: str, prefork_worker: WorkerProcess
+) -> None:
+    first = worker_app.sleepy.delay(tag, 2)
+    wait_running(worker_app.sleepy, tag, 2)
+    bypass = worker_app.app.send_task(worker_app.sleepy.name, args=(tag, 2))
+    wait_for(
+        lambda: f"{bypass.id}] skipped: {first.id} is running it" in prefork_worker.tail(20000),
+        message="skip logged with the holder's id",
+    )
+    first.get(timeout=10)
+    assert [run[0] for run in worker_app.runlog(tag).runs()] == [first.id]
+
+
+def test_until_started_accepts_a_call_during_a_run_and_runs_it_after(
+    worker_app: Any, tag: str
+) -> None:
+    task = worker_app.started_mode
+    first = task.delay(tag, 1.5)
+    wait_for(lambda: worker_app.runlog(tag).runs(), message="first run started")
+    second = task.delay(tag, 1.5)
+    assert second.deduplicated is False
+    assert second.id != first.id
+    assert task.delay(tag, 1.5).id == second.id  # queued behind the run: a duplicate
+    first.get(timeout=10)
+    second.get(timeout=15)
+    one, two = worker_app.runlog(tag).runs()
+    assert two[1] >= one[2]

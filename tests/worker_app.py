@@ -1,0 +1,179 @@
+"""The app that real ``celery worker`` subprocesses run in the tests (and that tests call).
+
+Configured from the environment that tests/conftest.py sets before anything imports it.
+Every task writes when its runs start and end (RunLog), keyed by a ``tag`` argument, and
+stores its pid so that tests can kill or pause the process that runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.exceptions import Ignore, Reject
+
+import dedupe
+
+from .helpers import RunLog
+
+BROKER = os.environ.get("DEDUPE_TEST_BROKER", "redis://127.0.0.1:6379/0")
+REDIS = os.environ.get("DEDUPE_TEST_REDIS", BROKER)
+PREFIX = os.environ.get("DEDUPE_TEST_PREFIX", "wk")
+QUEUE = os.environ.get("DEDUPE_TEST_QUEUE", "dedupe-prefork")
+LEASE = float(os.environ.get("DEDUPE_TEST_LEASE", "2"))
+
+app = Celery("worker_app", broker=BROKER, backend=REDIS)
+app.conf.update(
+    task_default_queue=QUEUE,
+    dedupe_redis_url=REDIS,
+    dedupe_key_prefix=PREFIX,
+    dedupe_default_lease=LEASE,
+    broker_connection_retry_on_startup=True,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    result_expires=600,
+)
+dedupe.install(app)
+
+_events = redis.Redis.from_url(REDIS)
+
+
+def runlog(tag: str) -> RunLog:
+    return RunLog(_events, tag)
+
+
+def _run(task: Any, tag: str, seconds: float = 0.0) -> None:
+    log = runlog(tag)
+    _events.set(f"pid:{tag}", os.getpid())
+    log.started(task.request.id)
+    time.sleep(seconds)
+    log.ended(task.request.id)
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+def ok(self: Any, tag: str, seconds: float = 0.0) -> str:
+    _run(self, tag, seconds)
+    return tag
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+def fail(self: Any, tag: str) -> None:
+    _run(self, tag)
+    raise ValueError(tag)
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, max_retries=5)
+def retry_then_ok(self: Any, tag: str, times: int, countdown: float = 0.5) -> int:
+    _run(self, tag)
+    if self.request.retries < times:
+        raise self.retry(countdown=countdown)
+    return int(self.request.retries)
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, max_retries=2)
+def retry_forever(self: Any, tag: str) -> None:
+    _run(self, tag)
+    raise self.retry(countdown=0.1)
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+def ignore(self: Any, tag: str) -> None:
+    _run(self, tag)
+    raise Ignore()
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, acks_late=True)
+def reject(self: Any, tag: str, requeue: bool) -> str:
+    _run(self, tag)
+    if _events.incr(f"deliveries:{tag}") == 1:
+        raise Reject("first delivery", requeue=requeue)
+    return "second delivery"
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+def sleepy(self: Any, tag: str, seconds: float) -> str:
+    _run(self, tag, seconds)
+    return tag
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, soft_time_limit=1)
+def soft_limited(self: Any, tag: str) -> None:
+    _run(self, tag, 5)
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, time_limit=1)
+def hard_limited(self: Any, tag: str) -> None:
+    _run(self, tag, 5)
+
+
+@app.task(
+    bind=True, base=dedupe.DedupeTask, unique=True, acks_late=True, reject_on_worker_lost=True
+)
+def redelivered(self: Any, tag: str, seconds: float) -> str:
+    _run(self, tag, seconds if _events.incr(f"deliveries:{tag}") == 1 else 0)
+    return tag
+
+
+@app.task(
+    bind=True, base=dedupe.DedupeTask, unique=True, unique_until="started", on_running_countdown=0.2
+)
+def started_mode(self: Any, tag: str, seconds: float) -> str:
+    _run(self, tag, seconds)
+    return tag
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+def soak(self: Any, tag: str, seconds: float) -> None:
+    _run(self, tag, seconds)
+
+
+@app.task(bind=True)
+def plain_sleepy(self: Any, tag: str, seconds: float) -> str:
+    """Not a DedupeTask: only a deduplicating scheduler (or dedupe.apply_async) guards it."""
+    _run(self, tag, seconds)
+    return tag
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    time_limit=1,
+    acks_late=True,
+    acks_on_failure_or_timeout=False,
+)
+def hard_limited_redelivered(self: Any, tag: str) -> str:
+    """Killed by its hard time limit on the first delivery; Celery requeues the message."""
+    first = _events.incr(f"deliveries:{tag}") == 1
+    _run(self, tag, 5 if first else 0)
+    return tag
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=30)
+def sleepy_long_lease(self: Any, tag: str, seconds: float) -> str:
+    """A 30 s lease: its key frees within seconds only if the main process frees it."""
+    _run(self, tag, seconds)
+    return tag
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=30, time_limit=1)
+def hard_limited_long_lease(self: Any, tag: str) -> None:
+    _run(self, tag, 5)
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    unique_lease=30,
+    retry_on_worker_lost=True,
+    default_retry_delay=0.5,
+    max_retries=2,
+)
+def lost_then_retried(self: Any, tag: str) -> str:
+    """Sleeps on its first run (the test kills it); Celery 5.7 retries it then."""
+    _run(self, tag, 30 if _events.incr(f"deliveries:{tag}") == 1 else 0)
+    return tag
