@@ -128,7 +128,7 @@ class ProcessGroup:
 
 
 class ServerProcess(ProcessGroup):
-    """A real HTTP server (uvicorn, Django's runserver) on a free port."""
+    """A real HTTP server (uvicorn, gunicorn) on a free port."""
 
     def __init__(self, command: list[str], env: dict[str, str], cwd: Path = ROOT) -> None:
         self.port = free_port()
