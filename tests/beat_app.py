@@ -85,4 +85,6 @@ def seed_database() -> None:
         interval=every_second,
         args=json.dumps(list(ENTRY["args"])),
         queue=QUEUE,
+        # A PeriodicTask carries dedup options in a header (its options are a fixed set).
+        headers=json.dumps({"dedupe": {"unique_on": ["tag"]}}),
     )

@@ -45,40 +45,48 @@ def queued_per_key(client: redis.Redis, queue: str) -> dict[str, int]:
     return counts
 
 
-def observe(client: redis.Redis, queue: str, seconds: float) -> int:
-    """The most messages of one key seen waiting in the queue at once."""
+def observe(
+    client: redis.Redis, queue: str, seconds: float, key_pattern: str
+) -> tuple[int, set[str]]:
+    """The most messages of one key seen waiting in the queue at once, and the dedup keys
+    matching ``key_pattern`` seen live (queued or running) meanwhile."""
     most = 0
+    seen: set[str] = set()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         most = max([most, *queued_per_key(client, queue).values()])
+        seen.update(key.decode() for key in client.scan_iter(match=key_pattern, count=1000))
         time.sleep(0.05)
-    return most
+    return most, seen
 
 
 @pytest.fixture
 def run_beats(
     tmp_path: Path, worker_app: Any, redis_client: redis.Redis, tag: str
 ) -> Iterator[Any]:
-    """Run beat processes for OBSERVE seconds; return (most queued per key, beats)."""
+    """Run beat processes for OBSERVE seconds; return (most queued per key, beats, keys)."""
     started: list[BeatProcess] = []
 
-    def run(scheduler: str, count: int = 1, **env: str) -> tuple[int, list[BeatProcess]]:
+    def run(scheduler: str, count: int = 1, **env: str) -> tuple[int, list[BeatProcess], set[str]]:
         beats = [
             BeatProcess(scheduler, {"DEDUPE_BEAT_TAG": tag, **env}, tmp_path) for _ in range(count)
         ]
         started.extend(beats)
         for beat in beats:
             beat.start()
-        most = observe(redis_client, worker_app.QUEUE, OBSERVE)
+        pattern = f"{worker_app.app.conf.dedupe_key_prefix}:{{{worker_app.plain_sleepy.name}:*"
+        most, keys = observe(redis_client, worker_app.QUEUE, OBSERVE, pattern)
         for beat in beats:
             beat.stop()
-        # Let the last run end and free its key.
+        # Let the last run end and free its key (the keys seen: entries sent by name are
+        # keyed on their arguments as passed, so lookup() would not find them).
+        assert keys, "no dedup key of the entry was ever seen"
         wait_for(
-            lambda: dedupe.lookup(worker_app.plain_sleepy, (tag, SECONDS)) is None,
+            lambda: redis_client.exists(*keys) == 0,
             timeout=SECONDS + 10,
             message="last run's key freed",
         )
-        return most, beats
+        return most, beats, keys
 
     yield run
     for beat in started:
@@ -97,7 +105,7 @@ def assert_runs_back_to_back(worker_app: Any, tag: str) -> None:
 def test_one_beat_never_piles_up_or_overlaps_a_slow_task(
     run_beats: Any, worker_app: Any, tag: str
 ) -> None:
-    most_queued, (beat,) = run_beats("dedupe.beat:DedupeScheduler")
+    most_queued, (beat,), _ = run_beats("dedupe.beat:DedupeScheduler")
     assert most_queued <= 1
     assert_runs_back_to_back(worker_app, tag)
     assert "not sending sleepy-every-second (tests.worker_app.plain_sleepy)" in beat.tail()
@@ -106,7 +114,7 @@ def test_one_beat_never_piles_up_or_overlaps_a_slow_task(
 def test_two_beats_side_by_side_do_not_double_the_work(
     run_beats: Any, worker_app: Any, tag: str
 ) -> None:
-    most_queued, beats = run_beats("dedupe.beat:DedupeScheduler", count=2)
+    most_queued, beats, _ = run_beats("dedupe.beat:DedupeScheduler", count=2)
     assert most_queued <= 1
     assert_runs_back_to_back(worker_app, tag)
     assert all("Sending due task sleepy-every-second" in beat.tail() for beat in beats)
@@ -115,14 +123,14 @@ def test_two_beats_side_by_side_do_not_double_the_work(
 def test_an_entry_whose_task_beat_does_not_import_is_deduplicated(
     run_beats: Any, worker_app: Any, tag: str
 ) -> None:
-    most_queued, (beat,) = run_beats("dedupe.beat:DedupeScheduler", DEDUPE_BEAT_MODE="names")
+    most_queued, (beat,), _ = run_beats("dedupe.beat:DedupeScheduler", DEDUPE_BEAT_MODE="names")
     assert most_queued <= 1
     assert_runs_back_to_back(worker_app, tag)
     assert "not sending sleepy-every-second" in beat.tail()
 
 
 def test_the_mixin_composes_with_django_celery_beats_database_scheduler(
-    run_beats: Any, worker_app: Any, tag: str, tmp_path: Path
+    run_beats: Any, worker_app: Any, tag: str, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
     pytest.importorskip("django_celery_beat", reason="django-celery-beat is not installed")
     env = {
@@ -136,7 +144,14 @@ def test_the_mixin_composes_with_django_celery_beats_database_scheduler(
         env={**__import__("os").environ, **env, "PYTHONPATH": str(ROOT)},
         check=True,
     )
-    most_queued, (beat,) = run_beats("dedupe.beat.database:DedupeDatabaseScheduler", **env)
+    most_queued, (beat,), keys = run_beats("dedupe.beat.database:DedupeDatabaseScheduler", **env)
+    # The PeriodicTask's "dedupe" header set unique_on=("tag",): the key ignores `seconds`.
+    by_tag = dedupe.apply_async(
+        worker_app.plain_sleepy, args=(tag, SECONDS + 1), unique_on=("tag",), queue=f"none-{tag}"
+    )
+    dedupe.release(worker_app.plain_sleepy, args=(tag, 0), unique_on=("tag",))
+    redis_client.delete(f"none-{tag}")
+    assert keys == {by_tag.keys.record}
     assert most_queued <= 1
     assert_runs_back_to_back(worker_app, tag)
     assert "not sending sleepy-every-second" in beat.tail()
@@ -144,7 +159,7 @@ def test_the_mixin_composes_with_django_celery_beats_database_scheduler(
 
 def test_the_mixin_composes_with_redbeat(run_beats: Any, worker_app: Any, tag: str) -> None:
     pytest.importorskip("redbeat", reason="celery-redbeat is not installed")
-    most_queued, (beat,) = run_beats("dedupe.beat.redbeat:DedupeRedBeatScheduler")
+    most_queued, (beat,), _ = run_beats("dedupe.beat.redbeat:DedupeRedBeatScheduler")
     assert most_queued <= 1
     assert_runs_back_to_back(worker_app, tag)
     assert "not sending sleepy-every-second" in beat.tail()

@@ -41,6 +41,16 @@ def tasks(app: Celery) -> Any:
         @app.task(shared=False, base=dedupe.DedupeTask, unique=True, name="jobs.unique_refresh")
         def unique_refresh(report_id: int) -> None: ...
 
+        @staticmethod
+        @app.task(
+            shared=False,
+            base=dedupe.DedupeTask,
+            unique=True,
+            on_duplicate="raise",
+            name="jobs.strict_refresh",
+        )
+        def strict_refresh(report_id: int) -> None: ...
+
     return Tasks
 
 
@@ -79,6 +89,79 @@ def test_a_unique_task_entry_is_deduplicated_through_one_guard(
 
 def test_an_entry_can_opt_out(app: Celery, tasks: Any, beat: Any, queue_length: Any) -> None:
     scheduler, entry = beat("jobs.refresh", (4,), unique=False)
+    scheduler.apply_async(entry)
+    scheduler.apply_async(entry)
+    assert queue_length(app) == 2
+
+
+def test_an_opted_out_entry_of_a_unique_task_sends_without_dedup_options(
+    app: Celery, tasks: Any, beat: Any, queue_length: Any
+) -> None:
+    # unique_on next to unique=False must not reach DedupeTask.apply_async, which refuses
+    # dedup options on a call that is not deduplicated.
+    scheduler, entry = beat("jobs.unique_refresh", (4,), unique=False, unique_on=("report_id",))
+    first = scheduler.apply_async(entry)
+    second = scheduler.apply_async(entry)
+    assert first.id != second.id
+    assert queue_length(app) == 2
+    assert dedupe.lookup(tasks.unique_refresh, (4,)) is None
+
+
+def test_an_entry_opts_out_with_false_spelled_as_a_string(
+    app: Celery, tasks: Any, beat: Any, queue_length: Any
+) -> None:
+    scheduler, entry = beat("jobs.refresh", (4,), unique="false")
+    scheduler.apply_async(entry)
+    scheduler.apply_async(entry)
+    assert queue_length(app) == 2
+
+
+def test_a_task_declared_on_duplicate_raise_is_skipped_not_an_error(
+    app: Celery, tasks: Any, beat: Any, queue_length: Any
+) -> None:
+    scheduler, entry = beat("jobs.strict_refresh", (8,))
+    first = scheduler.apply_async(entry)
+    second = scheduler.apply_async(entry)
+    assert second.deduplicated
+    assert second.id == first.id
+    assert scheduler.dedupe_skipped["every-minute"] == 1
+    assert queue_length(app) == 1
+
+
+def test_dedup_options_in_the_dedupe_header_reach_the_key(
+    redis_app: Celery, redis_client: Any, tmp_path: Path
+) -> None:
+    import json
+
+    # How a django-celery-beat PeriodicTask (whose entries carry only fixed options, but
+    # any headers) sets per-entry options.
+    @redis_app.task(shared=False, name="jobs.by_report")
+    def by_report(report_id: int, full: bool = False) -> None: ...
+
+    scheduler = DedupeScheduler(app=redis_app, schedule_filename=str(tmp_path / "s"))
+    entry = ScheduleEntry(
+        name="e",
+        task="jobs.by_report",
+        schedule=60.0,
+        args=(9,),
+        kwargs={"full": True},
+        options={"headers": {"dedupe": {"unique_on": ["report_id"], "unique_ttl": 30}}},
+        app=redis_app,
+    )
+    first = scheduler.apply_async(entry)
+    holder = dedupe.lookup(by_report, (9,), unique_on=("report_id",))
+    assert holder is not None
+    assert holder.task_id == first.id
+    assert holder.ttl is not None
+    assert holder.ttl <= 30
+    (raw,) = redis_client.lrange(redis_app.conf.task_default_queue, 0, -1)
+    assert "dedupe" not in json.loads(raw)["headers"]
+
+
+def test_a_dedupe_header_can_opt_an_entry_out(
+    app: Celery, tasks: Any, beat: Any, queue_length: Any
+) -> None:
+    scheduler, entry = beat("jobs.refresh", (10,), headers={"dedupe": {"unique": False}})
     scheduler.apply_async(entry)
     scheduler.apply_async(entry)
     assert queue_length(app) == 2

@@ -12,8 +12,11 @@ or compose the mixin with any other scheduler (first in the bases)::
     class MyScheduler(DedupeSchedulerMixin, SomeScheduler): ...
 
 Per entry, ``options`` may carry ``unique=False`` (opt out), ``unique_on``, ``unique_key``,
-``unique_ttl`` and ``unique_until``. Keys follow the rule of every call (task + arguments), so
-a manual ``delay_unique`` of the same call and the entry deduplicate against each other.
+``unique_ttl`` and ``unique_until``; entries that cannot carry extra options (django-celery-beat)
+put them in a ``dedupe`` header: ``headers={"dedupe": {"unique_on": ["report_id"]}}``.
+
+Keys follow the rule of every call (task + arguments), so a manual ``delay_unique`` of the
+same call and the entry deduplicate against each other.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from __future__ import annotations
 import logging
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from celery.beat import PersistentScheduler, Scheduler, SchedulingError
 from celery.exceptions import reraise
 
+from dedupe.options import pop_call_options
 from dedupe.producer import publish_unique, publisher_for
 from dedupe.run import HEADER
 
@@ -34,7 +39,11 @@ if TYPE_CHECKING:
 else:
     _SchedulerBase = object
 
-__all__ = ["DedupeScheduler", "DedupeSchedulerMixin"]
+__all__ = ["OPTIONS_HEADER", "DedupeScheduler", "DedupeSchedulerMixin", "entry_options"]
+
+#: An entry header whose mapping is read as dedup options: for schedulers whose entries
+#: carry only a fixed set of options but any headers (django-celery-beat's PeriodicTask).
+OPTIONS_HEADER = "dedupe"
 
 logger = logging.getLogger("dedupe.beat")
 
@@ -70,20 +79,22 @@ class DedupeSchedulerMixin(_SchedulerBase):
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
     ) -> Any:
-        options = dict(entry.options or {})
-        if options.pop("unique", True) is False:
-            return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
         entry = self.reserve(entry) if advance else entry
         name, task_name = str(entry.name), str(entry.task)
         task = self.app.tasks.get(task_name)
         try:
+            options = entry_options(entry)
+            unique = options.pop("unique")
             args = _evaluate_entry_args(entry.args)
             call_kwargs = _evaluate_entry_kwargs(entry.kwargs)
-            # A copy: the entry's own headers must not collect ours across sends.
-            headers = {**(options.get("headers") or {}), "celery_beat_task": True}
-            headers.pop(HEADER, None)
-            options.update(headers=headers, producer=producer)
+            options["producer"] = producer
             publish = publisher_for(task, task_name, self.app, send_task=self.send_task)
+            if not unique:
+                pop_call_options(options)
+                return publish(args, call_kwargs, options)
+            # A skipped send is logged and counted below, never raised at the scheduler
+            # (a task declared on_duplicate="raise" would make every skip an error).
+            options["on_duplicate"] = "return"
             result = publish_unique(self.app, task, task_name, args, call_kwargs, options, publish)
         except Exception as exc:
             reraise(
@@ -112,6 +123,32 @@ class DedupeSchedulerMixin(_SchedulerBase):
         scheduler._tasks_since_sync += 1
         if scheduler.should_sync():
             scheduler._do_sync()
+
+
+def entry_options(entry: Any) -> dict[str, Any]:
+    """The Celery options of one send of ``entry``, with ``unique`` (a bool) and the dedup
+    options merged in from its ``dedupe`` header.
+
+    The entry itself is never changed: the headers are a copy, so ours do not pile up in
+    it across sends.
+    """
+    options = dict(entry.options or {})
+    headers = dict(options.get("headers") or {})
+    headers.pop(HEADER, None)
+    headers["celery_beat_task"] = True
+    from_header = headers.pop(OPTIONS_HEADER, None)
+    if isinstance(from_header, Mapping):
+        options.update(from_header)
+    options["headers"] = headers
+    options["unique"] = _truthy(options.get("unique", True))
+    return options
+
+
+def _truthy(value: Any) -> bool:
+    # Entries stored as JSON (django-celery-beat, RedBeat) may spell it as a string.
+    if isinstance(value, str):
+        return value.strip().lower() not in ("false", "0", "no", "off", "")
+    return bool(value)
 
 
 class DedupeScheduler(DedupeSchedulerMixin, PersistentScheduler):
