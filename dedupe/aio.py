@@ -28,6 +28,10 @@ from .runtime import runtime_of
 __all__ = ["aapply_async", "alookup", "apublish_unique"]
 
 
+# Decisions in flight: asyncio keeps only weak references to tasks.
+_in_flight: set[asyncio.Future[AsyncResult[Any]]] = set()
+
+
 async def apublish_unique(
     app: Celery,
     task: Any,
@@ -37,10 +41,23 @@ async def apublish_unique(
     options: dict[str, Any],
     publish: Publish,
 ) -> AsyncResult[Any]:
-    """:func:`dedupe.producer.publish_unique`, awaitable."""
+    """:func:`dedupe.producer.publish_unique`, awaitable.
+
+    The decision and the publish run as one task that the caller's cancellation does not
+    reach (a web request whose client went away): cancelled between the two, a call would
+    leave a key with no message behind (callers answered with a task that never runs), or
+    publish after freeing its key (a second task).
+    """
     plan = Plan(app, task, task_name, args, kwargs, options, publish)
     if plan.kind in ("eager", "canvas"):
         return await asyncio.to_thread(plan.publish)
+    decided = asyncio.ensure_future(_decide(plan))
+    _in_flight.add(decided)
+    decided.add_done_callback(_in_flight.discard)
+    return await asyncio.shield(decided)
+
+
+async def _decide(plan: Plan) -> AsyncResult[Any]:
     store = plan.runtime.async_store()
     if plan.kind == "continuation":
         try:

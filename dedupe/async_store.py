@@ -41,8 +41,10 @@ class AsyncStore:
         settings = {**defaults, **{k: v for k, v in options.items() if k != "retry"}}
         # A burst of calls (a web server under load) waits for a free connection rather
         # than failing with "Too many connections", which would read as Redis being down.
+        # The wait is not a Redis timeout: an unreachable Redis fails each connection fast
+        # (socket_connect_timeout), and only a long queue of callers waits this long.
         settings.setdefault("max_connections", 64)
-        settings.setdefault("timeout", settings.get("socket_timeout") or 2.0)
+        settings.setdefault("timeout", 30.0)
         pool = redis.asyncio.BlockingConnectionPool.from_url(url, retry=retry, **settings)
         return cls(redis.asyncio.Redis(connection_pool=pool))
 

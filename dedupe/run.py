@@ -102,6 +102,10 @@ class RunSpec:
     running_countdown: float
     #: The message belongs to a chain, group or chord: it must never be skipped.
     canvas: bool
+    #: The message went through the producer guard (it carries our header): its task id
+    #: may have been handed to callers as the holder of the call, so it must never be
+    #: skipped either (a skip stores no result, and their .get() would never return).
+    carried: bool = False
 
 
 @dataclass(eq=False)

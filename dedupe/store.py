@@ -37,13 +37,15 @@ __all__ = [
 logger = logging.getLogger("dedupe.store")
 
 #: What counts as "Redis is unreachable": connection and timeout failures, a server still
-#: loading its data, a replica that refuses writes after a failover.
+#: loading its data, a replica that refuses writes after a failover, a server at its memory
+#: limit under noeviction (the policy the README recommends) refusing writes.
 redis_errors: tuple[type[BaseException], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
     redis.exceptions.ReadOnlyError,
     redis.exceptions.ClusterDownError,
+    redis.exceptions.OutOfMemoryError,
 )
 
 

@@ -38,6 +38,7 @@ from .options import UniqueOptions
 from .plan import keys_for, options_for
 from .record import pack_queued, pack_running
 from .run import (
+    NO_RUN,
     Run,
     RunSpec,
     attach,
@@ -102,7 +103,7 @@ def run_spec(runtime: Runtime, task: Any, request: Any, args: Any, kwargs: Any) 
     )
     if carried is not None:
         ttl = carried.ttl if carried.ttl is not None else options.ttl
-        return spec_of(carried.keys, carried.until, ttl, options, canvas)
+        return spec_of(carried.keys, carried.until, ttl, options, canvas, carried=True)
     if not (getattr(task, "unique", False) or getattr(task, "exclusive", False)):
         return None
     keys = keys_for(runtime, task, task.name, options, args, kwargs)
@@ -110,7 +111,13 @@ def run_spec(runtime: Runtime, task: Any, request: Any, args: Any, kwargs: Any) 
 
 
 def spec_of(
-    keys: CallKeys, until: Any, ttl: float, options: UniqueOptions, canvas: bool
+    keys: CallKeys,
+    until: Any,
+    ttl: float,
+    options: UniqueOptions,
+    canvas: bool,
+    *,
+    carried: bool = False,
 ) -> RunSpec:
     return RunSpec(
         keys=keys,
@@ -120,6 +127,7 @@ def spec_of(
         on_running=options.on_running,
         running_countdown=options.running_countdown,
         canvas=canvas,
+        carried=carried,
     )
 
 
@@ -197,21 +205,24 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
     if (
         spec.until == "started"
         or spec.canvas
+        or spec.carried
         or spec.on_running == "retry"
         or holder.task_id == task_id
     ):
         # Retrying is the only safe move for these: a started-mode call must run after the
-        # current run, a canvas member must not cut its workflow, and a copy of the holder's
-        # own task id may be the only copy left if the holder died.
+        # current run, a canvas member must not cut its workflow, a message the producer
+        # accepted may be some caller's holder (a skip would leave its .get() hanging), and
+        # a copy of the holder's own task id may be the only copy left if the holder died.
         logger.info(
-            "%s[%s] waits: %s is running it (tries again in %.0fs)",
+            "%s[%s] waits: %s is %s (tries again in %.0fs)",
             task.name,
             task_id,
             holder.task_id,
+            holder.state,
             spec.running_countdown,
         )
         _defer(task, request, spec.running_countdown)
-    logger.info("%s[%s] skipped: %s is running it", task.name, task_id, holder.task_id)
+    logger.info("%s[%s] skipped: %s is %s", task.name, task_id, holder.task_id, holder.state)
     raise Ignore()
 
 
@@ -244,7 +255,9 @@ def _on_postrun(
         runtime.heartbeat.drop(run.lease)
     if run.verdict == "held":
         return  # never touch the holder's record
-    token = run.token if run.verdict == "claimed" else ""
+    # A run whose claim failed (Redis was unreachable) holds no run: it speaks for its
+    # queued record only, never for a copy of its task id that claimed since.
+    token = run.token if run.verdict == "claimed" else NO_RUN
     spec = run.spec
     try:
         if run.requeued:
@@ -256,8 +269,10 @@ def _on_postrun(
             # The message goes back to the queue, and the record with it. (Without
             # acks_late the message was acked already: a requeue loses it.)
             requeue_run(runtime, spec, task_id, token, 0.0)
-        else:
+        elif run.verdict == "claimed":
             runtime.store.release_soon(spec.keys, task_id, token)
+        else:
+            runtime.store.cancel(spec.keys, task_id)
     except RedisUnavailable as exc:
         logger.warning(
             "could not free the key of %s[%s] (its lease will): %s", task.name, task_id, exc.cause

@@ -124,3 +124,40 @@ def test_the_async_guard_never_blocks_the_event_loop(
     assert largest_gap < 0.2
     assert sum(not result.deduplicated for result in results) == 20
     assert queue_length(app) == 20
+
+
+def test_a_caller_cancelled_while_its_message_is_sent_keeps_the_key_of_that_message(
+    make_app: Callable[..., Celery], stoppable_redis: RedisServer, redis_url: str
+) -> None:
+    # A web request whose client goes away is cancelled. The publish runs in a thread that
+    # a cancellation cannot stop: the message is sent anyway, so the key must stay with it
+    # (freed, the next call would publish a second task).
+    import redis
+
+    app = make_app(broker=stoppable_redis.url, dedupe_redis_url=redis_url)
+    broker = redis.Redis.from_url(stoppable_redis.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    async def scenario() -> tuple[Any, int]:
+        await asyncio.to_thread(job.delay, 0)  # the broker connection is open
+        stoppable_redis.pause()
+        call = asyncio.ensure_future(dedupe.aapply_async(job, args=(11,)))
+        await asyncio.sleep(0.3)  # the decision is made; the publish waits on the broker
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        stoppable_redis.resume()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and broker.llen(app.conf.task_default_queue) < 2:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        return await dedupe.alookup(job, (11,)), int(broker.llen(app.conf.task_default_queue))
+
+    try:
+        holder, queued = asyncio.run(scenario())
+    finally:
+        broker.close()
+    assert queued == 2  # job(0), and the cancelled call's message
+    assert holder is not None  # ... whose key is still live

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -229,6 +230,22 @@ def test_a_failed_publish_leaves_no_record_and_the_error_reaches_the_caller(
     assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
 
 
+def test_a_failed_publish_with_a_task_id_that_is_not_a_string_leaves_no_record(
+    unreachable_broker: Any, redis_client: redis.Redis
+) -> None:
+    app, job = unreachable_broker
+    with pytest.raises(OperationalError):
+        job.apply_async((1,), task_id=12345)
+    assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
+
+
+def test_a_task_id_that_is_not_a_string_owns_its_record_as_a_string(tasks: Any) -> None:
+    first = tasks.sync_customer.apply_async((7,), task_id=uuid.UUID(int=7))
+    holder = dedupe.lookup(tasks.sync_customer, (7,))
+    assert holder is not None
+    assert holder.task_id == first.id == str(uuid.UUID(int=7))
+
+
 def test_eager_mode_runs_inline_and_leaves_no_record(
     make_app: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
@@ -279,6 +296,35 @@ def test_redis_down_with_raise_raises_and_publishes_nothing(
         job.delay(1)
     assert caught.value.operation == "enqueue"
     assert queue_length(app) == 0
+
+
+@pytest.mark.parametrize("on_error", ["enqueue", "raise"])
+def test_redis_refusing_writes_at_its_memory_limit_counts_as_unavailable(
+    make_app: Callable[..., Celery],
+    stoppable_redis: RedisServer,
+    queue_length: QueueLength,
+    on_error: str,
+) -> None:
+    # noeviction at maxmemory answers OOM to every write: dedupe_on_redis_error decides.
+    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error=on_error)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    client = redis.Redis.from_url(stoppable_redis.url)
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    try:
+        if on_error == "raise":
+            with pytest.raises(dedupe.RedisUnavailable):
+                job.delay(1)
+            assert queue_length(app) == 0
+        else:
+            job.delay(1)
+            assert queue_length(app) == 1
+    finally:
+        client.config_set("maxmemory", 0)
+        client.close()
 
 
 def test_dedup_resumes_when_redis_comes_back(

@@ -129,13 +129,24 @@ def test_claim_of_an_absent_key_runs_a_message_that_bypassed_the_producer(
     assert record(store, finished.record)["s"] == "r"  # type: ignore[index]
 
 
-def test_claim_takes_over_another_calls_queued_record(store: Store, finished: CallKeys) -> None:
+def test_claim_is_held_by_another_calls_queued_record(store: Store, finished: CallKeys) -> None:
+    # B's message may have been handed to callers as the holder: it must run, not A.
     enqueue(store, finished, "B")
-    assert claim(store, finished, "A", "t1") is None
-    found = record(store, finished.record)
-    assert found is not None
-    assert (found["i"], found["s"]) == ("A", "r")
-    assert "q" not in found  # B's enqueue time is not A's
+    before = store.client.get(finished.record)
+    holder = claim(store, finished, "A", "t1")
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("B", "queued")  # type: ignore[attr-defined]
+    assert store.client.get(finished.record) == before
+
+
+def test_claim_of_a_started_mode_run_lock_ignores_another_calls_queued_record(
+    store: Store, started: CallKeys
+) -> None:
+    # With unique_until="started" the queued record only dedups calls; the run lock decides.
+    enqueue(store, started, "B")
+    assert claim(store, started, "A", "t1") is None
+    assert record(store, started.record)["i"] == "B"  # type: ignore[index]
+    assert record(store, started.run)["i"] == "A"  # type: ignore[index]
 
 
 def test_claim_is_held_by_another_tasks_run(store: Store, finished: CallKeys) -> None:

@@ -190,6 +190,60 @@ def test_a_message_that_bypassed_the_producer_is_skipped_while_a_run_holds_the_k
     assert [run[0] for run in runlog.runs()] == [first.id]
 
 
+def test_a_bypass_that_starts_while_a_call_is_queued_is_skipped_and_the_call_runs(
+    app: Celery,
+    runlog: RunLog,
+    gate: threading.Event,
+    redis_client: redis.Redis,
+    postrun_states: dict[str, str],
+) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
+    def sync(self: Any, x: int) -> str:
+        runlog.started(self.request.id)
+        gate.wait(10)
+        runlog.ended(self.request.id)
+        return str(self.request.id)
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        queued = sync.apply_async((1,), countdown=1)  # accepted: its id is the holder's
+        duplicate = sync.delay(1)
+        assert duplicate.deduplicated
+        holder_before = redis_client.get(queued.keys.record)
+        bypass = app.send_task(sync.name, args=(1,))
+        wait_for(lambda: postrun_states.get(bypass.id) == "IGNORED", message="bypass skipped")
+        assert redis_client.get(queued.keys.record) == holder_before  # untouched
+        gate.set()
+        # Every caller answered with the queued call's id gets its result.
+        assert duplicate.get(timeout=10) == queued.id
+    assert [run[0] for run in runlog.runs()] == [queued.id]
+
+
+def test_an_accepted_message_that_meets_another_run_waits_for_it_and_is_never_skipped(
+    app: Celery, runlog: RunLog, gate: threading.Event, postrun_states: dict[str, str]
+) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
+    def sync(self: Any, x: int) -> str:
+        runlog.started(self.request.id)
+        gate.wait(10)
+        runlog.ended(self.request.id)
+        return str(self.request.id)
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        first = sync.apply_async((1,), countdown=1)
+        # Its record is lost while it waits (expired, evicted, cleared by hand): the next
+        # call is accepted and starts first, so the first message meets a live run.
+        assert dedupe.release(sync, (1,))
+        second = sync.delay(1)
+        assert not second.deduplicated
+        wait_for(lambda: postrun_states.get(first.id) == "RETRY", message="first waits")
+        gate.set()
+        assert second.get(timeout=10) == second.id
+        assert first.get(timeout=15) == first.id
+    assert [run[0] for run in runlog.runs()] == [second.id, first.id]
+    assert runlog.overlaps() == []
+    assert "IGNORED" not in postrun_states.values()
+
+
 def test_a_retry_keeps_the_key_until_the_run_that_succeeds(app: Celery) -> None:
     attempts: list[str] = []
 

@@ -307,7 +307,7 @@ def test_a_send_task_that_bypassed_the_producer_is_skipped_by_the_guard(
     wait_running(worker_app.sleepy, tag, 2)
     bypass = worker_app.app.send_task(worker_app.sleepy.name, args=(tag, 2))
     wait_for(
-        lambda: f"{bypass.id}] skipped: {first.id} is running it" in prefork_worker.tail(20000),
+        lambda: f"{bypass.id}] skipped: {first.id} is running" in prefork_worker.tail(20000),
         message="skip logged with the holder's id",
     )
     first.get(timeout=10)

@@ -1,4 +1,4 @@
--- Prepended to every script when it is loaded (see dedupe/scripts.py).
+-- Prepended to every script when it is loaded (see dedupe/store.py).
 -- A record is a msgpack map (fields documented in dedupe/record.py).
 
 -- Returns the decoded record stored at key and its raw bytes, or nil when the key is absent.

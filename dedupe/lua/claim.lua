@@ -1,4 +1,4 @@
--- claim: a worker starts a run (queued or absent -> running, with a lease).
+-- claim: a worker starts a run (its own queued record, or absent -> running, with a lease).
 --
 -- KEYS[1]  record key
 -- KEYS[2]  run key: equal to KEYS[1] with unique_until="finished"; the separate run lock
@@ -12,14 +12,14 @@
 --
 -- Returns
 --   {1}                  claimed (also when this very run claimed already: a re-sent command)
---   {0, record, pttl}    held: another run is live on the run key; its record and ttl in ms
+--   {0, record, pttl}    held: the run key holds another task id (queued or running), or
+--                        another run of this task id; its record and ttl in ms
 --
--- A queued record of another task id is taken over: this run starts after that call was
--- made, so it does the work the call asked for, and the other message, when it starts,
--- finds the key running and is guarded.
+-- A queued record of another task id is never taken over: its message may have been handed
+-- to callers as the holder of this call, so it must run, and this run is the one guarded.
 local id, token = ARGV[1], ARGV[2]
 local run, raw = load_record(KEYS[2])
-if run and run['s'] == 'r' and (run['i'] ~= id or run['r'] ~= token) then
+if run and (run['i'] ~= id or (run['s'] == 'r' and run['r'] ~= token)) then
   return {0, raw, redis.call('PTTL', KEYS[2])}
 end
 local rec = {i = id, s = 'r', r = token, h = ARGV[4], p = tonumber(ARGV[5]), b = tonumber(ARGV[6])}
