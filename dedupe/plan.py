@@ -122,10 +122,11 @@ class Plan:
             return
         unique = options_for(task, task_name, self.runtime.config, overrides)
         self.on_duplicate = unique.on_duplicate
-        task_id: str | None = options.get("task_id")
-        if task_id is not None and not isinstance(task_id, str):
+        given_id: Any = options.get("task_id")
+        if given_id is not None and not isinstance(given_id, str):
             # Records compare owners as strings (an int id would be stored as a number).
-            task_id = options["task_id"] = str(task_id)
+            given_id = options["task_id"] = str(given_id)
+        task_id: str | None = given_id
         headers = dict(options.get("headers") or {})
         continuation = _continuation_of(app, task_id, task_name, args, kwargs, headers)
         if continuation is not None and continuation.carried is not None:
