@@ -20,12 +20,19 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from celery.contrib.django.task import DjangoTask
 from celery.result import AsyncResult
 from django.db import transaction
 
 from .producer import apply_async
 from .task import DedupeTask
+
+try:
+    from celery.contrib.django.task import DjangoTask
+except ImportError as exc:  # Celery < 5.4
+    raise ImportError(
+        "dedupe.django needs Celery 5.4 or newer (for celery.contrib.django.task.DjangoTask): "
+        "pip install 'celery>=5.4'. The rest of celery-dedupe works with Celery 5.3."
+    ) from exc
 
 __all__ = ["DedupeDjangoTask", "OnCommit", "apply_async_on_commit"]
 

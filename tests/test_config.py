@@ -1,0 +1,166 @@
+"""Settings: read from app.conf (or Celery's Django namespace), validated with clear errors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import dedupe
+from dedupe.config import DedupeConfig
+
+
+def bare_app(broker: str, **conf: Any) -> Celery:
+    app = Celery("configured", broker=broker, set_as_current=False)
+    app.conf.update(conf)
+    return app
+
+
+@pytest.mark.parametrize(
+    ("broker", "expected"),
+    [
+        ("redis://cache:6379/2", "redis://cache:6379/2"),
+        ("rediss://:secret@cache:6380/0", "rediss://:secret@cache:6380/0"),
+        ("redis+socket:///run/redis.sock", "unix:///run/redis.sock"),
+        ("amqp://guest@rabbit//;redis://cache:6379/0", "redis://cache:6379/0"),
+    ],
+)
+def test_the_dedup_redis_defaults_to_a_redis_broker(broker: str, expected: str) -> None:
+    assert DedupeConfig.from_app(bare_app(broker)).redis_url == expected
+
+
+def test_a_broker_that_is_not_redis_needs_dedupe_redis_url_and_says_so() -> None:
+    with pytest.raises(dedupe.ConfigurationError) as caught:
+        DedupeConfig.from_app(bare_app("amqp://guest:secret@rabbit:5672//"))
+    message = str(caught.value)
+    assert "dedupe_redis_url" in message
+    assert "configured" in message  # names the app
+    assert "secret" not in message  # and never leaks the broker's password
+
+
+def test_dedupe_redis_url_wins_over_the_broker() -> None:
+    app = bare_app("amqp://rabbit//", dedupe_redis_url="redis://records:6379/3")
+    assert DedupeConfig.from_app(app).redis_url == "redis://records:6379/3"
+
+
+def test_settings_in_celerys_django_namespace_are_read() -> None:
+    # namespace="CELERY" keeps settings Celery does not know upper-case.
+    app = bare_app(
+        "amqp://rabbit//",
+        DEDUPE_REDIS_URL="redis://records:6379/4",
+        DEDUPE_KEY_PREFIX="site",
+        DEDUPE_DEFAULT_TTL=120,
+    )
+    config = DedupeConfig.from_app(app)
+    assert (config.redis_url, config.key_prefix, config.default_ttl) == (
+        "redis://records:6379/4",
+        "site",
+        120.0,
+    )
+
+
+def test_defaults() -> None:
+    config = DedupeConfig.from_app(bare_app("redis://cache//"))
+    assert (config.key_prefix, config.default_ttl, config.default_lease) == ("dedupe", 3600, 60)
+    assert config.on_redis_error == "enqueue"
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "hint"),
+    [
+        ("dedupe_on_redis_error", "ignore", "'enqueue'"),
+        ("dedupe_key_prefix", "a{b}", "braces"),
+        ("dedupe_key_prefix", "", "non-empty"),
+        ("dedupe_default_ttl", 0, "positive"),
+        ("dedupe_default_lease", "60", "positive"),
+        ("dedupe_redis_options", ["socket_timeout", 1], "mapping"),
+    ],
+)
+def test_a_bad_setting_is_a_configuration_error_naming_it(
+    setting: str, value: Any, hint: str
+) -> None:
+    with pytest.raises(dedupe.ConfigurationError) as caught:
+        DedupeConfig.from_app(bare_app("redis://cache//", **{setting: value}))
+    assert setting in str(caught.value)
+    assert hint in str(caught.value)
+
+
+def test_dedupe_default_ttl_sets_the_life_of_a_queued_record(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app(dedupe_default_ttl=90)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    job.delay(1)
+    holder = dedupe.lookup(job, (1,))
+    assert holder is not None
+    assert holder.ttl is not None
+    assert 85 < holder.ttl <= 90
+
+
+def test_using_an_app_that_was_never_installed_says_how_to_fix_it() -> None:
+    app = bare_app("redis://cache//")
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    with pytest.raises(dedupe.NotInstalled, match=r"dedupe\.install\(app\)"):
+        job.delay(1)
+
+
+def test_options_declared_on_the_task_apply_to_every_call(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+
+    @app.task(
+        shared=False,
+        base=dedupe.DedupeTask,
+        unique=True,
+        unique_on=("customer_id",),
+        unique_ttl=45,
+        on_duplicate="raise",
+    )
+    def sync(customer_id: int, full: bool = False) -> None: ...
+
+    first = sync.delay(5, full=True)
+    with pytest.raises(dedupe.AlreadyQueued) as caught:
+        sync.delay(5, full=False)  # unique_on: `full` does not count
+    assert caught.value.task_id == first.id
+    holder = dedupe.lookup(sync, (5,))
+    assert holder is not None
+    assert holder.ttl is not None
+    assert holder.ttl <= 45
+
+
+def test_a_unique_key_declared_on_the_task_decides_the_key(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+
+    def by_tenant(tenant: str, item: int) -> str:
+        return tenant
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, unique_key=by_tenant)
+    def reindex(tenant: str, item: int) -> None: ...
+
+    first = reindex.delay("acme", 1)
+    assert reindex.delay("acme", 2).id == first.id
+    assert reindex.delay("globex", 1).id != first.id
+
+
+def test_a_bad_task_option_names_the_task_and_the_option(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, unique_until="done")
+    def job(x: int) -> None: ...
+
+    with pytest.raises(dedupe.ConfigurationError, match=r"unique_until") as caught:
+        job.delay(1)
+    assert job.name in str(caught.value)
