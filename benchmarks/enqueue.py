@@ -18,6 +18,9 @@ from ._env import interleaved, make_app
 
 Variant = tuple[Callable[[int], Any], Callable[[], Any] | None]
 
+#: A bare round trip to the same Redis (redis-py PING), timed in the same rounds.
+ROUND_TRIP = "bare round trip (PING)"
+
 
 def run(url: str, rounds: int, calls: int) -> dict[str, float]:
     """Median microseconds per call of each variant."""
@@ -55,6 +58,8 @@ def run(url: str, rounds: int, calls: int) -> dict[str, float]:
             clearer(app, f"{prefix}:*", hold=hold),
         ),
         "dedupe duplicate": (lambda i: unique.apply_async((-1,)), None),
+        # What no client code can undercut: every dedup call waits for one round trip.
+        ROUND_TRIP: (lambda i: client.ping(), None),
     }
     variants.update(_peers(url, clearer))
     return interleaved(variants, rounds, calls)

@@ -250,3 +250,41 @@ def test_a_committed_transaction_claims_and_sends_at_commit(
     assert holder is not None
     assert holder.task_id == pending.result.id
     assert redis_client.llen(app.conf.task_default_queue) == queued + 1
+
+
+def test_delay_on_commit_of_a_unique_django_task_is_deduplicated(
+    django_site: Any, redis_client: redis.Redis
+) -> None:
+    from celery.contrib.django.task import DjangoTask
+    from django.db import transaction
+
+    app, refresh_report = django_site
+    assert isinstance(refresh_report._get_current_object(), DjangoTask)
+    queued = redis_client.llen(app.conf.task_default_queue)
+    with transaction.atomic():
+        refresh_report.delay_on_commit(4)  # Celery's own on-commit call, on a unique task
+        refresh_report.delay_on_commit(4)
+        assert redis_client.llen(app.conf.task_default_queue) == queued  # not yet
+    assert redis_client.llen(app.conf.task_default_queue) == queued + 1
+
+
+def test_the_example_view_answers_when_an_outer_transaction_commits_later(
+    django_site: Any, redis_client: redis.Redis
+) -> None:
+    # ATOMIC_REQUESTS wraps the view in a transaction: the guard answers at its commit.
+    import json
+
+    from django.db import transaction
+    from django.test import RequestFactory
+    from reports import views
+
+    import dedupe
+
+    _, refresh_report = django_site
+    request = RequestFactory().post("/reports/5/refresh")
+    with transaction.atomic():
+        response = views.refresh(request, 5)
+        assert dedupe.lookup(refresh_report, (5,)) is None  # nothing claimed yet
+    assert response.status_code == 202
+    assert json.loads(response.content) == {"task_id": None, "on_commit": True}
+    assert dedupe.lookup(refresh_report, (5,)) is not None  # claimed at the commit

@@ -249,13 +249,106 @@ def test_retry_on_worker_lost_keeps_the_key_for_the_retry(
 def test_a_redelivered_message_claims_its_key_again_after_a_killed_child(
     worker_app: Any, tag: str, redis_client: redis.Redis
 ) -> None:
-    result = worker_app.redelivered.delay(tag, 30)
-    first = wait_running(worker_app.redelivered, tag, 30)
-    os.kill(pid_of(redis_client, tag), signal.SIGKILL)
-    assert result.get(timeout=worker_app.LEASE + 15) == tag
+    task = worker_app.redelivered
+    result = task.delay(tag, 30)
+    first = wait_running(task, tag, 30)
+    killed = pid_of(redis_client, tag)
+    os.kill(killed, signal.SIGKILL)
+    # The redelivery (same id) runs in another child, holding the key as its own run.
+    again = wait_for(
+        lambda: (
+            (h := holder(task, tag, 30)) is not None
+            and h.state == "running"
+            and h.worker != first.worker
+            and h
+        ),
+        timeout=worker_app.LEASE + 15,
+        message="the redelivery running, holding the key",
+    )
+    assert again.task_id == result.id
+    assert again.worker is not None
+    assert not again.worker.endswith(f":{killed}")
+    assert task.delay(tag, 30).id == result.id  # a call meanwhile is its duplicate
+    assert result.get(timeout=15) == tag
     runs = worker_app.runlog(tag).runs()
     assert [run[0] for run in runs] == [result.id, result.id]
     assert first.task_id == result.id
+
+
+def test_a_killed_worker_frees_its_key_within_one_lease(worker_app: Any, tag: str) -> None:
+    # The whole worker dies (OOM killer, a lost node): no main process is left to free the
+    # key, only the lease does.
+    queue = f"lonely-{tag}"
+    lonely = WorkerProcess(worker_app.app, env={"DEDUPE_TEST_QUEUE": queue})
+    lonely.start()
+    try:
+        worker_app.sleepy.apply_async((tag, 30), queue=queue)
+        wait_running(worker_app.sleepy, tag, 30)
+        assert lonely.process is not None
+        os.killpg(lonely.process.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(
+            lambda: holder(worker_app.sleepy, tag, 30) is None,
+            timeout=worker_app.LEASE + 1,
+            message="key free within one lease",
+        )
+        assert time.monotonic() - killed_at <= worker_app.LEASE + 1
+    finally:
+        lonely.stop()
+
+
+def test_the_heartbeat_keeps_a_run_longer_than_its_lease_holding_its_key(
+    worker_app: Any, tag: str
+) -> None:
+    seconds = 3 * worker_app.LEASE
+    result = worker_app.sleepy.delay(tag, seconds)
+    first = wait_running(worker_app.sleepy, tag, seconds)
+    while (current := holder(worker_app.sleepy, tag, seconds)) is not None:
+        assert current.state == "running"
+        assert current.worker == first.worker
+        time.sleep(0.1)
+    gone_at = time.time()
+    # The key went when the run ended, not when a lease ran out mid-run.
+    ((_, _, ended),) = worker_app.runlog(tag).runs()
+    assert ended is not None
+    assert ended <= gone_at
+    assert result.get(timeout=5) == tag
+
+
+def test_reject_with_requeue_without_acks_late_frees_the_key_of_the_lost_message(
+    worker_app: Any, tag: str
+) -> None:
+    worker_app.reject_unacked.delay(tag)
+    wait_for(lambda: [r for r in worker_app.runlog(tag).runs() if r[2]], message="run ended")
+    wait_for(lambda: holder(worker_app.reject_unacked, tag) is None, message="key freed")
+    time.sleep(0.5)
+    assert len(worker_app.runlog(tag).runs()) == 1
+
+
+def test_a_message_from_an_app_without_dedupe_installed_is_skipped_by_the_guard(
+    worker_app: Any, tag: str, prefork_worker: WorkerProcess
+) -> None:
+    # A producer that never called dedupe.install (an old deploy, another service) sends
+    # a plain Task of the same name: its message carries no key.
+    from celery import Celery
+
+    first = worker_app.sleepy.delay(tag, 2)
+    wait_running(worker_app.sleepy, tag, 2)
+    bare = Celery("bare", broker=worker_app.BROKER, set_as_current=False)
+    try:
+
+        @bare.task(name=worker_app.sleepy.name)
+        def sleepy(tag: str, seconds: float) -> None: ...
+
+        stray = sleepy.apply_async((tag, 2), queue=worker_app.QUEUE)
+    finally:
+        bare.close()
+    wait_for(
+        lambda: f"{stray.id}] skipped: {first.id} is running" in prefork_worker.tail(20000),
+        message="skip logged with the holder's id",
+    )
+    first.get(timeout=10)
+    assert [run[0] for run in worker_app.runlog(tag).runs()] == [first.id]
 
 
 def test_a_paused_worker_past_its_lease_cannot_release_or_renew_the_new_holders_key(

@@ -3,6 +3,10 @@
 Configured from the environment that tests/conftest.py sets before anything imports it.
 Every task writes when its runs start and end (RunLog), keyed by a ``tag`` argument, and
 stores its pid so that tests can kill or pause the process that runs it.
+
+Tasks whose ending a test checks (success, failure, Ignore, Reject, retries exhausted, a
+soft time limit) hold a 30 s lease: their key is gone in time for the tests' no-key-left
+check only if that ending released it, not because a short lease ran out.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ REDIS = os.environ.get("DEDUPE_TEST_REDIS", BROKER)
 PREFIX = os.environ.get("DEDUPE_TEST_PREFIX", "wk")
 QUEUE = os.environ.get("DEDUPE_TEST_QUEUE", "dedupe-prefork")
 LEASE = float(os.environ.get("DEDUPE_TEST_LEASE", "2"))
+#: The lease of tasks whose ending is under test (see above).
+ENDING_LEASE = 30.0
 
 app = Celery("worker_app", broker=BROKER, backend=REDIS)
 app.conf.update(
@@ -53,13 +59,13 @@ def _run(task: Any, tag: str, seconds: float = 0.0) -> None:
     log.ended(task.request.id)
 
 
-@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE)
 def ok(self: Any, tag: str, seconds: float = 0.0) -> str:
     _run(self, tag, seconds)
     return tag
 
 
-@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE)
 def fail(self: Any, tag: str) -> None:
     _run(self, tag)
     raise ValueError(tag)
@@ -73,24 +79,31 @@ def retry_then_ok(self: Any, tag: str, times: int, countdown: float = 0.5) -> in
     return int(self.request.retries)
 
 
-@app.task(bind=True, base=dedupe.DedupeTask, unique=True, max_retries=2)
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE, max_retries=2)
 def retry_forever(self: Any, tag: str) -> None:
     _run(self, tag)
     raise self.retry(countdown=0.1)
 
 
-@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE)
 def ignore(self: Any, tag: str) -> None:
     _run(self, tag)
     raise Ignore()
 
 
-@app.task(bind=True, base=dedupe.DedupeTask, unique=True, acks_late=True)
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE, acks_late=True)
 def reject(self: Any, tag: str, requeue: bool) -> str:
     _run(self, tag)
     if _events.incr(f"deliveries:{tag}") == 1:
         raise Reject("first delivery", requeue=requeue)
     return "second delivery"
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE)
+def reject_unacked(self: Any, tag: str) -> None:
+    """Reject(requeue=True) without acks_late: the message was acked already, and is lost."""
+    _run(self, tag)
+    raise Reject("requeue asked, but the message was acked when it was received", requeue=True)
 
 
 @app.task(bind=True, base=dedupe.DedupeTask, unique=True)
@@ -99,7 +112,9 @@ def sleepy(self: Any, tag: str, seconds: float) -> str:
     return tag
 
 
-@app.task(bind=True, base=dedupe.DedupeTask, unique=True, soft_time_limit=1)
+@app.task(
+    bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE, soft_time_limit=1
+)
 def soft_limited(self: Any, tag: str) -> None:
     _run(self, tag, 5)
 
@@ -113,7 +128,8 @@ def hard_limited(self: Any, tag: str) -> None:
     bind=True, base=dedupe.DedupeTask, unique=True, acks_late=True, reject_on_worker_lost=True
 )
 def redelivered(self: Any, tag: str, seconds: float) -> str:
-    _run(self, tag, seconds if _events.incr(f"deliveries:{tag}") == 1 else 0)
+    # The redelivery runs for a second, long enough to be seen holding the key.
+    _run(self, tag, seconds if _events.incr(f"deliveries:{tag}") == 1 else 1)
     return tag
 
 

@@ -16,7 +16,10 @@ def refresh(request: HttpRequest, report_id: int) -> JsonResponse:
     with transaction.atomic():
         # ... the writes the refresh depends on go here ...
         pending = refresh_report.apply_async_unique_on_commit((report_id,))
-    assert pending.result is not None  # committed: the guard has answered
+    if pending.result is None:
+        # An outer transaction (ATOMIC_REQUESTS) commits after this view returns: the
+        # guard answers then, and nothing is claimed or sent if it rolls back.
+        return JsonResponse({"task_id": None, "on_commit": True}, status=202)
     status, body = dedupe.response_for(pending.result)
     return JsonResponse(body, status=status)
 
