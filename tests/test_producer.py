@@ -54,11 +54,17 @@ def stoppable_redis(redis_server: RedisServer) -> Iterator[RedisServer]:
     server.close()
 
 
-@pytest.fixture
-def unreachable_broker(make_app: Callable[..., Celery]) -> tuple[Celery, Any]:
-    """An app whose broker refuses connections (and a unique task of it): every publish fails."""
+@pytest.fixture(params=["redis://127.0.0.1:1/0", "amqp://guest:guest@127.0.0.1:1//"])
+def unreachable_broker(
+    make_app: Callable[..., Celery], request: pytest.FixtureRequest
+) -> tuple[Celery, Any]:
+    """An app whose broker refuses connections (and a unique task of it): every publish fails.
+    A Redis broker and an AMQP one: nothing needs to listen on port 1."""
     app = make_app(
-        broker="redis://127.0.0.1:1/0", task_publish_retry=False, broker_connection_timeout=0.5
+        broker=request.param,
+        task_publish_retry=False,
+        broker_connection_timeout=0.5,
+        broker_connection_max_retries=0,
     )
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
@@ -264,11 +270,14 @@ def test_eager_mode_runs_inline_and_leaves_no_record(
 
 def test_redis_down_with_enqueue_publishes_anyway_and_warns(
     make_app: Callable[..., Celery],
+    broker: str,
     stoppable_redis: RedisServer,
     queue_length: QueueLength,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error="enqueue")
+    app = make_app(
+        broker=broker, dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error="enqueue"
+    )
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def job(x: int) -> None: ...
@@ -284,9 +293,14 @@ def test_redis_down_with_enqueue_publishes_anyway_and_warns(
 
 
 def test_redis_down_with_raise_raises_and_publishes_nothing(
-    make_app: Callable[..., Celery], stoppable_redis: RedisServer, queue_length: QueueLength
+    make_app: Callable[..., Celery],
+    broker: str,
+    stoppable_redis: RedisServer,
+    queue_length: QueueLength,
 ) -> None:
-    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error="raise")
+    app = make_app(
+        broker=broker, dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error="raise"
+    )
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def job(x: int) -> None: ...
@@ -328,9 +342,12 @@ def test_redis_refusing_writes_at_its_memory_limit_counts_as_unavailable(
 
 
 def test_dedup_resumes_when_redis_comes_back(
-    make_app: Callable[..., Celery], stoppable_redis: RedisServer, queue_length: QueueLength
+    make_app: Callable[..., Celery],
+    broker: str,
+    stoppable_redis: RedisServer,
+    queue_length: QueueLength,
 ) -> None:
-    app = make_app(dedupe_redis_url=stoppable_redis.url)
+    app = make_app(broker=broker, dedupe_redis_url=stoppable_redis.url)
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def job(x: int) -> None: ...
