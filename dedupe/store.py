@@ -192,3 +192,11 @@ def translated(operation: str) -> Iterator[None]:
         yield
     except redis_errors as exc:
         raise RedisUnavailable(operation, exc) from exc
+    except redis.ResponseError as exc:
+        # Redis 6 reports a write refused inside a script as a script error, not as OOM.
+        if _OOM in str(exc):
+            raise RedisUnavailable(operation, exc) from exc
+        raise
+
+
+_OOM = "OOM command not allowed"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -81,11 +82,12 @@ def test_a_duplicate_call_costs_one_round_trip(counted: Any) -> None:
 def test_a_run_costs_one_round_trip_at_start_and_one_at_the_end(counted: Any) -> None:
     app, job, delta, _ = counted
     ended = threading.Event()
-    result: Any = None
+    # Known before the call: the run may end before apply_async has returned.
+    expected = str(uuid.uuid4())
 
     def on_postrun(task_id: str = "", **_: Any) -> None:
         # dedupe's own postrun handler was connected first: it has released by now.
-        if result is not None and task_id == result.id:
+        if task_id == expected:
             ended.set()
 
     signals.task_postrun.connect(on_postrun, weak=False)
@@ -94,8 +96,7 @@ def test_a_run_costs_one_round_trip_at_start_and_one_at_the_end(counted: Any) ->
             job.delay(-2).get(timeout=10)  # the worker's first run loads its scripts
 
             def call_and_run() -> None:
-                nonlocal result
-                result = job.delay(3)
+                job.apply_async((3,), task_id=expected)
                 assert ended.wait(10)
 
             # The accepted call (1), then the run's claim (1) and release (1).

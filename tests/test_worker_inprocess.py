@@ -42,6 +42,20 @@ def gate() -> threading.Event:
     return threading.Event()
 
 
+@pytest.fixture
+def gated(app: Celery, runlog: RunLog, gate: threading.Event) -> Any:
+    """A unique task that logs its run and stays in it until ``gate`` opens; returns its id."""
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
+    def sync(self: Any, x: int) -> str:
+        runlog.started(self.request.id)
+        gate.wait(10)
+        runlog.ended(self.request.id)
+        return str(self.request.id)
+
+    return sync
+
+
 def test_the_key_is_freed_when_the_task_succeeds(app: Celery, no_keys_left: Any) -> None:
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def add(x: int, y: int) -> int:
@@ -167,22 +181,17 @@ def test_an_exclusive_task_queues_every_call_but_never_overlaps_runs(
 
 def test_a_message_that_bypassed_the_producer_is_skipped_while_a_run_holds_the_key(
     app: Celery,
+    gated: Any,
     runlog: RunLog,
     gate: threading.Event,
     redis_client: redis.Redis,
     postrun_states: dict[str, str],
 ) -> None:
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
-    def sync(self: Any, x: int) -> None:
-        runlog.started(self.request.id)
-        gate.wait(10)
-        runlog.ended(self.request.id)
-
     with in_process_worker(app, pool="threads", concurrency=2):
-        first = sync.delay(1)
+        first = gated.delay(1)
         wait_for(lambda: runlog.runs(), message="first run")
         holder_before = redis_client.get(first.keys.record)
-        bypass = app.send_task(sync.name, args=(1,))
+        bypass = app.send_task(gated.name, args=(1,))
         wait_for(lambda: postrun_states.get(bypass.id) == "IGNORED", message="bypass skipped")
         assert redis_client.get(first.keys.record) == holder_before  # untouched
         gate.set()
@@ -192,24 +201,18 @@ def test_a_message_that_bypassed_the_producer_is_skipped_while_a_run_holds_the_k
 
 def test_a_bypass_that_starts_while_a_call_is_queued_is_skipped_and_the_call_runs(
     app: Celery,
+    gated: Any,
     runlog: RunLog,
     gate: threading.Event,
     redis_client: redis.Redis,
     postrun_states: dict[str, str],
 ) -> None:
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
-    def sync(self: Any, x: int) -> str:
-        runlog.started(self.request.id)
-        gate.wait(10)
-        runlog.ended(self.request.id)
-        return str(self.request.id)
-
     with in_process_worker(app, pool="threads", concurrency=2):
-        queued = sync.apply_async((1,), countdown=1)  # accepted: its id is the holder's
-        duplicate = sync.delay(1)
+        queued = gated.apply_async((1,), countdown=1)  # accepted: its id is the holder's
+        duplicate = gated.delay(1)
         assert duplicate.deduplicated
         holder_before = redis_client.get(queued.keys.record)
-        bypass = app.send_task(sync.name, args=(1,))
+        bypass = app.send_task(gated.name, args=(1,))
         wait_for(lambda: postrun_states.get(bypass.id) == "IGNORED", message="bypass skipped")
         assert redis_client.get(queued.keys.record) == holder_before  # untouched
         gate.set()
@@ -219,21 +222,14 @@ def test_a_bypass_that_starts_while_a_call_is_queued_is_skipped_and_the_call_run
 
 
 def test_an_accepted_message_that_meets_another_run_waits_for_it_and_is_never_skipped(
-    app: Celery, runlog: RunLog, gate: threading.Event, postrun_states: dict[str, str]
+    app: Celery, gated: Any, runlog: RunLog, gate: threading.Event, postrun_states: dict[str, str]
 ) -> None:
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, bind=True)
-    def sync(self: Any, x: int) -> str:
-        runlog.started(self.request.id)
-        gate.wait(10)
-        runlog.ended(self.request.id)
-        return str(self.request.id)
-
     with in_process_worker(app, pool="threads", concurrency=2):
-        first = sync.apply_async((1,), countdown=1)
+        first = gated.apply_async((1,), countdown=1)
         # Its record is lost while it waits (expired, evicted, cleared by hand): the next
         # call is accepted and starts first, so the first message meets a live run.
-        assert dedupe.release(sync, (1,))
-        second = sync.delay(1)
+        assert dedupe.release(gated, (1,))
+        second = gated.delay(1)
         assert not second.deduplicated
         wait_for(lambda: postrun_states.get(first.id) == "RETRY", message="first waits")
         gate.set()

@@ -58,6 +58,17 @@ def wait_running(task: Any, *args: Any, timeout: float = 10) -> dedupe.Holder:
     return found
 
 
+def assert_freed_within_one_lease(worker_app: Any, task: Any, *args: Any) -> None:
+    """Call right after killing the run: its key must be free within one lease."""
+    killed_at = time.monotonic()
+    wait_for(
+        lambda: holder(task, *args) is None,
+        timeout=worker_app.LEASE + 1,
+        message="key free within one lease",
+    )
+    assert time.monotonic() - killed_at <= worker_app.LEASE + 1
+
+
 def pid_of(redis_client: redis.Redis, tag: str) -> int:
     return int(wait_for(lambda: redis_client.get(f"pid:{tag}"), message="task pid"))
 
@@ -183,13 +194,7 @@ def test_a_killed_child_frees_its_key_within_one_lease(
     result = worker_app.sleepy.delay(tag, 30)
     wait_running(worker_app.sleepy, tag, 30)
     os.kill(pid_of(redis_client, tag), signal.SIGKILL)
-    killed_at = time.monotonic()
-    wait_for(
-        lambda: holder(worker_app.sleepy, tag, 30) is None,
-        timeout=worker_app.LEASE + 1,
-        message="key free within one lease",
-    )
-    assert time.monotonic() - killed_at <= worker_app.LEASE + 1
+    assert_freed_within_one_lease(worker_app, worker_app.sleepy, tag, 30)
     with pytest.raises(WorkerLostError):
         result.get(timeout=10)
 
@@ -286,13 +291,7 @@ def test_a_killed_worker_frees_its_key_within_one_lease(worker_app: Any, tag: st
         wait_running(worker_app.sleepy, tag, 30)
         assert lonely.process is not None
         os.killpg(lonely.process.pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        wait_for(
-            lambda: holder(worker_app.sleepy, tag, 30) is None,
-            timeout=worker_app.LEASE + 1,
-            message="key free within one lease",
-        )
-        assert time.monotonic() - killed_at <= worker_app.LEASE + 1
+        assert_freed_within_one_lease(worker_app, worker_app.sleepy, tag, 30)
     finally:
         lonely.stop()
 
