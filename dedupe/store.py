@@ -185,6 +185,10 @@ def first_holder(names: Sequence[str], replies: Sequence[Any]) -> Holder | None:
     return None
 
 
+# Redis 6 reports a write refused inside a script as a script error carrying this text.
+_OOM = "OOM command not allowed"
+
+
 @contextmanager
 def translated(operation: str) -> Iterator[None]:
     """Turn "Redis is unreachable" errors into :class:`RedisUnavailable`."""
@@ -193,10 +197,6 @@ def translated(operation: str) -> Iterator[None]:
     except redis_errors as exc:
         raise RedisUnavailable(operation, exc) from exc
     except redis.ResponseError as exc:
-        # Redis 6 reports a write refused inside a script as a script error, not as OOM.
         if _OOM in str(exc):
             raise RedisUnavailable(operation, exc) from exc
         raise
-
-
-_OOM = "OOM command not allowed"
