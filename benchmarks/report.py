@@ -8,6 +8,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from .enqueue import ROUND_TRIP
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 TARGETS = {
@@ -40,7 +42,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
     enqueue = results.get("enqueue")
     if enqueue:
         plain = enqueue["plain apply_async"]
-        trip = enqueue.get("bare round trip (PING)")
+        trip = enqueue.get(ROUND_TRIP)
         # A call cannot cost less than its round trip: the floor of each dedup variant.
         floors = (
             {"dedupe accepted": 1 + trip / plain, "dedupe duplicate": trip / plain} if trip else {}

@@ -139,16 +139,6 @@ def test_claim_is_held_by_another_calls_queued_record(store: Store, finished: Ca
     assert store.client.get(finished.record) == before
 
 
-def test_claim_of_a_started_mode_run_lock_ignores_another_calls_queued_record(
-    store: Store, started: CallKeys
-) -> None:
-    # With unique_until="started" the queued record only dedups calls; the run lock decides.
-    enqueue(store, started, "B")
-    assert claim(store, started, "A", "t1") is None
-    assert record(store, started.record)["i"] == "B"  # type: ignore[index]
-    assert record(store, started.run)["i"] == "A"  # type: ignore[index]
-
-
 def test_claim_is_held_by_another_tasks_run(store: Store, finished: CallKeys) -> None:
     claim(store, finished, "B", "t0")
     holder = claim(store, finished, "A", "t1")
@@ -181,9 +171,11 @@ def test_claim_in_started_mode_frees_the_queued_record_for_the_next_call(
 def test_claim_in_started_mode_leaves_a_newer_calls_queued_record(
     store: Store, started: CallKeys
 ) -> None:
+    # With unique_until="started" the queued record only dedups calls; the run lock decides.
     enqueue(store, started, "B")
     assert claim(store, started, "A", "t1") is None
     assert record(store, started.record)["i"] == "B"  # type: ignore[index]
+    assert record(store, started.run)["i"] == "A"  # type: ignore[index]
 
 
 def test_claim_in_started_mode_is_held_by_the_run_lock(store: Store, started: CallKeys) -> None:

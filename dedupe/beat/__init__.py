@@ -83,8 +83,7 @@ class DedupeSchedulerMixin(_SchedulerBase):
         name, task_name = str(entry.name), str(entry.task)
         task = self.app.tasks.get(task_name)
         try:
-            options = entry_options(entry)
-            unique = options.pop("unique")
+            unique, options = entry_options(entry)
             args = _evaluate_entry_args(entry.args)
             call_kwargs = _evaluate_entry_kwargs(entry.kwargs)
             options["producer"] = producer
@@ -125,9 +124,9 @@ class DedupeSchedulerMixin(_SchedulerBase):
             scheduler._do_sync()
 
 
-def entry_options(entry: Any) -> dict[str, Any]:
-    """The Celery options of one send of ``entry``, with ``unique`` (a bool) and the dedup
-    options merged in from its ``dedupe`` header.
+def entry_options(entry: Any) -> tuple[bool, dict[str, Any]]:
+    """Whether ``entry`` is deduplicated, and the Celery options of one send of it with the
+    dedup options of its ``dedupe`` header merged in.
 
     The entry itself is never changed: the headers are a copy, so ours do not pile up in
     it across sends.
@@ -140,8 +139,7 @@ def entry_options(entry: Any) -> dict[str, Any]:
     if isinstance(from_header, Mapping):
         options.update(from_header)
     options["headers"] = headers
-    options["unique"] = _truthy(options.get("unique", True))
-    return options
+    return _truthy(options.pop("unique", True)), options
 
 
 def _truthy(value: Any) -> bool:
