@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,24 +114,26 @@ class Binder:
             bound[self._var_keyword] = extra
         for name, default in self._defaults:
             bound.setdefault(name, default)
-        if len(bound) < len(self._required) or any(n not in bound for n in self._required):
-            return None
+        for name in self._required:
+            if name not in bound:
+                return None  # missing (inspect says which)
         return bound
 
 
-# Keyed weakly by the task object: tasks live as long as their app, and a signature is
-# worth computing once (inspect.signature costs far more than a bind).
-_binders: weakref.WeakKeyDictionary[Any, Binder] = weakref.WeakKeyDictionary()
+# Kept on the task object, as Celery keeps its own per-task caches: a signature is worth
+# computing once (inspect.signature costs far more than a bind), and one attribute read is
+# the cheapest way back to it on every call.
+_BINDER = "_dedupe_binder"
 
 
 def binder_for(task: Any) -> Binder:
     """The cached :class:`Binder` of a Celery task object."""
-    try:
-        return _binders[task]
-    except KeyError:
-        binder = Binder(task.name, inspect.signature(task.run))
-        _binders[task] = binder
+    binder = getattr(task, _BINDER, None)
+    if isinstance(binder, Binder):
         return binder
+    binder = Binder(task.name, inspect.signature(task.run))
+    setattr(task, _BINDER, binder)
+    return binder
 
 
 def call_digest(
@@ -174,7 +175,7 @@ def call_digest(
         packed = canonical_bytes(arguments)
     except Unencodable as exc:
         raise _unencodable(task_name, exc) from None
-    return hashlib.blake2b(packed, digest_size=16, person=KEY_VERSION).hexdigest()
+    return _hexdigest(packed)
 
 
 def _digest(task_name: str, label: str, value: Any) -> str:
@@ -182,7 +183,17 @@ def _digest(task_name: str, label: str, value: Any) -> str:
         packed = canonical_bytes(value)
     except Unencodable as exc:
         raise KeyDerivationError(task_name, label + exc.path, _unencodable_reason(exc)) from None
-    return hashlib.blake2b(packed, digest_size=16, person=KEY_VERSION).hexdigest()
+    return _hexdigest(packed)
+
+
+# Copying a keyed hasher is cheaper than setting one up with its parameters on every call.
+_HASHER = hashlib.blake2b(digest_size=16, person=KEY_VERSION)
+
+
+def _hexdigest(packed: bytes) -> str:
+    hasher = _HASHER.copy()
+    hasher.update(packed)
+    return hasher.hexdigest()
 
 
 def _pick(

@@ -40,8 +40,10 @@ class UniqueOptions:
     running_countdown: float = 2.0
 
 
-def pop_call_options(options: MutableMapping[str, Any]) -> dict[str, Any]:
-    """Take the dedup options out of a call's Celery options."""
+def pop_call_options(options: MutableMapping[str, Any]) -> dict[str, Any] | None:
+    """Take the dedup options out of a call's Celery options (None: there were none)."""
+    if options.keys().isdisjoint(CALL_OPTIONS):
+        return None  # most calls: no dict to build
     return {name: options.pop(name) for name in CALL_OPTIONS if name in options}
 
 

@@ -8,27 +8,27 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from celery import Celery
 from celery.result import AsyncResult
-from kombu.utils.uuid import uuid
 
+from .celery_conf import SettingReader
 from .config import DedupeConfig
 from .errors import AlreadyQueued, RedisUnavailable
 from .keys import CallKeys, binder_for, call_digest, call_keys
 from .options import UniqueOptions, pop_call_options, resolve
 from .record import Holder, pack_queued
-from .result import mark_result
+from .result import duplicate_result, mark_result
 from .run import HEADER, NO_RUN, Carried, Run, carried_by, publishing, run_of
 from .runtime import Runtime, runtime_of
 from .store import Store
 
-__all__ = ["Plan", "Publish", "keys_for", "options_for"]
+__all__ = ["Plan", "Publish", "keys_for", "new_task_id", "options_for"]
 
 logger = logging.getLogger("dedupe.producer")
 
@@ -42,10 +42,11 @@ Publish = Callable[
 # execution guard still keeps their runs apart, and it never skips them (it defers them).
 _CANVAS_OPTIONS = ("chain", "chord", "group_id", "link", "link_error")
 
-# Task-level options change only when the code does: resolve them once per task.
-_task_options: weakref.WeakKeyDictionary[Any, tuple[DedupeConfig, UniqueOptions]] = (
-    weakref.WeakKeyDictionary()
-)
+_always_eager = SettingReader("task_always_eager")
+
+# Task-level options change only when the code does: resolved once per task and kept on the
+# task object (as the binder is), checked against the app's settings they were made with.
+_OPTIONS = "_dedupe_options"
 
 
 def options_for(
@@ -54,11 +55,12 @@ def options_for(
     """The dedup options of a call of ``task`` (None: a task not registered here)."""
     if overrides or task is None:
         return resolve(task, task_name, config, overrides)
-    cached = _task_options.get(task)
-    if cached is not None and cached[0] is config:
-        return cached[1]
+    cached = getattr(task, _OPTIONS, None)
+    if type(cached) is tuple and cached[0] is config:
+        options: UniqueOptions = cached[1]
+        return options
     options = resolve(task, task_name, config)
-    _task_options[task] = (config, options)
+    setattr(task, _OPTIONS, (config, options))
     return options
 
 
@@ -110,50 +112,51 @@ class Plan:
         options: dict[str, Any],
         publisher: Publish,
     ) -> None:
+        # Runs before every producer's round trip, duplicates included: kept lean (no work
+        # that only a publish needs, such as the message header, is done here).
         self.app, self.task, self.task_name = app, task, task_name
         self.args, self.kwargs, self.options = args, kwargs, options
         self._publisher = publisher
-        self.runtime = runtime_of(app)
+        runtime = self.runtime = runtime_of(app)
         overrides = pop_call_options(options)
-        # (Item access: half the cost of Celery's attribute access to settings.)
-        if app.conf["task_always_eager"]:
+        if _always_eager(app):
             # Runs inline and returns at once: there is nothing to deduplicate against.
             self.kind = "eager"
             return
-        unique = options_for(task, task_name, self.runtime.config, overrides)
+        unique = options_for(task, task_name, runtime.config, overrides)
         self.on_duplicate = unique.on_duplicate
-        given_id: Any = options.get("task_id")
-        if given_id is not None and not isinstance(given_id, str):
-            # Records compare owners as strings (an int id would be stored as a number).
-            given_id = options["task_id"] = str(given_id)
-        task_id: str | None = given_id
-        headers = dict(options.get("headers") or {})
-        continuation = _continuation_of(app, task_id, task_name, args, kwargs, headers)
+        task_id: Any = options.get("task_id")
+        continuation = None
+        if task_id is not None:
+            if not isinstance(task_id, str):
+                # Records compare owners as strings (an int id would be stored as a number).
+                task_id = options["task_id"] = str(task_id)
+            continuation = _continuation_of(
+                app, task_id, task_name, args, kwargs, options.get("headers")
+            )
         if continuation is not None and continuation.carried is not None:
             # The same call again (retry, worker lost): keep the key its message carried,
             # never recompute it (call-level options and the send_task path would change it).
             call = continuation.carried
         else:
-            keys = keys_for(self.runtime, task, task_name, unique, args, kwargs)
+            keys = keys_for(runtime, task, task_name, unique, args, kwargs)
             call = Carried(keys, unique.until, unique.ttl)
+        self.call = call
         self.keys = call.keys
         ttl = call.ttl if call.ttl is not None else unique.ttl
-        headers[HEADER] = call.header()
-        options["headers"] = headers
         now = time.time()
         delay = _delay_of(options, now, app)
         if continuation is not None:
             # A continuation of a task id (retry, replace, worker lost): never a duplicate.
-            assert task_id is not None
             self.kind = "continuation"
-            self.token = _token_of(self.runtime, continuation, self.keys)
-        elif any(options.get(name) is not None for name in _CANVAS_OPTIONS):
+            self.token = _token_of(runtime, continuation, self.keys)
+        elif _in_canvas(options):
             self.kind = "canvas"
             return
         else:
             self.kind = "enqueue"
-            task_id = task_id or uuid()
-            options["task_id"] = task_id
+            if not task_id:
+                task_id = options["task_id"] = new_task_id()
         self.task_id = task_id
         self.record = pack_queued(task_id, now, now + delay if delay else None)
         self.ttl_ms = _ms(ttl + delay)
@@ -164,6 +167,12 @@ class Plan:
 
     def publish(self) -> AsyncResult[Any]:
         """Send the message (blocking: the asyncio entry points run it in a thread)."""
+        if self.kind != "eager":
+            # The worker reads the call's key from the message: never recomputes it.
+            options = self.options
+            headers = dict(options.get("headers") or {})
+            headers[HEADER] = self.call.header()
+            options["headers"] = headers
         with publishing():
             sent = self._publisher(self.args, self.kwargs, self.options)
         if self.kind == "eager":
@@ -175,14 +184,13 @@ class Plan:
         logger.debug("duplicate of %s[%s] (%s)", self.task_name, holder.task_id, holder.state)
         if self.on_duplicate == "raise":
             raise AlreadyQueued(self.task_name, holder.task_id, holder.state, holder.key)
-        result: AsyncResult[Any] = AsyncResult(
-            holder.task_id,
+        return duplicate_result(
+            holder,
             backend=getattr(self.task, "backend", None),
             task_name=self.task_name,
             app=self.app,
-        )
-        return mark_result(
-            result, deduplicated=True, keys=self.keys, store=self.store, holder=holder
+            keys=self.keys,
+            store=self.store,
         )
 
     def enqueue_failed(self, exc: RedisUnavailable) -> None:
@@ -221,11 +229,11 @@ class _Continuation:
 
 def _continuation_of(
     app: Celery,
-    task_id: str | None,
+    task_id: str,
     task_name: str,
     args: Sequence[Any] | None,
     kwargs: Mapping[str, Any] | None,
-    headers: Mapping[str, Any],
+    headers: Mapping[str, Any] | None,
 ) -> _Continuation | None:
     if not task_id:
         return None
@@ -276,6 +284,25 @@ def _token_of(runtime: Runtime, continuation: _Continuation, keys: CallKeys) -> 
         run.lease = None
     run.requeued = True
     return run.token if run.verdict == "claimed" else ""
+
+
+def _in_canvas(options: Mapping[str, Any]) -> bool:
+    # A loop, not any(<generator>): this runs on every call, and the generator costs more.
+    for name in _CANVAS_OPTIONS:  # noqa: SIM110
+        if options.get(name) is not None:
+            return True
+    return False
+
+
+def new_task_id() -> str:
+    """A new task id: a random UUID (version 4) in its usual text form, as Celery makes them.
+
+    Formatted here from 16 random bytes: uuid.uuid4() builds a UUID object first, which
+    costs a producer call more than the rest of its key and record together.
+    """
+    digits = os.urandom(16).hex()
+    variant = "89ab"[int(digits[16], 16) & 3]
+    return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"
 
 
 def _delay_of(options: Mapping[str, Any], now: float, app: Celery) -> float:

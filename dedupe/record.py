@@ -26,24 +26,22 @@ import msgpack
 
 __all__ = ["Holder", "pack_queued", "pack_running"]
 
-_STATES: dict[str, Literal["queued", "running"]] = {"q": "queued", "r": "running"}
+# One packer for every record (packb would make a new one per call); msgpack packs under
+# the GIL, so threads can share it.
+_pack = msgpack.Packer(use_bin_type=False, autoreset=True).pack
 
 
 def pack_queued(task_id: str, enqueued_at: float, eta: float | None) -> bytes:
     """The record of a call that was accepted and published."""
-    fields: dict[str, Any] = {"i": task_id, "s": "q", "q": enqueued_at}
-    if eta is not None:
-        fields["e"] = int(eta)
-    return bytes(msgpack.packb(fields, use_bin_type=False))
+    if eta is None:
+        return bytes(_pack({"i": task_id, "s": "q", "q": enqueued_at}))
+    return bytes(_pack({"i": task_id, "s": "q", "q": enqueued_at, "e": int(eta)}))
 
 
 def pack_running(task_id: str, token: str, host: str, pid: int, started_at: float) -> bytes:
     """The record of a run, as the heartbeat re-creates it when the key was lost."""
     return bytes(
-        msgpack.packb(
-            {"i": task_id, "s": "r", "r": token, "h": host, "p": pid, "b": int(started_at)},
-            use_bin_type=False,
-        )
+        _pack({"i": task_id, "s": "r", "r": token, "h": host, "p": pid, "b": int(started_at)})
     )
 
 
@@ -65,15 +63,22 @@ class Holder:
 
     @classmethod
     def from_raw(cls, key: str, raw: bytes, pttl_ms: int | None) -> Holder:
-        fields = msgpack.unpackb(raw, raw=False)
-        host, pid = fields.get("h"), fields.get("p")
+        fields = _unpack(raw)
+        get = fields.get
+        host = get("h")
+        pid = get("p")
         return cls(
-            key=key,
-            task_id=str(fields["i"]),
-            state=_STATES.get(fields.get("s", "q"), "queued"),
-            ttl=pttl_ms / 1000 if pttl_ms is not None and pttl_ms >= 0 else None,
-            enqueued_at=fields.get("q"),
-            eta=fields.get("e"),
-            started_at=fields.get("b"),
-            worker=f"{host}:{int(pid)}" if host is not None and pid is not None else None,
+            key,
+            str(fields["i"]),
+            "running" if get("s") == "r" else "queued",
+            pttl_ms / 1000 if pttl_ms is not None and pttl_ms >= 0 else None,
+            get("q"),
+            get("e"),
+            get("b"),
+            f"{host}:{int(pid)}" if host is not None and pid is not None else None,
         )
+
+
+def _unpack(raw: bytes) -> dict[str, Any]:
+    fields: dict[str, Any] = msgpack.unpackb(raw, raw=False)
+    return fields

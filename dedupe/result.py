@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .record import Holder
     from .store import Store
 
-__all__ = ["DedupeResult", "mark_result"]
+__all__ = ["DedupeResult", "duplicate_result", "mark_result"]
 
 logger = logging.getLogger("dedupe.producer")
 
@@ -70,9 +70,29 @@ def mark_result(
     """
     if not isinstance(result, DedupeResult):
         result.__class__ = _dedupe_class(type(result))
-    values = {"deduplicated": deduplicated, "keys": keys, "holder": holder, "_dedupe_store": store}
-    for name, value in values.items():
-        setattr(result, name, value)
+    marked: DedupeResult = result  # type: ignore[assignment]
+    marked.deduplicated = deduplicated
+    marked.keys = keys
+    marked.holder = holder
+    marked._dedupe_store = store
+    return marked
+
+
+def duplicate_result(
+    holder: Holder,
+    *,
+    backend: Any,
+    task_name: str,
+    app: Any,
+    keys: CallKeys,
+    store: Store,
+) -> DedupeResult:
+    """The result a duplicate call returns: the holder's task, made a DedupeResult at once."""
+    result = DedupeResult(holder.task_id, backend=backend, task_name=task_name, app=app)
+    result.deduplicated = True
+    result.keys = keys
+    result.holder = holder
+    result._dedupe_store = store
     return result
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -72,17 +71,20 @@ def carried_by(headers: Mapping[str, Any] | None) -> Carried | None:
 _publishing: ContextVar[bool] = ContextVar("dedupe_publishing", default=False)
 
 
-@contextmanager
-def publishing() -> Iterator[None]:
-    """Marks a publish that the producer guard decided itself.
+class publishing:
+    """Marks a publish that the producer guard decided itself: ``with publishing(): ...``.
 
-    (main_process.on_before_publish leaves those alone.)
+    (main_process.on_before_publish leaves those alone.) A class, not a generator context
+    manager: every accepted call goes through it.
     """
-    reset = _publishing.set(True)
-    try:
-        yield
-    finally:
-        _publishing.reset(reset)
+
+    __slots__ = ("_reset",)
+
+    def __enter__(self) -> None:
+        self._reset = _publishing.set(True)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _publishing.reset(self._reset)
 
 
 def is_publishing() -> bool:

@@ -95,7 +95,9 @@ class Runtime:
         return self._heartbeat
 
 
-_runtimes: weakref.WeakKeyDictionary[Celery, Runtime] = weakref.WeakKeyDictionary()
+# The runtime lives on the app itself (as Celery keeps its own per-app state): found with one
+# attribute read on every call, and gone with the app.
+_ATTRIBUTE = "_dedupe_runtime"
 _install_lock = threading.Lock()
 
 
@@ -111,17 +113,15 @@ def install(app: Celery) -> None:
     from . import worker  # the worker imports the runtime: import it at call time
 
     with _install_lock:
-        if app not in _runtimes:
-            _runtimes[app] = Runtime(app)
+        if installed(app) is None:
+            setattr(app, _ATTRIBUTE, Runtime(app))
     worker.connect_signals()
 
 
 def installed(app: Any) -> Runtime | None:
     """The runtime of ``app``, or None when :func:`install` was not called for it."""
-    try:
-        return _runtimes.get(app)
-    except TypeError:  # not weak-referenceable: not an app we know
-        return None
+    runtime = getattr(app, _ATTRIBUTE, None)
+    return runtime if isinstance(runtime, Runtime) else None
 
 
 def runtime_of(app: Celery) -> Runtime:

@@ -1,10 +1,13 @@
 """Run the Lua scripts over a connection of each thread's own: the hot path of every call.
 
 redis-py's ``Script.__call__`` goes through the client's full command path: a connection
-checked out of the pool and back, instrumentation, response callbacks. On loopback that is
-about as much time as the round trip itself. Scripts need none of it, so each thread keeps a
-connection of its own (made from the pool's connection class and settings, so TLS, unix
-sockets, auth and timeouts all carry over) and talks to it directly.
+checked out of the pool and back, instrumentation, its general command packer and reply
+parser. On loopback that costs as much as the round trip itself, for every producer call and
+every run. Scripts need none of it: each thread keeps a connection of its own, made and
+handshaken by redis-py (from the pool's connection class and settings, so TLS, unix sockets,
+auth, the database and timeouts all carry over), and then talks on its socket directly. The
+scripts answer with an integer or a bulk string (an error at worst), so the reply reader here
+is a few lines; errors are turned into redis-py's exception classes by redis-py's own table.
 
 What the client path gave is kept: NOSCRIPT loads the script and sends it again (the server
 lost its cache: a restart, a failover), and connection failures are retried with the
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis._parsers import BaseParser
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.connection import AbstractConnection
@@ -45,23 +50,56 @@ def pack_command(*parts: Any, encoding: str = "utf-8") -> bytes:
 
     redis-py's general encoder costs more than the round trip's own Python work here.
     """
-    out = [b"*%d\r\n" % len(parts)]
+    return _pack_parts([b"*%d\r\n" % len(parts)], parts, encoding)
+
+
+def _pack_parts(out: list[bytes], parts: Sequence[Any], encoding: str) -> bytes:
     for part in parts:
-        if isinstance(part, str):
+        kind = type(part)
+        if kind is str:
             part = part.encode(encoding)
-        elif isinstance(part, int):
+        elif kind is int:
             part = b"%d" % part
-        elif isinstance(part, float):
+        elif kind is float:
             part = repr(part).encode()
+        elif kind is not bytes:
+            part = _other_part(part, encoding)
         out.append(b"$%d\r\n%s\r\n" % (len(part), part))
     return b"".join(out)
 
 
+def _other_part(part: Any, encoding: str) -> bytes:
+    # Subclasses (a str enum, an IntEnum, bool) as their base type: what redis-py sends.
+    if isinstance(part, str):
+        return str.encode(part, encoding)
+    if isinstance(part, int):
+        return b"%d" % part
+    if isinstance(part, float):
+        return repr(float(part)).encode()
+    return bytes(part)
+
+
+# A fork leaves the child its parent's sockets: the first call after a fork opens its own.
+# (Counting forks costs nothing per call; asking os.getpid() is a system call each time.)
+_forks = 0
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class _Local(threading.local):
     connection: AbstractConnection | None = None
-    pid: int = 0
+    sock: socket.socket | None = None
+    forks: int = -1
 
     def __init__(self) -> None:
+        #: Bytes received and not parsed yet (the start of the next reply).
+        self.buffer = b""
         #: Calls sent on ``connection`` whose replies are not read yet, oldest first.
         self.pending: deque[tuple[Script, bytes]] = deque()
         #: Calls sent on a connection that was lost before their replies came: send again.
@@ -74,17 +112,34 @@ class ScriptRunner:
     def __init__(self, client: redis.Redis) -> None:
         self._pool = client.connection_pool
         self._retry: Retry = client.get_retry() or Retry(NoBackoff(), 0)
+        #: The errors the policy retries (redis-py keeps them private; these are its default).
+        self._retried: tuple[type[BaseException], ...] = tuple(
+            getattr(self._retry, "_supported_errors", None)
+            or (redis.ConnectionError, redis.TimeoutError, TimeoutError)
+        )
         self._local = _Local()
         self._encoding = str(self._pool.connection_kwargs.get("encoding", "utf-8"))
         #: SHAs of scripts the server answered since the last lost connection.
         self._known: set[str] = set()
+        #: The constant start of each (script, number of keys, number of args) command.
+        self._heads: dict[tuple[str, int, int], bytes] = {}
 
     def __call__(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run a script and return its reply."""
         command = self._pack(script, keys, args)
-        return self._retry.call_with_retry(
-            lambda: self._call(script, command), self._drop_connection
-        )
+        try:
+            return self._call(script, command)
+        except self._retried as first:
+            # The first try failed: go on under the Retry policy, with this failure as its
+            # first (the policy's count and backoff stay exactly as configured).
+            failures = [first]
+
+            def again() -> Any:
+                if failures:
+                    raise failures.pop()
+                return self._call(script, command)
+
+            return self._retry.call_with_retry(again, self._drop_connection)
 
     def send(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> None:
         """Run a script without waiting for its reply (read before the next call)."""
@@ -94,54 +149,59 @@ class ScriptRunner:
         command = self._pack(script, keys, args)
 
         def send_now() -> None:
-            connection = self._connection()
-            self._catch_up(connection)
-            self._send(connection, command)
+            sock = self._socket()
+            self._catch_up(sock)
+            self._send(sock, command)
             self._local.pending.append((script, command))
 
         self._retry.call_with_retry(send_now, self._drop_connection)
 
     def _pack(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
-        return pack_command(
-            b"EVALSHA", script.sha, len(keys), *keys, *args, encoding=self._encoding
-        )
+        shape = (script.sha, len(keys), len(args))
+        head = self._heads.get(shape)
+        if head is None:
+            size = b"*%d\r\n" % (3 + len(keys) + len(args))
+            head = _pack_parts([size], (b"EVALSHA", script.sha, len(keys)), "ascii")
+            self._heads[shape] = head
+        return _pack_parts([head], (*keys, *args), self._encoding)
 
     def _call(self, script: Script, command: bytes) -> Any:
-        connection = self._connection()
-        self._catch_up(connection)
-        self._send(connection, command)
-        return self._reply(connection, script, command)
+        sock = self._socket()
+        if self._local.pending or self._local.unsent:
+            self._catch_up(sock)
+        self._send(sock, command)
+        return self._reply(sock, script, command)
 
-    def _catch_up(self, connection: AbstractConnection) -> None:
+    def _catch_up(self, sock: socket.socket) -> None:
         """Resend what a lost connection took with it, then read the replies of sends."""
         local = self._local
         while local.unsent:
             script, command = local.unsent[0]
-            self._send(connection, command)
-            self._settle(connection, script, command)
+            self._send(sock, command)
+            self._settle(sock, script, command)
             local.unsent.pop(0)
         while local.pending:
             script, command = local.pending[0]
-            self._settle(connection, script, command)
+            self._settle(sock, script, command)
             local.pending.popleft()
 
-    def _settle(self, connection: AbstractConnection, script: Script, command: bytes) -> None:
+    def _settle(self, sock: socket.socket, script: Script, command: bytes) -> None:
         try:
-            self._reply(connection, script, command)
+            self._reply(sock, script, command)
         except ResponseError as exc:
             # Nobody waits for this reply: say so, and carry on with the caller's call.
             logger.warning("a script sent earlier failed: %r", exc)
 
-    def _reply(self, connection: AbstractConnection, script: Script, command: bytes) -> Any:
+    def _reply(self, sock: socket.socket, script: Script, command: bytes) -> Any:
         try:
             try:
-                reply = connection.read_response()
+                reply = self._read(sock)
             except NoScriptError:
                 load = pack_command(b"SCRIPT", b"LOAD", script.script, encoding=self._encoding)
-                self._send(connection, load)
-                connection.read_response()
-                self._send(connection, command)
-                reply = connection.read_response()
+                self._send(sock, load)
+                self._read(sock)
+                self._send(sock, command)
+                reply = self._read(sock)
             self._known.add(script.sha)
             return reply
         except ResponseError:
@@ -151,28 +211,64 @@ class ScriptRunner:
             self._drop_connection()
             raise
 
-    @staticmethod
-    def _send(connection: AbstractConnection, command: bytes) -> None:
-        send: Any = connection.send_packed_command  # (untyped in redis-py)
-        send([command], check_health=False)
-
-    def _connection(self) -> AbstractConnection:
+    def _read(self, sock: socket.socket) -> Any:
+        """Read one reply: an integer, bytes, None or a list; raise an error reply."""
         local = self._local
-        pid = os.getpid()
-        connection = local.connection
-        if connection is None or local.pid != pid:
-            if local.pid != pid:
-                # A forked child: its parent's connection and sends are not its own.
-                # (redis-py only shuts a socket down in the process that opened it.)
-                local.pending.clear()
-                local.unsent.clear()
-            connection = self._pool.connection_class(**self._pool.connection_kwargs)
-            local.connection, local.pid = connection, pid
-        return connection
+        buffer = local.buffer
+        while True:
+            if buffer:
+                parsed = _parse(buffer, 0)
+                if parsed is not None:
+                    reply, end = parsed
+                    buffer = local.buffer = buffer[end:]
+                    if isinstance(reply, ResponseError):
+                        raise reply
+                    if isinstance(reply, _Push):
+                        continue  # out of band (RESP3): not the reply of any call
+                    return reply
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                raise redis.TimeoutError("Timeout reading from the dedup Redis") from None
+            except OSError as exc:
+                raise redis.ConnectionError(f"Error reading from the dedup Redis: {exc}") from exc
+            if not chunk:
+                raise redis.ConnectionError("The dedup Redis closed the connection")
+            buffer += chunk
+
+    @staticmethod
+    def _send(sock: socket.socket, command: bytes) -> None:
+        try:
+            sock.sendall(command)
+        except TimeoutError:
+            raise redis.TimeoutError("Timeout writing to the dedup Redis") from None
+        except OSError as exc:
+            raise redis.ConnectionError(f"Error writing to the dedup Redis: {exc}") from exc
+
+    def _socket(self) -> socket.socket:
+        local = self._local
+        sock = local.sock
+        if sock is not None and local.forks == _forks:
+            return sock
+        if local.forks != _forks:
+            # A forked child: its parent's connection and sends are not its own. (Leave the
+            # socket open: redis-py only shuts a socket down in the process that opened it,
+            # and closing our copy would not close the parent's.)
+            local.connection, local.sock, local.buffer = None, None, b""
+            local.pending.clear()
+            local.unsent.clear()
+            local.forks = _forks
+        connection = self._pool.connection_class(**self._pool.connection_kwargs)
+        connection.connect()  # the handshake: TLS, AUTH, HELLO, SELECT, client name
+        opened: socket.socket | None = getattr(connection, "_sock", None)
+        if opened is None:
+            raise redis.ConnectionError("redis-py gave a connection without a socket")
+        local.connection, local.sock, local.buffer = connection, opened, b""
+        return opened
 
     def _drop_connection(self, _error: BaseException | None = None) -> None:
         local = self._local
-        connection, local.connection = local.connection, None
+        connection, local.connection, local.sock, local.buffer = local.connection, None, None, b""
         # Calls in flight may not have reached Redis: send them again on the next one.
         local.unsent.extend(local.pending)
         local.pending.clear()
@@ -180,3 +276,60 @@ class ScriptRunner:
         if connection is not None:
             disconnect: Any = connection.disconnect  # (untyped in redis-py)
             disconnect()
+
+
+_CRLF = b"\r\n"
+
+
+def _parse(buffer: bytes, start: int) -> tuple[Any, int] | None:
+    """Parse the RESP2/RESP3 reply at ``buffer[start:]``: (reply, end), or None if it has not
+    all arrived. An error reply comes back as the redis-py exception to raise."""
+    line_end = buffer.find(_CRLF, start)
+    if line_end < 0:
+        return None
+    kind = buffer[start : start + 1]
+    line = buffer[start + 1 : line_end]
+    end = line_end + 2
+    if kind == b":":
+        return int(line), end
+    if kind == b"$" or kind == b"!":
+        size = int(line)
+        if size < 0:
+            return None, end
+        if len(buffer) < end + size + 2:
+            return None
+        data = buffer[end : end + size]
+        if kind == b"!":
+            return _error(data), end + size + 2
+        return data, end + size + 2
+    if kind == b"-":
+        return _error(line), end
+    if kind == b"+":
+        return line, end
+    if kind == b"_":
+        return None, end
+    if kind == b"#":
+        return line == b"t", end
+    if kind == b",":
+        return float(line), end
+    if kind == b"*" or kind == b">":
+        items: list[Any] = [] if kind == b"*" else _Push()
+        for _ in range(int(line)):
+            parsed = _parse(buffer, end)
+            if parsed is None:
+                return None
+            item, end = parsed
+            items.append(item)
+        return items, end
+    # Nothing the scripts answer with: the stream cannot be trusted any more.
+    raise redis.ConnectionError(f"unexpected reply from the dedup Redis: {buffer[:40]!r}")
+
+
+class _Push(list[Any]):
+    """A RESP3 push message: something the server says of its own accord."""
+
+
+def _error(message: bytes) -> ResponseError:
+    parse_error: Any = BaseParser.parse_error  # (untyped in redis-py)
+    error: ResponseError = parse_error(message.decode("utf-8", "replace"))
+    return error

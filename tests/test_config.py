@@ -164,3 +164,55 @@ def test_a_bad_task_option_names_the_task_and_the_option(
     with pytest.raises(dedupe.ConfigurationError, match=r"unique_until") as caught:
         job.delay(1)
     assert job.name in str(caught.value)
+
+
+# -- reading Celery's own settings on the hot path ---------------------------------------------
+
+
+class _Settings:
+    task_always_eager = True
+
+
+class _DjangoSettings:
+    CELERY_TASK_ALWAYS_EAGER = True
+
+
+@pytest.mark.parametrize(
+    ("configure", "expected"),
+    [
+        (lambda app: None, False),
+        (lambda app: app.conf.update(task_always_eager=True), True),
+        (lambda app: app.conf.update(CELERY_ALWAYS_EAGER=True), True),  # the old name
+        (lambda app: app.config_from_object(_Settings), True),
+        (lambda app: app.config_from_object(_DjangoSettings, namespace="CELERY"), True),
+    ],
+    ids=["default", "set", "old-name", "object", "django-namespace"],
+)
+def test_a_setting_is_read_as_app_conf_reads_it(
+    configure: Callable[[Celery], None], expected: bool
+) -> None:
+    from dedupe.celery_conf import SettingReader
+
+    app = bare_app("redis://cache:6379/0")
+    configure(app)
+    always_eager = SettingReader("task_always_eager")
+    assert always_eager(app) is expected
+    assert app.conf["task_always_eager"] is expected
+
+
+def test_a_setting_changed_after_the_first_read_is_seen() -> None:
+    from dedupe.celery_conf import SettingReader
+
+    app = bare_app("redis://cache:6379/0")
+    always_eager = SettingReader("task_always_eager")
+    assert always_eager(app) is False
+    app.conf.task_always_eager = True
+    assert always_eager(app) is True
+
+
+def test_one_reader_serves_several_apps() -> None:
+    from dedupe.celery_conf import SettingReader
+
+    eager, lazy = bare_app("redis://a//", task_always_eager=True), bare_app("redis://b//")
+    always_eager = SettingReader("task_always_eager")
+    assert [always_eager(eager), always_eager(lazy), always_eager(eager)] == [True, False, True]

@@ -449,6 +449,15 @@ def test_a_duplicate_leaves_no_result_subscription(
     assert subscriptions() == before
 
 
+def test_an_accepted_call_gets_a_random_uuid4_task_id(tasks: Any) -> None:
+    ids = [tasks.sync_customer.delay(n).id for n in range(200)]
+    assert len(set(ids)) == len(ids)
+    for task_id in ids:
+        parsed = uuid.UUID(task_id)
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert str(parsed) == task_id  # the usual lower-case, hyphenated text form
+
+
 def test_an_explicit_task_id_is_used_for_an_accepted_call(tasks: Any) -> None:
     result = tasks.sync_customer.apply_async((50,), task_id="my-own-id")
     assert result.id == "my-own-id"

@@ -9,3 +9,9 @@ local function load_record(key)
   end
   return cmsgpack.unpack(raw), raw
 end
+
+-- The answer of a script refused because key is held: "<pttl>:<record>", one bulk string
+-- (dedupe.store.held_by reads it). A pttl never holds a colon; the record may.
+local function held(key, raw)
+  return string.format('%d:', redis.call('PTTL', key)) .. raw
+end

@@ -11,16 +11,16 @@
 -- ARGV[6]  now, whole unix seconds
 --
 -- Returns
---   {1}                  claimed (also when this very run claimed already: a re-sent command)
---   {0, record, pttl}    held: the run key holds another task id (queued or running), or
---                        another run of this task id; its record and ttl in ms
+--   1                    claimed (also when this very run claimed already: a re-sent command)
+--   "<pttl>:<record>"    held: the run key holds another task id (queued or running), or
+--                        another run of this task id; its ttl in ms and its record
 --
 -- A queued record of another task id is never taken over: its message may have been handed
 -- to callers as the holder of this call, so it must run, and this run is the one guarded.
 local id, token = ARGV[1], ARGV[2]
 local run, raw = load_record(KEYS[2])
 if run and (run['i'] ~= id or (run['s'] == 'r' and run['r'] ~= token)) then
-  return {0, raw, redis.call('PTTL', KEYS[2])}
+  return held(KEYS[2], raw)
 end
 local rec = {i = id, s = 'r', r = token, h = ARGV[4], p = tonumber(ARGV[5]), b = tonumber(ARGV[6])}
 local queued = run
@@ -34,4 +34,4 @@ if queued and queued['i'] == id then
   rec['q'] = queued['q']
 end
 redis.call('SET', KEYS[2], cmsgpack.pack(rec), 'PX', ARGV[3])
-return {1}
+return 1

@@ -6,17 +6,21 @@
 -- ARGV[3]  time to live, ms (unique_ttl + countdown/eta)
 --
 -- Returns
---   {1}                  accepted: the record was created
---   {2}                  accepted: the record holds these very bytes (redis-py re-sent the
+--   1                    accepted: the record was created
+--   2                    accepted: the record holds these very bytes (redis-py re-sent the
 --                        command after a timeout; the enqueue time in them makes them unique)
---   {0, record, pttl}    duplicate: the key is held, also by an earlier call that passed the
+--   "<pttl>:<record>"    duplicate: the key is held, also by an earlier call that passed the
 --                        same explicit task id (deterministic ids are a dedup idiom)
-local rec, raw = load_record(KEYS[1])
-if not rec then
+--
+-- This is every producer's round trip, so it stays lean: the record is compared as bytes,
+-- never decoded, and a duplicate's answer is one bulk string (a client parses that for a
+-- fraction of what a nested reply costs).
+local raw = redis.call('GET', KEYS[1])
+if not raw then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return {1}
+  return 1
 end
 if raw == ARGV[2] then
-  return {2}
+  return 2
 end
-return {0, raw, redis.call('PTTL', KEYS[1])}
+return held(KEYS[1], raw)

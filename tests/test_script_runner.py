@@ -1,0 +1,162 @@
+"""The script runner: its own RESP reader and socket path must answer as redis-py's would."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from dedupe.script_runner import ScriptRunner, _parse, _Push
+
+# -- the reply reader (pure) -------------------------------------------------------------------
+
+replies = st.recursive(
+    st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.binary(max_size=40)),
+    lambda inner: st.lists(inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def resp2(reply: Any) -> bytes:
+    if reply is None:
+        return b"$-1\r\n"
+    if isinstance(reply, int):
+        return b":%d\r\n" % reply
+    if isinstance(reply, bytes):
+        return b"$%d\r\n%s\r\n" % (len(reply), reply)
+    return b"*%d\r\n" % len(reply) + b"".join(resp2(item) for item in reply)
+
+
+@given(replies)
+def test_a_whole_reply_is_read_back_as_sent(reply: Any) -> None:
+    encoded = resp2(reply)
+    assert _parse(encoded + b":1\r\n", 0) == (reply, len(encoded))
+
+
+@given(replies, st.data())
+def test_a_reply_cut_short_anywhere_waits_for_the_rest(reply: Any, data: st.DataObject) -> None:
+    encoded = resp2(reply)
+    cut = data.draw(st.integers(0, len(encoded) - 1))
+    assert _parse(encoded[:cut], 0) is None
+
+
+def test_an_error_reply_becomes_redis_pys_exception_for_it() -> None:
+    parsed = _parse(b"-READONLY You can't write against a read only replica.\r\n", 0)
+    assert parsed is not None
+    assert isinstance(parsed[0], redis.ReadOnlyError)
+
+
+def test_resp3_replies_are_read() -> None:
+    assert _parse(b"_\r\n", 0) == (None, 3)
+    assert _parse(b"#t\r\n", 0) == (True, 4)
+    assert _parse(b",1.5\r\n", 0) == (1.5, 6)
+    error = _parse(b"!9\r\nERR oops!\r\n", 0)
+    assert error is not None
+    assert isinstance(error[0], redis.ResponseError)
+
+
+def test_a_resp3_push_message_is_told_apart_from_a_reply() -> None:
+    parsed = _parse(b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n", 0)
+    assert parsed is not None
+    assert isinstance(parsed[0], _Push)
+    assert list(parsed[0]) == [b"invalidate", [b"k"]]
+
+
+def test_a_reply_of_an_unknown_kind_drops_the_connection() -> None:
+    with pytest.raises(redis.ConnectionError):
+        _parse(b"%1\r\n+a\r\n+b\r\n", 0)
+
+
+# -- against a real Redis ----------------------------------------------------------------------
+
+ECHO = "return ARGV[1]"
+FAIL = "return redis.error_reply('READONLY You cannot write against a read only replica.')"
+SLEEP = """
+local stop = tonumber(redis.call('TIME')[1]) + 2
+while tonumber(redis.call('TIME')[1]) < stop do end
+return 1
+"""
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, retry=Retry(NoBackoff(), 2))
+    yield client
+    client.close()
+
+
+def run(runner: ScriptRunner, client: redis.Redis, source: str, *args: Any) -> Any:
+    return runner(client.register_script(source), [], list(args))
+
+
+def test_a_script_forgotten_by_the_server_is_loaded_and_run(
+    client: redis.Redis, redis_client: redis.Redis
+) -> None:
+    runner = ScriptRunner(client)
+    redis_client.script_flush()
+    assert run(runner, client, ECHO, "hello") == b"hello"
+
+
+def test_an_error_reply_raises_and_leaves_the_connection_usable(client: redis.Redis) -> None:
+    runner = ScriptRunner(client)
+    with pytest.raises(redis.ReadOnlyError):
+        run(runner, client, FAIL)
+    assert run(runner, client, ECHO, "after") == b"after"
+
+
+def test_a_connection_killed_by_the_server_is_replaced_under_the_retry_policy(
+    client: redis.Redis, redis_client: redis.Redis
+) -> None:
+    runner = ScriptRunner(client)
+    assert run(runner, client, ECHO, "before") == b"before"
+    redis_client.client_kill_filter(_type="normal", skipme=True)
+    assert run(runner, client, ECHO, "after") == b"after"
+
+
+def test_a_reply_slower_than_the_socket_timeout_raises_redis_timeout_error(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    client = redis.Redis.from_url(redis_url, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    runner = ScriptRunner(client)
+    with pytest.raises(redis.TimeoutError):
+        run(runner, client, SLEEP)
+    redis_client.ping()  # answered once the slow script is done
+    assert run(runner, client, ECHO, "next") == b"next"  # on a fresh connection
+    client.close()
+
+
+def test_scripts_run_over_a_resp3_connection(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, protocol=3)
+    runner = ScriptRunner(client)
+    assert run(runner, client, ECHO, "three") == b"three"
+    assert run(runner, client, "return 7") == 7
+    client.close()
+
+
+def test_each_thread_talks_on_its_own_connection(redis_url: str, redis_client: redis.Redis) -> None:
+    client = redis.Redis.from_url(redis_url, client_name="runner-threads")
+    runner = ScriptRunner(client)
+    all_called = threading.Barrier(4)
+
+    def call() -> None:
+        assert run(runner, client, ECHO, "x") == b"x"
+        all_called.wait(timeout=10)  # stay alive (and connected) until counted
+        all_called.wait(timeout=10)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    all_called.wait(timeout=10)
+    named = [c for c in redis_client.client_list() if c["name"] == "runner-threads"]
+    all_called.wait(timeout=10)
+    for thread in threads:
+        thread.join()
+    client.close()
+    assert len(named) == 3
