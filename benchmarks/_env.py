@@ -49,13 +49,36 @@ def in_process_worker(app: Celery, **kwargs: Any) -> Any:
     return start_worker(app, perform_ping_check=False, shutdown_timeout=60, **kwargs)
 
 
+#: A timed call ``call(i)`` and an untimed reset run after each round (or None).
+Variant = tuple[Callable[[int], Any], Callable[[], Any] | None]
+
+
+class Timings:
+    """One sample per round of each variant: microseconds per call, or tasks per second."""
+
+    def __init__(self, samples: dict[str, list[float]]) -> None:
+        self.samples = samples
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.samples[name])
+
+    def ratio(self, name: str, reference: str) -> float:
+        """Median over rounds of the ratio within each round: drift between rounds cancels,
+        where a ratio of two medians would keep it."""
+        pairs = zip(self.samples[name], self.samples[reference], strict=True)
+        return statistics.median(mine / theirs for mine, theirs in pairs)
+
+    def medians(self) -> dict[str, float]:
+        return {name: self.median(name) for name in self.samples}
+
+
 def interleaved(
-    variants: dict[str, tuple[Callable[[int], Any], Callable[[], Any] | None]],
+    variants: dict[str, Variant],
     rounds: int,
     calls: int,
-) -> dict[str, float]:
-    """Median microseconds per call of each variant, rounds interleaved (A B C, C A B, ...) so
-    that drift of a shared machine hits every variant alike, in a new order every round.
+) -> Timings:
+    """Time each variant in rounds interleaved (A B C, C A B, ...) so that drift of a shared
+    machine hits every variant alike, in a new order every round.
 
     ``variants`` maps a name to ``(call, reset)``: ``call(i)`` is timed ``calls`` times per
     round; ``reset()`` (untimed) runs after each round.
@@ -76,4 +99,4 @@ def interleaved(
             samples[name].append((time.perf_counter_ns() - start) / calls / 1000)
             if reset is not None:
                 reset()
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return Timings(samples)

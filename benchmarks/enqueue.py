@@ -14,16 +14,15 @@ from celery import Celery
 
 import dedupe
 
-from ._env import interleaved, make_app
+from ._env import Timings, Variant, interleaved, make_app
 
-Variant = tuple[Callable[[int], Any], Callable[[], Any] | None]
+PLAIN = "plain apply_async"
+#: One round trip to the same Redis through redis-py (a PING), timed in the same rounds.
+ROUND_TRIP = "redis-py PING"
 
-#: A bare round trip to the same Redis (redis-py PING), timed in the same rounds.
-ROUND_TRIP = "bare round trip (PING)"
 
-
-def run(url: str, rounds: int, calls: int) -> dict[str, float]:
-    """Median microseconds per call of each variant."""
+def run(url: str, rounds: int, calls: int) -> Timings:
+    """Microseconds per call of each variant, per round."""
     client = redis.Redis.from_url(url)
 
     def clearer(app: Celery, *patterns: str, hold: Callable[[], Any] | None = None) -> Any:
@@ -52,13 +51,13 @@ def run(url: str, rounds: int, calls: int) -> dict[str, float]:
     hold()
     prefix = app.conf.dedupe_key_prefix
     variants: dict[str, Variant] = {
-        "plain apply_async": (lambda i: plain.apply_async((i,)), clearer(app)),
+        PLAIN: (lambda i: plain.apply_async((i,)), clearer(app)),
         "dedupe accepted": (
             lambda i: unique.apply_async((i,)),
             clearer(app, f"{prefix}:*", hold=hold),
         ),
         "dedupe duplicate": (lambda i: unique.apply_async((-1,)), None),
-        # What no client code can undercut: every dedup call waits for one round trip.
+        # The scale of a round trip: every dedup call waits for one.
         ROUND_TRIP: (lambda i: client.ping(), None),
     }
     variants.update(_peers(url, clearer))

@@ -8,7 +8,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from .enqueue import ROUND_TRIP
+from ._env import Timings
+from .enqueue import PLAIN, ROUND_TRIP
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -19,6 +20,11 @@ TARGETS = {
     "10 small arguments": ("<=", 15.0),
     "memory per live key": ("<=", 200),
 }
+
+
+def enqueue_ratios(enqueue: Timings) -> dict[str, float]:
+    """Each variant's cost per call relative to plain apply_async in the same rounds."""
+    return {name: enqueue.ratio(name, PLAIN) for name in enqueue.samples}
 
 
 def verdict(name: str, value: float) -> str:
@@ -39,37 +45,37 @@ def markdown(results: dict[str, Any], command: str) -> str:
         f"come from rounds interleaved in one run.",
         "",
     ]
-    enqueue = results.get("enqueue")
+    enqueue: Timings | None = results.get("enqueue")
     if enqueue:
-        plain = enqueue["plain apply_async"]
-        trip = enqueue.get(ROUND_TRIP)
-        # A call cannot cost less than its round trip: the floor of each dedup variant.
-        floors = (
-            {"dedupe accepted": 1 + trip / plain, "dedupe duplicate": trip / plain} if trip else {}
-        )
+        ratios = enqueue_ratios(enqueue)
         lines += [
             "## Enqueue cost",
             "",
-            "| variant | us/call | x plain | floor (its round trip) | target |",
-            "|---|---:|---:|---:|---|",
+            f"Median of {len(enqueue.samples[PLAIN])} interleaved rounds; x plain is the median "
+            f"of the ratios within each round. {ROUND_TRIP!r}: one redis-py round trip, for "
+            "scale.",
+            "",
+            "| variant | us/call | x plain | target |",
+            "|---|---:|---:|---|",
         ]
-        for name, micros in enqueue.items():
-            ratio = micros / plain
-            floor = f"{floors[name]:.2f}" if name in floors else ""
+        for name, ratio in ratios.items():
             lines.append(
-                f"| {name} | {micros:.0f} | {ratio:.2f} | {floor} | {verdict(name, ratio)} |"
+                f"| {name} | {enqueue.median(name):.0f} | {ratio:.2f} | {verdict(name, ratio)} |"
             )
         lines.append("")
-    worker = results.get("worker")
+    worker: Timings | None = results.get("worker")
     if worker:
-        ratio = worker["dedupe"] / worker["plain"]
+        ratio = worker.ratio("dedupe", "plain")
         lines += [
             "## Worker throughput (solo pool, no-op tasks)",
             "",
+            f"Median of {len(worker.samples['plain'])} interleaved rounds; x plain is the "
+            "median of the ratios within each round.",
+            "",
             "| variant | tasks/s | x plain | target |",
             "|---|---:|---:|---|",
-            f"| plain | {worker['plain']:.0f} | 1.00 | |",
-            f"| dedupe | {worker['dedupe']:.0f} | {ratio:.2f} | "
+            f"| plain | {worker.median('plain'):.0f} | 1.00 | |",
+            f"| dedupe | {worker.median('dedupe'):.0f} | {ratio:.2f} | "
             f"{verdict('worker throughput', ratio)} |",
             "",
         ]
@@ -94,11 +100,11 @@ def markdown(results: dict[str, Any], command: str) -> str:
         ]
         for name, timing in scale.items():
             if name.endswith("live keys"):
-                ping = timing["ping"]
                 lines.append(
-                    f"| {name.removesuffix(' live keys')} | {ping:.0f} | "
-                    f"{timing['accepted']:.0f} | {timing['accepted'] / ping:.2f} | "
-                    f"{timing['duplicate']:.0f} | {timing['duplicate'] / ping:.2f} |"
+                    f"| {name.removesuffix(' live keys')} | {timing.median('ping'):.0f} | "
+                    f"{timing.median('accepted'):.0f} | {timing.ratio('accepted', 'ping'):.2f} | "
+                    f"{timing.median('duplicate'):.0f} | "
+                    f"{timing.ratio('duplicate', 'ping'):.2f} |"
                 )
         usage = scale["MEMORY USAGE"]
         lines += [
@@ -143,13 +149,12 @@ def _chart(results: dict[str, Any]) -> None:
     except ImportError:
         return
     bars: dict[str, float] = {}
-    enqueue = results.get("enqueue") or {}
+    enqueue = results.get("enqueue")
     if enqueue:
-        plain = enqueue["plain apply_async"]
-        bars.update({name: micros / plain for name, micros in enqueue.items()})
+        bars.update(enqueue_ratios(enqueue))
     worker = results.get("worker")
     if worker:
-        bars["worker throughput (dedupe / plain)"] = worker["dedupe"] / worker["plain"]
+        bars["worker throughput (dedupe / plain)"] = worker.ratio("dedupe", "plain")
     if not bars:
         return
     figure, axes = plt.subplots(figsize=(9, 4.5))

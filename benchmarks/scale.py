@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import redis
 
@@ -12,7 +13,7 @@ from dedupe.keys import call_keys
 from dedupe.record import pack_queued
 from dedupe.store import Store
 
-from ._env import interleaved
+from ._env import Variant, interleaved
 
 # Fills the keyspace with real-looking records, in chunks, inside Redis.
 _FILL = """
@@ -27,7 +28,7 @@ def run(broker_url: str, sizes: tuple[int, ...], calls: int) -> dict[str, object
     """At each keyspace size: the enqueue round trip (a new key, and a held key), and a bare
     PING in the same interleaved rounds. The ratio to PING cancels the drift of the machine
     between sizes; a flat ratio means the number of live keys costs nothing."""
-    results: dict[str, object] = {}
+    results: dict[str, Any] = {}
     with RedisServer() as store_server:
         client = redis.Redis.from_url(store_server.url)
         store = Store(redis.Redis.from_url(store_server.url))
@@ -56,7 +57,7 @@ def run(broker_url: str, sizes: tuple[int, ...], calls: int) -> dict[str, object
             connection.send_packed_command([b"*1\r\n$4\r\nPING\r\n"], check_health=False)
             connection.read_response()
 
-        variants = {
+        variants: dict[str, Variant] = {
             "ping": (ping, None),
             "accepted": (accepted, clear_accepted),
             "duplicate": (lambda _: store.enqueue(held, "other", record, 3_600_000), None),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from typing import Any
@@ -12,11 +11,11 @@ from celery import signals
 
 import dedupe
 
-from ._env import in_process_worker, make_app
+from ._env import Timings, in_process_worker, make_app
 
 
-def run(url: str, rounds: int, tasks: int) -> dict[str, float]:
-    """Median tasks per second of each variant, rounds interleaved."""
+def run(url: str, rounds: int, tasks: int) -> Timings:
+    """Tasks per second of each variant, per round, rounds interleaved."""
     app = make_app(url)
 
     @app.task(shared=False, ignore_result=True)
@@ -57,4 +56,4 @@ def run(url: str, rounds: int, tasks: int) -> dict[str, float]:
         signals.task_postrun.disconnect(on_postrun)
         client.delete(app.conf.task_default_queue)
         app.close()
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return Timings(samples)

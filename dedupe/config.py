@@ -12,6 +12,8 @@ dedupe_default_ttl         seconds a queued record lives (+ countdown)  3600
 dedupe_default_lease       seconds a run's lease lasts between beats    60
 dedupe_on_redis_error      ``"enqueue"`` (publish anyway, log) or       ``"enqueue"``
                            ``"raise"`` (:class:`RedisUnavailable`)
+dedupe_busy_poll_us        microseconds to poll for a Redis reply       100
+                           before sleeping for it (0: never poll)
 =========================  ===========================================  =====================
 
 Django projects that load settings with ``namespace="CELERY"`` spell them
@@ -28,7 +30,10 @@ from celery import Celery
 
 from .errors import ConfigurationError
 
-__all__ = ["DedupeConfig"]
+__all__ = ["BUSY_POLL", "DedupeConfig"]
+
+#: Seconds to poll for a Redis reply before sleeping for it (see dedupe.script_runner).
+BUSY_POLL = 100e-6
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _ON_REDIS_ERROR = ("enqueue", "raise")
@@ -44,6 +49,7 @@ class DedupeConfig:
     default_ttl: float = 3600.0
     default_lease: float = 60.0
     on_redis_error: Literal["enqueue", "raise"] = "enqueue"
+    busy_poll: float = BUSY_POLL
 
     @classmethod
     def from_app(cls, app: Celery) -> DedupeConfig:
@@ -78,6 +84,7 @@ class DedupeConfig:
                 "dedupe_default_lease", _setting(conf, "dedupe_default_lease", 60)
             ),
             on_redis_error=cast('Literal["enqueue", "raise"]', on_error),
+            busy_poll=_busy_poll(_setting(conf, "dedupe_busy_poll_us", BUSY_POLL * 1e6)),
         )
 
 
@@ -86,6 +93,15 @@ def positive_seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigurationError(f"{name} must be a positive number of seconds; got {value!r}")
     return float(value)
+
+
+def _busy_poll(micros: Any) -> float:
+    if isinstance(micros, bool) or not isinstance(micros, (int, float)) or not micros >= 0:
+        raise ConfigurationError(
+            f"dedupe_busy_poll_us must be a number of microseconds, 0 or more (0: never "
+            f"poll); got {micros!r}"
+        )
+    return float(micros) / 1e6
 
 
 def _setting(conf: Any, name: str, default: Any = None) -> Any:

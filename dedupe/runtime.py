@@ -72,7 +72,8 @@ class Runtime:
                         "retry": _default_retry(),
                         **config.redis_options,
                     }
-                    self._store = Store(redis.Redis.from_url(config.redis_url, **options))
+                    client = redis.Redis.from_url(config.redis_url, **options)
+                    self._store = Store(client, busy_poll=config.busy_poll)
         return self._store
 
     def async_store(self) -> AsyncStore:

@@ -20,14 +20,25 @@ that way (else the call waits, and loads it): a NOSCRIPT reply read late would l
 call undone until then. Replies are read, in order, before the next call on that connection;
 a call refused with NOSCRIPT after all (a restart in between) is loaded and run then, and a
 connection lost with calls in flight sends them again on its successor.
+
+Waiting for a reply polls the socket for a short while (``busy_poll``) before it sleeps in
+``recv``. A loopback or same-rack round trip takes a few tens of microseconds, but a thread
+that sleeps for it pays the wake-up of an idle CPU on top, which on virtual machines is
+several times the round trip itself (on the machine of benchmarks/results/latest.md: 85-140
+us asleep, 30 us polling). It is the trade the kernel's ``net.core.busy_poll`` makes, bounded
+the same way: a thread whose replies keep outlasting the budget (a Redis across a network)
+polls less and less often, down to once in ``_RETRY_POLL_AFTER`` calls; TLS and cooperative
+(gevent, eventlet) sockets never poll.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -79,6 +90,11 @@ def _other_part(part: Any, encoding: str) -> bytes:
     return bytes(part)
 
 
+#: After polls that ran out of budget, sleep in recv for 1, 3, 7 ... up to this many calls
+#: before polling again: a stray slow reply costs one call, a Redis out of reach of the budget
+#: one poll in this many.
+_RETRY_POLL_AFTER = 63
+
 # A fork leaves the child its parent's sockets: the first call after a fork opens its own.
 # (Counting forks costs nothing per call; asking os.getpid() is a system call each time.)
 _forks = 0
@@ -96,6 +112,12 @@ class _Local(threading.local):
     connection: AbstractConnection | None = None
     sock: socket.socket | None = None
     forks: int = -1
+    #: Polls ``sock`` for readiness without blocking; None: never poll this socket.
+    poll: Any = None
+    #: Calls left before polling again (after a poll that ran out of budget).
+    poll_skips: int = 0
+    #: Polls in a row that ran out of budget.
+    poll_misses: int = 0
 
     def __init__(self) -> None:
         #: Bytes received and not parsed yet (the start of the next reply).
@@ -109,8 +131,10 @@ class _Local(threading.local):
 class ScriptRunner:
     """Calls scripts registered on ``client`` with EVALSHA, one connection per thread."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, busy_poll: float = 0.0) -> None:
+        """``busy_poll``: seconds to poll for a reply before sleeping for it (0: never)."""
         self._pool = client.connection_pool
+        self._busy_poll = busy_poll
         self._retry: Retry = client.get_retry() or Retry(NoBackoff(), 0)
         #: The errors the policy retries (redis-py keeps them private; these are its default).
         self._retried: tuple[type[BaseException], ...] = tuple(
@@ -227,6 +251,8 @@ class ScriptRunner:
                         continue  # out of band (RESP3): not the reply of any call
                     return reply
             try:
+                if local.poll is not None:
+                    self._poll(local)
                 chunk = sock.recv(65536)
             except TimeoutError:
                 raise redis.TimeoutError("Timeout reading from the dedup Redis") from None
@@ -235,6 +261,20 @@ class ScriptRunner:
             if not chunk:
                 raise redis.ConnectionError("The dedup Redis closed the connection")
             buffer += chunk
+
+    def _poll(self, local: _Local) -> None:
+        """Poll for the reply, within the budget, so that the recv after it need not sleep."""
+        if local.poll_skips:
+            local.poll_skips -= 1
+            return
+        poll = local.poll.poll
+        deadline = time.perf_counter() + self._busy_poll
+        while not poll(0):  # readable, or hung up: either way recv will not wait
+            if time.perf_counter() >= deadline:
+                local.poll_misses = misses = min(local.poll_misses + 1, 6)
+                local.poll_skips = min(2**misses - 1, _RETRY_POLL_AFTER)
+                return
+        local.poll_misses = 0
 
     @staticmethod
     def _send(sock: socket.socket, command: bytes) -> None:
@@ -264,7 +304,17 @@ class ScriptRunner:
         if opened is None:
             raise redis.ConnectionError("redis-py gave a connection without a socket")
         local.connection, local.sock, local.buffer = connection, opened, b""
+        local.poll, local.poll_skips, local.poll_misses = self._poller(opened), 0, 0
         return opened
+
+    def _poller(self, sock: socket.socket) -> Any:
+        # Only a plain stdlib socket: a TLS socket may hold decrypted bytes that poll does
+        # not see, and gevent's or eventlet's sockets must yield to other greenlets instead.
+        if self._busy_poll <= 0 or type(sock).__module__ != "socket":
+            return None
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return poller
 
     def _drop_connection(self, _error: BaseException | None = None) -> None:
         local = self._local

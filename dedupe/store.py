@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
+from .config import BUSY_POLL
 from .errors import RedisUnavailable
 from .keys import CallKeys
 from .record import Holder
@@ -71,9 +72,9 @@ class Lease:
 class Store:
     """Every read and write celery-dedupe makes to Redis."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, busy_poll: float = BUSY_POLL) -> None:
         self.client = client
-        self._run = ScriptRunner(client)
+        self._run = ScriptRunner(client, busy_poll)
         self._enqueue = self._register("enqueue")
         self._claim = self._register("claim")
         self._renew = self._register("renew")

@@ -65,6 +65,7 @@ def test_defaults() -> None:
     config = DedupeConfig.from_app(bare_app("redis://cache//"))
     assert (config.key_prefix, config.default_ttl, config.default_lease) == ("dedupe", 3600, 60)
     assert config.on_redis_error == "enqueue"
+    assert config.busy_poll == 100e-6
 
 
 @pytest.mark.parametrize(
@@ -76,6 +77,8 @@ def test_defaults() -> None:
         ("dedupe_default_ttl", 0, "positive"),
         ("dedupe_default_lease", "60", "positive"),
         ("dedupe_redis_options", ["socket_timeout", 1], "mapping"),
+        ("dedupe_busy_poll_us", -1, "0 or more"),
+        ("dedupe_busy_poll_us", "100", "microseconds"),
     ],
 )
 def test_a_bad_setting_is_a_configuration_error_naming_it(
@@ -85,6 +88,26 @@ def test_a_bad_setting_is_a_configuration_error_naming_it(
         DedupeConfig.from_app(bare_app("redis://cache//", **{setting: value}))
     assert setting in str(caught.value)
     assert hint in str(caught.value)
+
+
+def test_dedupe_busy_poll_us_zero_turns_polling_off() -> None:
+    config = DedupeConfig.from_app(bare_app("redis://cache//", dedupe_busy_poll_us=0))
+    assert config.busy_poll == 0
+
+
+def test_the_store_polls_as_long_as_dedupe_busy_poll_us_says(
+    make_app: Callable[..., Celery],
+) -> None:
+    from dedupe.runtime import runtime_of
+
+    app = make_app(dedupe_busy_poll_us=0)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    assert not job.delay(1).deduplicated
+    assert job.delay(1).deduplicated
+    assert runtime_of(app).store._run._busy_poll == 0
 
 
 def test_dedupe_default_ttl_sets_the_life_of_a_queued_record(

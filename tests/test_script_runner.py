@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -160,3 +161,52 @@ def test_each_thread_talks_on_its_own_connection(redis_url: str, redis_client: r
         thread.join()
     client.close()
     assert len(named) == 3
+
+
+# -- polling for a reply before sleeping for it ------------------------------------------------
+
+SLOW = """
+local stop = tonumber(ARGV[1])
+local now = redis.call('TIME')
+local start = now[1] * 1000000 + now[2]
+repeat now = redis.call('TIME') until now[1] * 1000000 + now[2] - start >= stop
+return 'slow'
+"""
+
+
+def test_a_reply_slower_than_the_poll_budget_is_read_all_the_same(client: redis.Redis) -> None:
+    runner = ScriptRunner(client, busy_poll=50e-6)
+    assert run(runner, client, SLOW, 20_000) == b"slow"  # 20 ms: 400 times the budget
+
+
+def test_replies_that_outlast_the_budget_make_a_thread_poll_less_often(
+    client: redis.Redis,
+) -> None:
+    # A budget no fast reply misses, even on a loaded machine, and slow replies ten times it.
+    runner = ScriptRunner(client, busy_poll=0.02)
+    run(runner, client, ECHO, "loaded")  # (the script loaded: polls that are answered)
+    run(runner, client, SLOW, 200_000)
+    assert runner._local.poll_skips == 1  # the next call sleeps at once
+    run(runner, client, SLOW, 200_000)  # (skipped polling)
+    run(runner, client, SLOW, 200_000)
+    assert runner._local.poll_skips == 3  # a second miss in a row: the next three
+    for _ in range(3):
+        run(runner, client, ECHO, "skipped")
+    run(runner, client, ECHO, "polled")  # polled, and answered within the budget
+    assert (runner._local.poll_skips, runner._local.poll_misses) == (0, 0)
+
+
+def test_no_budget_means_no_polling(client: redis.Redis) -> None:
+    runner = ScriptRunner(client, busy_poll=0)
+    assert run(runner, client, ECHO, "asleep") == b"asleep"
+    assert runner._local.poll is None
+
+
+def test_a_socket_of_gevent_eventlet_or_tls_is_never_polled(client: redis.Redis) -> None:
+    class GreenSocket(socket.socket):  # what gevent and eventlet put in socket's place
+        pass
+
+    runner = ScriptRunner(client, busy_poll=100e-6)
+    with GreenSocket() as green, socket.socket() as plain:
+        assert runner._poller(green) is None
+        assert runner._poller(plain) is not None
