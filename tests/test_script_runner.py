@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from dedupe._redis_server import RedisServer
 from dedupe.script_runner import ScriptRunner, _parse, _Push
 
 # -- the reply reader (pure) -------------------------------------------------------------------
@@ -86,9 +87,26 @@ return 1
 """
 
 
+@pytest.fixture(scope="module")
+def own_url(redis_server: RedisServer) -> Iterator[str]:
+    """A Redis of this module's own: its tests kill connections, flush scripts and run
+    scripts that stall the server, which no other test should meet."""
+    private = RedisServer(executable=redis_server.executable)
+    private.start()
+    yield private.url
+    private.close()
+
+
 @pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, retry=Retry(NoBackoff(), 2))
+def own_client(own_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(own_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def client(own_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(own_url, retry=Retry(NoBackoff(), 2))
     yield client
     client.close()
 
@@ -98,10 +116,10 @@ def run(runner: ScriptRunner, client: redis.Redis, source: str, *args: Any) -> A
 
 
 def test_a_script_forgotten_by_the_server_is_loaded_and_run(
-    client: redis.Redis, redis_client: redis.Redis
+    client: redis.Redis, own_client: redis.Redis
 ) -> None:
     runner = ScriptRunner(client)
-    redis_client.script_flush()
+    own_client.script_flush()
     assert run(runner, client, ECHO, "hello") == b"hello"
 
 
@@ -113,36 +131,39 @@ def test_an_error_reply_raises_and_leaves_the_connection_usable(client: redis.Re
 
 
 def test_a_connection_killed_by_the_server_is_replaced_under_the_retry_policy(
-    client: redis.Redis, redis_client: redis.Redis
+    own_url: str, own_client: redis.Redis
 ) -> None:
+    client = redis.Redis.from_url(own_url, client_name="runner-killed", retry=Retry(NoBackoff(), 2))
     runner = ScriptRunner(client)
     assert run(runner, client, ECHO, "before") == b"before"
-    redis_client.client_kill_filter(_type="normal", skipme=True)
+    (mine,) = [c for c in own_client.client_list() if c["name"] == "runner-killed"]
+    own_client.client_kill_filter(_id=mine["id"])  # only this one: the server is shared
     assert run(runner, client, ECHO, "after") == b"after"
+    client.close()
 
 
 def test_a_reply_slower_than_the_socket_timeout_raises_redis_timeout_error(
-    redis_url: str, redis_client: redis.Redis
+    own_url: str, own_client: redis.Redis
 ) -> None:
-    client = redis.Redis.from_url(redis_url, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    client = redis.Redis.from_url(own_url, socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
     runner = ScriptRunner(client)
     with pytest.raises(redis.TimeoutError):
         run(runner, client, SLEEP)
-    redis_client.ping()  # answered once the slow script is done
+    own_client.ping()  # answered once the slow script is done
     assert run(runner, client, ECHO, "next") == b"next"  # on a fresh connection
     client.close()
 
 
-def test_scripts_run_over_a_resp3_connection(redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url, protocol=3)
+def test_scripts_run_over_a_resp3_connection(own_url: str) -> None:
+    client = redis.Redis.from_url(own_url, protocol=3)
     runner = ScriptRunner(client)
     assert run(runner, client, ECHO, "three") == b"three"
     assert run(runner, client, "return 7") == 7
     client.close()
 
 
-def test_each_thread_talks_on_its_own_connection(redis_url: str, redis_client: redis.Redis) -> None:
-    client = redis.Redis.from_url(redis_url, client_name="runner-threads")
+def test_each_thread_talks_on_its_own_connection(own_url: str, own_client: redis.Redis) -> None:
+    client = redis.Redis.from_url(own_url, client_name="runner-threads")
     runner = ScriptRunner(client)
     all_called = threading.Barrier(4)
 
@@ -155,7 +176,7 @@ def test_each_thread_talks_on_its_own_connection(redis_url: str, redis_client: r
     for thread in threads:
         thread.start()
     all_called.wait(timeout=10)
-    named = [c for c in redis_client.client_list() if c["name"] == "runner-threads"]
+    named = [c for c in own_client.client_list() if c["name"] == "runner-threads"]
     all_called.wait(timeout=10)
     for thread in threads:
         thread.join()
