@@ -89,10 +89,7 @@ def duplicate_result(
 ) -> DedupeResult:
     """The result a duplicate call returns: the holder's task, made a DedupeResult at once."""
     result = DedupeResult(holder.task_id, backend=backend, task_name=task_name, app=app)
-    result.deduplicated = True
-    result.keys = keys
-    result.holder = holder
-    result._dedupe_store = store
+    mark_result(result, deduplicated=True, keys=keys, store=store, holder=holder)
     return result
 
 
