@@ -20,6 +20,7 @@ from .errors import (
     DedupeError,
     KeyDerivationError,
     NotInstalled,
+    RecordFormatError,
     RedisUnavailable,
 )
 from .producer import apply_async, lookup, release
@@ -38,6 +39,7 @@ __all__ = [
     "Holder",
     "KeyDerivationError",
     "NotInstalled",
+    "RecordFormatError",
     "RedisUnavailable",
     "aapply_async",
     "alookup",

@@ -14,7 +14,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from .keys import CallKeys
-from .record import Holder
+from .record import Holder, owner_of
 from .store import first_holder, held_by, key_names, script_text, translated
 
 __all__ = ["AsyncStore"]
@@ -60,13 +60,13 @@ class AsyncStore:
     ) -> int:
         with translated("requeue"):
             reply = await self._requeue(
-                keys=[keys.record, keys.run], args=[task_id, token, record, ttl_ms]
+                keys=[keys.record, keys.run], args=[owner_of(task_id), token, record, ttl_ms]
             )
         return int(reply)
 
     async def cancel(self, keys: CallKeys, task_id: str) -> bool:
         with translated("cancel"):
-            return bool(await self._cancel(keys=[keys.record], args=[task_id]))
+            return bool(await self._cancel(keys=[keys.record], args=[owner_of(task_id)]))
 
     async def lookup(self, keys: CallKeys) -> Holder | None:
         names = key_names(keys)

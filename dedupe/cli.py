@@ -21,7 +21,7 @@ import click
 from celery import Celery
 
 from .checks import eviction_risk
-from .errors import DedupeError
+from .errors import DedupeError, RecordFormatError
 from .producer import lookup, release
 from .record import Holder
 from .runtime import install, installed
@@ -57,7 +57,8 @@ def _json(option: str, text: str | None, kind: type) -> Any:
     return value
 
 
-def _scan(app: Celery, task: str | None) -> Iterator[tuple[str, Holder | None]]:
+def _scan(app: Celery, task: str | None) -> Iterator[tuple[str, bytes | None, int]]:
+    """Every key under the prefix (of one task): its name, value (None: gone since) and pttl."""
     runtime = installed(app)
     assert runtime is not None
     prefix = runtime.config.key_prefix
@@ -65,24 +66,22 @@ def _scan(app: Celery, task: str | None) -> Iterator[tuple[str, Holder | None]]:
     client = runtime.store.client
     batch: list[bytes] = []
 
-    def holders(keys: list[bytes]) -> Iterator[tuple[str, Holder | None]]:
+    def values(keys: list[bytes]) -> Iterator[tuple[str, bytes | None, int]]:
         with client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.get(key)
                 pipe.pttl(key)
             replies = pipe.execute()
         for index, key in enumerate(keys):
-            name = key.decode()
-            raw = replies[2 * index]
-            yield name, (Holder.from_raw(name, raw, replies[2 * index + 1]) if raw else None)
+            yield key.decode(), replies[2 * index], replies[2 * index + 1]
 
     for key in client.scan_iter(match=pattern, count=1000):
         batch.append(key)
         if len(batch) == 500:
-            yield from holders(batch)
+            yield from values(batch)
             batch = []
     if batch:
-        yield from holders(batch)
+        yield from values(batch)
 
 
 def _line(holder: Holder) -> str:
@@ -107,13 +106,17 @@ def dedupe() -> None:
 def list_keys(ctx: click.Context, task: str | None, limit: int) -> None:
     """List live keys: state, time to live, holder's task id, key."""
     shown = 0
-    for _name, holder in _scan(_app(ctx), task):
-        if holder is None:
+    for name, raw, pttl in _scan(_app(ctx), task):
+        if raw is None:
             continue
         if shown == limit:
             click.echo("... more (raise --limit)")
             return
-        click.echo(_line(holder))
+        try:
+            click.echo(_line(Holder.from_raw(name, raw, pttl)))
+        except RecordFormatError as exc:
+            # Say so and go on: one stray key must not hide the others.
+            click.echo(f"unknown  {exc}")
         shown += 1
     if not shown:
         click.echo("no live keys" + (f" for {task}" if task else ""))
@@ -177,7 +180,7 @@ def clear(
     what = f"every key of {every_of_task}" if every_of_task else "every dedup key"
     if not yes:
         click.confirm(f"Clear {what}?", abort=True)
-    keys = [name for name, _ in _scan(app, every_of_task)]
+    keys = [name for name, _, _ in _scan(app, every_of_task)]
     runtime = installed(app)
     assert runtime is not None
     for start in range(0, len(keys), 500):

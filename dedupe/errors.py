@@ -8,6 +8,7 @@ __all__ = [
     "DedupeError",
     "KeyDerivationError",
     "NotInstalled",
+    "RecordFormatError",
     "RedisUnavailable",
 ]
 
@@ -64,3 +65,15 @@ class RedisUnavailable(DedupeError):
         self.operation = operation
         self.cause = cause
         super().__init__(f"dedup Redis unavailable during {operation}: {cause!r}")
+
+
+class RecordFormatError(DedupeError, ValueError):
+    """A key under the dedup prefix holds a value that is no celery-dedupe record."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(
+            f"{key} holds no celery-dedupe record (another program's value under the dedup "
+            f"prefix, or a record of an incompatible version): delete the key, or give "
+            f"celery-dedupe a prefix of its own (dedupe_key_prefix)"
+        )

@@ -1,48 +1,86 @@
 """The record stored under a key, and what callers see of it (:class:`Holder`).
 
-One msgpack map per key, decoded by the Lua scripts with ``cmsgpack``. Hence: no bin or ext
-types (``use_bin_type=False``), no None values (cmsgpack drops them), ids as strings (Lua
-numbers are doubles). One-letter field names and whole-second times (4-byte integers, where a
-double takes 8) keep a live key small; the enqueue time stays a double, because it is what
-makes the bytes of each call unique (enqueue.lua tells a re-sent command by its bytes):
+One msgpack array per key, decoded by the Lua scripts with ``cmsgpack``. Hence: no bin or
+ext types (``use_bin_type=False``), no None values, ids as strings (Lua numbers are doubles).
+The state is told by the shape, so no field names and no state field are stored:
 
-====  =======================================================
-i     task id of the owner (the owner token)
-s     ``q`` queued, ``r`` running
-q     enqueue time, unix seconds
-e     eta, whole unix seconds (countdown/eta calls only; dropped when the run starts)
-r     run token: which run of the owner holds the lease
-h, p  worker host and pid of that run
-b     run start time, whole unix seconds
-====  =======================================================
+=======  ==================================================================================
+queued   ``[owner, enqueued_at]``, or ``[owner, enqueued_at, eta]`` for a countdown/eta call
+running  ``[owner, run token, worker host, worker pid, started_at]``
+=======  ==================================================================================
+
+Every byte of value counts: Redis rounds a string's allocation up in 16-byte steps, and a key
+with a TTL already costs ~130 bytes of its own (a 66-character key). So the owner is the task
+id packed to 17 bytes when it is a UUID in its usual text form (36 characters as text);
+``eta`` and ``started_at`` are whole seconds (4-byte integers, where a double takes 8). The
+enqueue time stays a double: it is what makes the bytes of each call unique (enqueue.lua tells
+a re-sent command by its bytes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import msgpack
 
-__all__ = ["Holder", "pack_queued", "pack_running"]
+from .errors import RecordFormatError
+
+__all__ = ["Holder", "owner_of", "pack_queued", "pack_running", "task_id_of"]
 
 # One packer for every record (packb would make a new one per call); msgpack packs under
 # the GIL, so threads can share it.
 _pack = msgpack.Packer(use_bin_type=False, autoreset=True).pack
 
+# Leads a packed UUID. The byte 0xFF never occurs in UTF-8, so no other task id's bytes can
+# start with it: the two forms never meet, and no escaping is needed.
+_UUID = b"\xff"
+_UUID_LENGTH = 1 + 16
+_RUNNING_LENGTH = 5
+_QUEUED_LENGTHS = (2, 3)
+
+
+def owner_of(task_id: str) -> bytes:
+    """The task id as records store it and the scripts compare it.
+
+    >>> owner_of("0b9e4f34-2a8c-4c5e-9d7e-1f2a3b4c5d6e").hex()
+    'ff0b9e4f342a8c4c5e9d7e1f2a3b4c5d6e'
+    >>> owner_of("report-2026-11-23")
+    b'report-2026-11-23'
+    """
+    if len(task_id) == 36 and task_id[8] == task_id[13] == task_id[18] == task_id[23] == "-":
+        digits = task_id.replace("-", "")
+        try:
+            packed = bytes.fromhex(digits)
+        except ValueError:
+            packed = b""
+        # Only the lowercase text form packs: it is the form task_id_of gives back (and
+        # fromhex would also take upper case and spaces).
+        if packed.hex() == digits:
+            return _UUID + packed
+    # surrogatepass: a str Celery carried may hold lone surrogates; they still round-trip.
+    return task_id.encode("utf-8", "surrogatepass")
+
+
+def task_id_of(owner: bytes) -> str:
+    """The task id back from :func:`owner_of`."""
+    if owner[:1] == _UUID and len(owner) == _UUID_LENGTH:
+        digits = owner[1:].hex()
+        return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
+    return owner.decode("utf-8", "surrogatepass")
+
 
 def pack_queued(task_id: str, enqueued_at: float, eta: float | None) -> bytes:
     """The record of a call that was accepted and published."""
     if eta is None:
-        return bytes(_pack({"i": task_id, "s": "q", "q": enqueued_at}))
-    return bytes(_pack({"i": task_id, "s": "q", "q": enqueued_at, "e": int(eta)}))
+        return bytes(_pack((owner_of(task_id), enqueued_at)))
+    return bytes(_pack((owner_of(task_id), enqueued_at, int(eta))))
 
 
 def pack_running(task_id: str, token: str, host: str, pid: int, started_at: float) -> bytes:
-    """The record of a run, as the heartbeat re-creates it when the key was lost."""
-    return bytes(
-        _pack({"i": task_id, "s": "r", "r": token, "h": host, "p": pid, "b": int(started_at)})
-    )
+    """The record of a run, as the heartbeat re-creates it when the key was lost (claim.lua
+    builds the same array)."""
+    return bytes(_pack((owner_of(task_id), token, host, pid, int(started_at))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,30 +93,32 @@ class Holder:
     state: Literal["queued", "running"]
     #: Seconds until the key frees itself if nobody renews or clears it; None if unknown.
     ttl: float | None
+    #: When the call was accepted (queued records only).
     enqueued_at: float | None = None
+    #: When a countdown/eta call may run, whole seconds (queued records only).
     eta: float | None = None
+    #: When the run started, whole seconds (running records only).
     started_at: float | None = None
     #: ``host:pid`` of the worker process running it.
     worker: str | None = None
 
     @classmethod
     def from_raw(cls, key: str, raw: bytes, pttl_ms: int | None) -> Holder:
-        fields = _unpack(raw)
-        get = fields.get
-        host = get("h")
-        pid = get("p")
-        return cls(
-            key,
-            str(fields["i"]),
-            "running" if get("s") == "r" else "queued",
-            pttl_ms / 1000 if pttl_ms is not None and pttl_ms >= 0 else None,
-            get("q"),
-            get("e"),
-            get("b"),
-            f"{host}:{int(pid)}" if host is not None and pid is not None else None,
-        )
-
-
-def _unpack(raw: bytes) -> dict[str, Any]:
-    fields: dict[str, Any] = msgpack.unpackb(raw, raw=False)
-    return fields
+        ttl = pttl_ms / 1000 if pttl_ms is not None and pttl_ms >= 0 else None
+        try:
+            # raw=True: the owner may be a packed UUID, which is no UTF-8.
+            fields = msgpack.unpackb(raw, raw=True, use_list=False)
+            if type(fields) is tuple:
+                if len(fields) == _RUNNING_LENGTH:
+                    owner, _token, host, pid, started_at = fields
+                    worker = f"{host.decode('utf-8', 'surrogateescape')}:{int(pid)}"
+                    return cls(
+                        key, task_id_of(owner), "running", ttl, None, None, started_at, worker
+                    )
+                if len(fields) in _QUEUED_LENGTHS:
+                    eta = fields[2] if len(fields) > 2 else None
+                    return cls(key, task_id_of(fields[0]), "queued", ttl, fields[1], eta)
+        # msgpack's own errors are ValueErrors; a field of the wrong type fails to decode.
+        except (ValueError, TypeError, AttributeError):
+            pass
+        raise RecordFormatError(key)

@@ -21,7 +21,7 @@ from redis.commands.core import Script
 from .config import BUSY_POLL
 from .errors import RedisUnavailable
 from .keys import CallKeys
-from .record import Holder
+from .record import Holder, owner_of
 from .script_runner import ScriptRunner
 
 __all__ = [
@@ -104,7 +104,9 @@ class Store:
         """Start a run. None: claimed; a Holder: another run is live on the key."""
         with translated("claim"):
             reply = self._run(
-                self._claim, [keys.record, keys.run], [task_id, token, lease_ms, host, pid, now]
+                self._claim,
+                [keys.record, keys.run],
+                [owner_of(task_id), token, lease_ms, host, pid, now],
             )
         return held_by(keys.run, reply)
 
@@ -113,7 +115,7 @@ class Store:
         with translated("renew"):
             if len(leases) == 1:
                 lease = leases[0]
-                args = [lease.task_id, lease.token, lease.lease_ms, lease.record]
+                args = [owner_of(lease.task_id), lease.token, lease.lease_ms, lease.record]
                 return [int(self._run(self._renew, [lease.key], args))]
             with self.client.pipeline(transaction=False) as pipe:
                 for lease in leases:
@@ -123,7 +125,7 @@ class Store:
     def _renew_one(self, lease: Lease, client: Any) -> Any:
         return self._renew(
             keys=[lease.key],
-            args=[lease.task_id, lease.token, lease.lease_ms, lease.record],
+            args=[owner_of(lease.task_id), lease.token, lease.lease_ms, lease.record],
             client=client,
         )
 
@@ -131,24 +133,30 @@ class Store:
         """Put a continuing task id back to queued: 1 done, 0 or 2 left to its holder."""
         with translated("requeue"):
             return int(
-                self._run(self._requeue, [keys.record, keys.run], [task_id, token, record, ttl_ms])
+                self._run(
+                    self._requeue,
+                    [keys.record, keys.run],
+                    [owner_of(task_id), token, record, ttl_ms],
+                )
             )
 
     def release(self, keys: CallKeys, task_id: str, token: str = "") -> int:
         """Delete what this task id (and run, when a token is given) holds; returns the count."""
         with translated("release"):
-            return int(self._run(self._release, [keys.record, keys.run], [task_id, token]))
+            return int(
+                self._run(self._release, [keys.record, keys.run], [owner_of(task_id), token])
+            )
 
     def release_soon(self, keys: CallKeys, task_id: str, token: str) -> None:
         """:meth:`release`, without waiting for the reply: the end of a run, whose worker
         goes on to its next task at once (the reply is read before that thread's next call)."""
         with translated("release"):
-            self._run.send(self._release, [keys.record, keys.run], [task_id, token])
+            self._run.send(self._release, [keys.record, keys.run], [owner_of(task_id), token])
 
     def cancel(self, keys: CallKeys, task_id: str) -> bool:
         """Delete this task id's record if it is still queued (never a running one)."""
         with translated("cancel"):
-            return bool(self._run(self._cancel, [keys.record], [task_id]))
+            return bool(self._run(self._cancel, [keys.record], [owner_of(task_id)]))
 
     def lookup(self, keys: CallKeys) -> Holder | None:
         """The holder of a call's keys: the queued record first, else the running one."""

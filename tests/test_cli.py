@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from celery.bin.base import CLIContext
 from click.testing import CliRunner
@@ -53,6 +54,18 @@ def test_list_can_be_limited_to_one_task(cli: Any, job: Any, app: Celery) -> Non
 
 def test_list_says_when_there_is_nothing(cli: Any) -> None:
     assert "no live keys" in cli("list").output
+
+
+def test_list_reports_a_value_that_is_no_record_and_goes_on(
+    cli: Any, job: Any, app: Celery, redis_client: redis.Redis
+) -> None:
+    held = job.delay(1)
+    stray = f"{app.conf.dedupe_key_prefix}:{{other.program:1}}"
+    redis_client.set(stray, b"not ours")
+    result = cli("list")
+    assert result.exit_code == 0
+    assert f"unknown  {stray} holds no celery-dedupe record" in result.output
+    assert held.id in result.output
 
 
 def test_show_finds_the_holder_of_a_call_spelled_any_way(cli: Any, job: Any) -> None:

@@ -7,6 +7,7 @@ on its own.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 
 import msgpack
@@ -15,8 +16,9 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dedupe.keys import CallKeys
-from dedupe.record import pack_queued, pack_running
+from dedupe.keys import CallKeys, call_keys
+from dedupe.record import pack_queued, pack_running, task_id_of
+from dedupe.run import new_token
 from dedupe.store import Lease, Store
 
 LEASE_MS = 5_000
@@ -45,8 +47,25 @@ def started(request: pytest.FixtureRequest) -> CallKeys:
 
 
 def record(store: Store, key: str) -> dict[str, object] | None:
+    """The record at ``key``, its fields named (the arrays are laid out in dedupe/record.py)."""
     raw = store.client.get(key)
-    return None if raw is None else msgpack.unpackb(raw, raw=False)
+    if raw is None:
+        return None
+    fields = msgpack.unpackb(raw, raw=True)
+    if len(fields) == 5:
+        owner, token, host, pid, started_at = fields
+        return {
+            "id": task_id_of(owner),
+            "state": "running",
+            "token": token.decode(),
+            "host": host.decode(),
+            "pid": pid,
+            "started_at": started_at,
+        }
+    named = {"id": task_id_of(fields[0]), "state": "queued", "enqueued_at": fields[1]}
+    if len(fields) == 3:
+        named["eta"] = fields[2]
+    return named
 
 
 def enqueue(store: Store, keys: CallKeys, task_id: str) -> bytes:
@@ -56,7 +75,7 @@ def enqueue(store: Store, keys: CallKeys, task_id: str) -> bytes:
 
 
 def claim(store: Store, keys: CallKeys, task_id: str, token: str) -> object:
-    return store.claim(keys, task_id, token, LEASE_MS, "host", 7, time.time())
+    return store.claim(keys, task_id, token, LEASE_MS, "host", 7, int(time.time()))
 
 
 def lease(keys: CallKeys, task_id: str, token: str) -> Lease:
@@ -69,9 +88,9 @@ def lease(keys: CallKeys, task_id: str, token: str) -> Lease:
 def test_enqueue_creates_a_queued_record_with_its_ttl(store: Store, finished: CallKeys) -> None:
     enqueue(store, finished, "A")
     assert record(store, finished.record) == {
-        "i": "A",
-        "s": "q",
-        "q": pytest.approx(time.time(), abs=5),
+        "id": "A",
+        "state": "queued",
+        "enqueued_at": pytest.approx(time.time(), abs=5),
     }
     assert 55_000 < store.client.pttl(finished.record) <= TTL_MS
 
@@ -83,7 +102,7 @@ def test_enqueue_reports_the_holder_of_a_live_key(store: Store, finished: CallKe
     assert (holder.task_id, holder.state) == ("A", "queued")
     assert holder.ttl is not None
     assert 55 < holder.ttl <= 60
-    assert record(store, finished.record)["i"] == "A"  # type: ignore[index]
+    assert record(store, finished.record)["id"] == "A"  # type: ignore[index]
 
 
 def test_enqueue_accepts_its_own_command_sent_again(store: Store, finished: CallKeys) -> None:
@@ -111,14 +130,14 @@ def test_claim_turns_the_callers_queued_record_into_a_running_lease(
     assert claim(store, finished, "A", "t1") is None
     found = record(store, finished.record)
     assert found is not None
-    assert (found["i"], found["s"], found["r"], found["h"], found["p"]) == (
+    assert (found["id"], found["state"], found["token"], found["host"], found["pid"]) == (
         "A",
-        "r",
+        "running",
         "t1",
         "host",
         7,
     )
-    assert "q" in found  # the enqueue time is kept
+    assert found["started_at"] == pytest.approx(time.time(), abs=5)
     assert 4_000 < store.client.pttl(finished.record) <= LEASE_MS
 
 
@@ -126,7 +145,7 @@ def test_claim_of_an_absent_key_runs_a_message_that_bypassed_the_producer(
     store: Store, finished: CallKeys
 ) -> None:
     assert claim(store, finished, "A", "t1") is None
-    assert record(store, finished.record)["s"] == "r"  # type: ignore[index]
+    assert record(store, finished.record)["state"] == "running"  # type: ignore[index]
 
 
 def test_claim_is_held_by_another_calls_queued_record(store: Store, finished: CallKeys) -> None:
@@ -151,7 +170,7 @@ def test_claim_is_held_by_another_run_of_the_same_task_id(store: Store, finished
     claim(store, finished, "A", "t0")
     holder = claim(store, finished, "A", "t1")
     assert holder is not None
-    assert record(store, finished.record)["r"] == "t0"  # type: ignore[index]
+    assert record(store, finished.record)["token"] == "t0"  # type: ignore[index]
 
 
 def test_claim_accepts_its_own_command_sent_again(store: Store, finished: CallKeys) -> None:
@@ -165,7 +184,7 @@ def test_claim_in_started_mode_frees_the_queued_record_for_the_next_call(
     enqueue(store, started, "A")
     assert claim(store, started, "A", "t1") is None
     assert record(store, started.record) is None
-    assert record(store, started.run)["i"] == "A"  # type: ignore[index]
+    assert record(store, started.run)["id"] == "A"  # type: ignore[index]
 
 
 def test_claim_in_started_mode_leaves_a_newer_calls_queued_record(
@@ -174,15 +193,15 @@ def test_claim_in_started_mode_leaves_a_newer_calls_queued_record(
     # With unique_until="started" the queued record only dedups calls; the run lock decides.
     enqueue(store, started, "B")
     assert claim(store, started, "A", "t1") is None
-    assert record(store, started.record)["i"] == "B"  # type: ignore[index]
-    assert record(store, started.run)["i"] == "A"  # type: ignore[index]
+    assert record(store, started.record)["id"] == "B"  # type: ignore[index]
+    assert record(store, started.run)["id"] == "A"  # type: ignore[index]
 
 
 def test_claim_in_started_mode_is_held_by_the_run_lock(store: Store, started: CallKeys) -> None:
     claim(store, started, "A", "t0")
     enqueue(store, started, "B")
     assert claim(store, started, "B", "t1") is not None
-    assert record(store, started.record)["i"] == "B"  # type: ignore[index]
+    assert record(store, started.record)["id"] == "B"  # type: ignore[index]
 
 
 # -- renew --------------------------------------------------------------------------------------
@@ -201,7 +220,7 @@ def test_renew_recreates_a_key_that_redis_lost(store: Store, finished: CallKeys)
     assert store.renew([lease(finished, "A", "t1")]) == [2]
     found = record(store, finished.run)
     assert found is not None
-    assert (found["i"], found["s"], found["r"]) == ("A", "r", "t1")
+    assert (found["id"], found["state"], found["token"]) == ("A", "running", "t1")
 
 
 def test_renew_leaves_another_tasks_key_alone(store: Store, finished: CallKeys) -> None:
@@ -224,7 +243,7 @@ def test_renew_stops_at_a_record_put_back_to_queued(store: Store, finished: Call
     claim(store, finished, "A", "t1")
     store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS)
     assert store.renew([lease(finished, "A", "t1")]) == [0]
-    assert record(store, finished.record)["s"] == "q"  # type: ignore[index]
+    assert record(store, finished.record)["state"] == "queued"  # type: ignore[index]
 
 
 def test_renew_of_several_leases_is_one_pipeline(store: Store, finished: CallKeys) -> None:
@@ -242,19 +261,19 @@ def test_requeue_puts_its_run_back_to_queued_with_the_new_ttl(
 ) -> None:
     claim(store, finished, "A", "t1")
     assert store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS) == 1
-    assert record(store, finished.record)["s"] == "q"  # type: ignore[index]
+    assert record(store, finished.record)["state"] == "queued"  # type: ignore[index]
     assert store.client.pttl(finished.record) > 55_000
 
 
 def test_requeue_recreates_a_lapsed_record(store: Store, finished: CallKeys) -> None:
     assert store.requeue(finished, "A", "", pack_queued("A", time.time(), None), TTL_MS) == 1
-    assert record(store, finished.record)["i"] == "A"  # type: ignore[index]
+    assert record(store, finished.record)["id"] == "A"  # type: ignore[index]
 
 
 def test_requeue_leaves_another_tasks_record_alone(store: Store, finished: CallKeys) -> None:
     claim(store, finished, "B", "t0")
     assert store.requeue(finished, "A", "", pack_queued("A", time.time(), None), TTL_MS) == 0
-    assert record(store, finished.record)["i"] == "B"  # type: ignore[index]
+    assert record(store, finished.record)["id"] == "B"  # type: ignore[index]
 
 
 def test_requeue_leaves_a_live_copy_of_the_same_task_id_running(
@@ -262,7 +281,7 @@ def test_requeue_leaves_a_live_copy_of_the_same_task_id_running(
 ) -> None:
     claim(store, finished, "A", "t0")
     assert store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS) == 2
-    assert record(store, finished.record)["r"] == "t0"  # type: ignore[index]
+    assert record(store, finished.record)["token"] == "t0"  # type: ignore[index]
 
 
 def test_requeue_without_a_token_speaks_for_any_run_of_its_task_id(
@@ -271,14 +290,14 @@ def test_requeue_without_a_token_speaks_for_any_run_of_its_task_id(
     # The worker's main process, after the child that ran the task died.
     claim(store, finished, "A", "t0")
     assert store.requeue(finished, "A", "", pack_queued("A", time.time(), None), TTL_MS) == 1
-    assert record(store, finished.record)["s"] == "q"  # type: ignore[index]
+    assert record(store, finished.record)["state"] == "queued"  # type: ignore[index]
 
 
 def test_requeue_in_started_mode_frees_the_run_lock(store: Store, started: CallKeys) -> None:
     claim(store, started, "A", "t1")
     assert store.requeue(started, "A", "t1", pack_queued("A", time.time(), None), TTL_MS) == 1
     assert record(store, started.run) is None
-    assert record(store, started.record)["i"] == "A"  # type: ignore[index]
+    assert record(store, started.record)["id"] == "A"  # type: ignore[index]
 
 
 # -- release and cancel -------------------------------------------------------------------------
@@ -294,7 +313,7 @@ def test_release_never_deletes_another_tasks_key(store: Store, finished: CallKey
     claim(store, finished, "B", "t0")
     assert store.release(finished, "A") == 0
     assert store.release(finished, "A", "t0") == 0
-    assert record(store, finished.record)["i"] == "B"  # type: ignore[index]
+    assert record(store, finished.record)["id"] == "B"  # type: ignore[index]
 
 
 def test_release_never_deletes_another_run_of_the_same_task_id(
@@ -302,7 +321,7 @@ def test_release_never_deletes_another_run_of_the_same_task_id(
 ) -> None:
     claim(store, finished, "A", "t0")
     assert store.release(finished, "A", "stale") == 0
-    assert record(store, finished.record)["r"] == "t0"  # type: ignore[index]
+    assert record(store, finished.record)["token"] == "t0"  # type: ignore[index]
 
 
 def test_release_without_a_token_deletes_whatever_its_task_id_holds(
@@ -323,13 +342,59 @@ def test_cancel_deletes_its_queued_record(store: Store, finished: CallKeys) -> N
 def test_cancel_never_deletes_a_running_record(store: Store, finished: CallKeys) -> None:
     claim(store, finished, "A", "t1")
     assert store.cancel(finished, "A") is False
-    assert record(store, finished.record)["s"] == "r"  # type: ignore[index]
+    assert record(store, finished.record)["state"] == "running"  # type: ignore[index]
 
 
 def test_cancel_never_deletes_another_tasks_record(store: Store, finished: CallKeys) -> None:
     enqueue(store, finished, "B")
     assert store.cancel(finished, "A") is False
-    assert record(store, finished.record)["i"] == "B"  # type: ignore[index]
+    assert record(store, finished.record)["id"] == "B"  # type: ignore[index]
+
+
+# -- records of Celery's own task ids (UUIDs, stored packed) -----------------------------------
+
+
+def test_a_uuid_task_id_is_recognised_by_every_transition(store: Store, finished: CallKeys) -> None:
+    task_id = str(uuid.uuid4())
+    enqueue(store, finished, task_id)
+    assert claim(store, finished, task_id, "t1") is None
+    queued = pack_queued(task_id, time.time(), None)
+    assert store.requeue(finished, task_id, "t1", queued, TTL_MS) == 1
+    assert claim(store, finished, task_id, "t2") is None
+    assert store.renew([lease(finished, task_id, "t2")]) == [1]
+    assert record(store, finished.record)["id"] == task_id  # type: ignore[index]
+    assert store.release(finished, task_id, "t2") == 1
+
+
+def test_a_uuid_in_upper_case_is_another_owner_than_its_lower_case_form(
+    store: Store, finished: CallKeys
+) -> None:
+    task_id = str(uuid.uuid4())
+    claim(store, finished, task_id, "t1")
+    assert store.release(finished, task_id.upper()) == 0
+    holder = claim(store, finished, task_id.upper(), "t1")
+    assert holder is not None
+    assert holder.task_id == task_id  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("state", ["queued", "running"])
+def test_a_record_with_typical_names_takes_at_most_200_bytes_of_redis_memory(
+    store: Store, state: str
+) -> None:
+    # A backlog of queued calls, and a fleet of runs, is this many bytes per key.
+    digest = uuid.uuid4().hex
+    keys = call_keys("dedupe", "proj.tasks.sync_customer", digest, separate_run_lock=False)
+    task_id = str(uuid.uuid4())
+    enqueue(store, keys, task_id)
+    if state == "running":
+        host = "ip-10-0-12-34.ec2.internal"
+        now = int(time.time())
+        assert store.claim(keys, task_id, new_token(), LEASE_MS, host, 123456, now) is None
+    try:
+        assert record(store, keys.record)["state"] == state  # type: ignore[index]
+        assert store.client.memory_usage(keys.record) <= 200
+    finally:
+        store.clear(keys)
 
 
 # -- lookup and clear ---------------------------------------------------------------------------

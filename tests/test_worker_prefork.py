@@ -10,7 +10,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -350,6 +350,26 @@ def test_a_message_from_an_app_without_dedupe_installed_is_skipped_by_the_guard(
     assert [run[0] for run in worker_app.runlog(tag).runs()] == [first.id]
 
 
+def watch_deletes(client: redis.Redis, key: str) -> Callable[[], int]:
+    """Start counting the DELs of ``key`` (keyspace notifications); returns the counter."""
+    client.config_set("notify-keyspace-events", "Kg")
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    watcher = client.pubsub()
+    watcher.subscribe(f"__keyspace@{db}__:{key}")
+    confirmed = watcher.get_message(timeout=5)
+    assert confirmed is not None
+    assert confirmed["type"] == "subscribe"  # counting from here on
+
+    def count() -> int:
+        events = []
+        while (message := watcher.get_message(timeout=0.2)) is not None:
+            events.append(message["data"])
+        watcher.close()
+        return events.count(b"del")
+
+    return count
+
+
 def test_a_paused_worker_past_its_lease_cannot_release_or_renew_the_new_holders_key(
     worker_app: Any, tag: str, redis_client: redis.Redis, prefork_worker: WorkerProcess
 ) -> None:
@@ -368,22 +388,26 @@ def test_a_paused_worker_past_its_lease_cannot_release_or_renew_the_new_holders_
         wait_for(lambda: by_tag(1.5) is None, timeout=worker_app.LEASE + 2, message="lease lapsed")
         fresh = sleepy.apply_async((tag, 6), unique_on=("tag",))
         assert fresh.deduplicated is False
-        wait_for(
-            lambda: (h := by_tag(6)) and h.task_id == fresh.id and h.state == "running",
+        running = wait_for(
+            lambda: (h := by_tag(6)) and h.task_id == fresh.id and h.state == "running" and h,
             message="new holder running",
         )
+        deletes = watch_deletes(redis_client, running.key)
     finally:
         os.kill(pid, signal.SIGCONT)
-    stale.get(timeout=10)
-    # The result is stored before the run's release: give a wrongful release time to
-    # happen, and the new holder's heartbeat time to notice it.
-    time.sleep(worker_app.LEASE)
+    try:
+        stale.get(timeout=10)
+        # The result is stored before the run's release: give a wrongful release time to
+        # happen, and the new holder's heartbeat time to notice it.
+        time.sleep(worker_app.LEASE)
+        # The stale run's release was refused: nothing deleted the new holder's record (which
+        # its heartbeat would have re-created).
+        assert deletes() == 0
+    finally:
+        redis_client.config_set("notify-keyspace-events", "")
     current = by_tag(6)
-    # The stale run's release was refused: the new holder's record is the one it claimed
-    # (it still carries its enqueue time), not one its heartbeat had to re-create.
     assert current is not None
     assert current.task_id == fresh.id
-    assert current.enqueued_at is not None
     log = prefork_worker.tail(50000)
     assert f"re-created {current.key}" not in log
     # The stale run's heartbeat found another owner and stopped renewing.

@@ -1,5 +1,8 @@
 -- Prepended to every script when it is loaded (see dedupe/store.py).
--- A record is a msgpack map (fields documented in dedupe/record.py).
+-- A record is a msgpack array (see dedupe/record.py), its state told by its shape:
+--   queued   {owner, enqueued_at[, eta]}
+--   running  {owner, run token, worker host, worker pid, started_at}
+-- The owner is the task id as dedupe.record.owner_of packs it; scripts get it packed too.
 
 -- Returns the decoded record stored at key and its raw bytes, or nil when the key is absent.
 local function load_record(key)
@@ -8,6 +11,14 @@ local function load_record(key)
     return nil, nil
   end
   return cmsgpack.unpack(raw), raw
+end
+
+-- The run token of a running record; nil for a queued one.
+local function run_token(rec)
+  if #rec == 5 then
+    return rec[2]
+  end
+  return nil
 end
 
 -- The answer of a script refused because key is held: "<pttl>:<record>", one bulk string

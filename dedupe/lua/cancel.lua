@@ -2,13 +2,13 @@
 -- was revoked through the result the producer got.
 --
 -- KEYS[1]  record key
--- ARGV[1]  task id
+-- ARGV[1]  owner (packed task id)
 --
 -- Returns 1 if the queued record was deleted, else 0. A running record is never touched: a
 -- revoke without terminate does not stop a run that started, and the run frees its key when
 -- it ends (task_revoked, or the lease).
 local rec = load_record(KEYS[1])
-if rec and rec['i'] == ARGV[1] and rec['s'] == 'q' then
+if rec and rec[1] == ARGV[1] and not run_token(rec) then
   return redis.call('DEL', KEYS[1])
 end
 return 0

@@ -3,7 +3,7 @@
 -- KEYS[1]  record key
 -- KEYS[2]  run key: equal to KEYS[1] with unique_until="finished"; the separate run lock
 --          with unique_until="started", whose queued record is released as the run starts
--- ARGV[1]  task id
+-- ARGV[1]  owner (packed task id)
 -- ARGV[2]  run token (tells this run from a redelivered copy of the same task id)
 -- ARGV[3]  lease, ms
 -- ARGV[4]  worker host
@@ -19,19 +19,18 @@
 -- to callers as the holder of this call, so it must run, and this run is the one guarded.
 local id, token = ARGV[1], ARGV[2]
 local run, raw = load_record(KEYS[2])
-if run and (run['i'] ~= id or (run['s'] == 'r' and run['r'] ~= token)) then
-  return held(KEYS[2], raw)
+if run then
+  local running = run_token(run)
+  if run[1] ~= id or (running and running ~= token) then
+    return held(KEYS[2], raw)
+  end
 end
-local rec = {i = id, s = 'r', r = token, h = ARGV[4], p = tonumber(ARGV[5]), b = tonumber(ARGV[6])}
-local queued = run
 if KEYS[1] ~= KEYS[2] then
-  queued = load_record(KEYS[1])
-  if queued and queued['i'] == id then
+  local queued = load_record(KEYS[1])
+  if queued and queued[1] == id then
     redis.call('DEL', KEYS[1])
   end
 end
-if queued and queued['i'] == id then
-  rec['q'] = queued['q']
-end
+local rec = {id, token, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])}
 redis.call('SET', KEYS[2], cmsgpack.pack(rec), 'PX', ARGV[3])
 return 1

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  record key
 -- KEYS[2]  run key (may equal KEYS[1])
--- ARGV[1]  task id
+-- ARGV[1]  owner (packed task id)
 -- ARGV[2]  run token of the run that ends; "" to release whatever this task id holds
 --          (a publish that failed, a revoke, a lost worker child)
 --
@@ -13,7 +13,7 @@ local id, token = ARGV[1], ARGV[2]
 local deleted = 0
 local function release(key)
   local rec = load_record(key)
-  if rec and rec['i'] == id and (token == '' or rec['r'] == token) then
+  if rec and rec[1] == id and (token == '' or run_token(rec) == token) then
     deleted = deleted + redis.call('DEL', key)
   end
 end

@@ -1,7 +1,7 @@
 -- renew: the heartbeat of a run extends its lease (running -> running).
 --
 -- KEYS[1]  run key
--- ARGV[1]  task id
+-- ARGV[1]  owner (packed task id)
 -- ARGV[2]  run token
 -- ARGV[3]  lease, ms
 -- ARGV[4]  the running record, msgpack, to re-create a key that is gone
@@ -15,7 +15,7 @@ if not rec then
   redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[3])
   return 2
 end
-if rec['s'] == 'r' and rec['i'] == ARGV[1] and rec['r'] == ARGV[2] then
+if rec[1] == ARGV[1] and run_token(rec) == ARGV[2] then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return 1
 end

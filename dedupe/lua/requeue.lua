@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  record key
 -- KEYS[2]  run key (equal to KEYS[1] with unique_until="finished")
--- ARGV[1]  task id
+-- ARGV[1]  owner (packed task id)
 -- ARGV[2]  run token of the run that continues; "" when the caller is no run (the worker's
 --          main process after losing the child) and speaks for every run of this task id
 -- ARGV[3]  the queued record, msgpack
@@ -16,15 +16,16 @@
 local id, token = ARGV[1], ARGV[2]
 if KEYS[1] ~= KEYS[2] then
   local run = load_record(KEYS[2])
-  if run and run['i'] == id and (token == '' or run['r'] == token) then
+  if run and run[1] == id and (token == '' or run_token(run) == token) then
     redis.call('DEL', KEYS[2])
   end
 end
 local rec = load_record(KEYS[1])
-if rec and rec['i'] ~= id then
+if rec and rec[1] ~= id then
   return 0
 end
-if rec and rec['s'] == 'r' and token ~= '' and rec['r'] ~= token then
+local running = rec and run_token(rec)
+if running and token ~= '' and running ~= token then
   return 2
 end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
