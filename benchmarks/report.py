@@ -10,6 +10,7 @@ from typing import Any
 
 from ._env import Timings
 from .enqueue import PLAIN, ROUND_TRIP
+from .scale import HOST
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -113,7 +114,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
             "|---|---:|---|",
             f"| queued record (MEMORY USAGE) | {usage['queued']} | "
             f"{verdict('memory per live key', usage['queued'])} |",
-            f"| running record, 25-character host name (MEMORY USAGE) | "
+            f"| running record, {len(HOST)}-character host name (MEMORY USAGE) | "
             f"{usage['running']} | {verdict('memory per live key', usage['running'])} |",
             f"| used_memory / live keys, at the largest size | "
             f"{scale['used_memory per key']:.0f} | |",

@@ -79,6 +79,11 @@ def run(broker_url: str, sizes: tuple[int, ...], calls: int) -> dict[str, object
     return results
 
 
+#: A typical worker: an EC2 host name, and a pid past 65535 (4 bytes packed, as on hosts
+#: whose pid_max is the 4194304 of modern Linux).
+HOST, PID = "ip-10-0-12-34.ec2.internal", 1_234_567
+
+
 def _memory_usage(client: redis.Redis) -> dict[str, int]:
     """MEMORY USAGE of one queued and one running record, with typical names."""
     store = Store(client)
@@ -88,8 +93,6 @@ def _memory_usage(client: redis.Redis) -> dict[str, int]:
     task_id = str(uuid.uuid4())
     store.enqueue(keys, task_id, pack_queued(task_id, time.time(), None), 3_600_000)
     queued = int(client.memory_usage(keys.record) or 0)
-    store.claim(
-        keys, task_id, "0123456789ab", 60_000, "ip-10-0-12-34.ec2.internal", 12345, int(time.time())
-    )
+    store.claim(keys, task_id, "0123456789ab", 60_000, HOST, PID, int(time.time()))
     running = int(client.memory_usage(keys.record) or 0)
     return {"queued": queued, "running": running}
