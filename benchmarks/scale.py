@@ -36,13 +36,13 @@ def run(broker_url: str, sizes: tuple[int, ...], calls: int) -> dict[str, object
         record = pack_queued(str(uuid.uuid4()), time.time(), None)
         prefix = "dedupe:{bench.fill:"
         held = call_keys("dedupe", "bench.scale", "f" * 32, separate_run_lock=False)
-        store.enqueue(held, "holder", pack_queued("holder", time.time(), None), 3_600_000)
+        store.enqueue(held, pack_queued("holder", time.time(), None), 3_600_000)
         counter = [0]
 
         def accepted(_: int) -> None:
             counter[0] += 1
             keys = call_keys("dedupe", "bench.scale", f"{counter[0]:032x}", separate_run_lock=False)
-            store.enqueue(keys, "t", record, 3_600_000)
+            store.enqueue(keys, record, 3_600_000)
 
         def clear_accepted() -> None:
             names = list(client.scan_iter(match="dedupe:{bench.scale:0*", count=10_000))
@@ -60,7 +60,7 @@ def run(broker_url: str, sizes: tuple[int, ...], calls: int) -> dict[str, object
         variants: dict[str, Variant] = {
             "ping": (ping, None),
             "accepted": (accepted, clear_accepted),
-            "duplicate": (lambda _: store.enqueue(held, "other", record, 3_600_000), None),
+            "duplicate": (lambda _: store.enqueue(held, record, 3_600_000), None),
         }
         interleaved(variants, 3, calls)  # warm up
         filled = 0
@@ -91,7 +91,7 @@ def _memory_usage(client: redis.Redis) -> dict[str, int]:
         "dedupe", "proj.tasks.sync_customer", uuid.uuid4().hex, separate_run_lock=False
     )
     task_id = str(uuid.uuid4())
-    store.enqueue(keys, task_id, pack_queued(task_id, time.time(), None), 3_600_000)
+    store.enqueue(keys, pack_queued(task_id, time.time(), None), 3_600_000)
     queued = int(client.memory_usage(keys.record) or 0)
     store.claim(keys, task_id, "0123456789ab", 60_000, HOST, PID, int(time.time()))
     running = int(client.memory_usage(keys.record) or 0)

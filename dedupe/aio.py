@@ -69,7 +69,7 @@ async def _decide(plan: Plan) -> AsyncResult[Any]:
             plan.requeue_failed(exc)
         return await _publish_or_cancel(plan)
     try:
-        holder = await store.enqueue(plan.keys, plan.task_id, plan.record, plan.ttl_ms)
+        holder = await store.enqueue(plan.keys, plan.record, plan.ttl_ms)
     except RedisUnavailable as exc:
         plan.enqueue_failed(exc)
         return await asyncio.to_thread(plan.publish)

@@ -48,11 +48,9 @@ class AsyncStore:
         pool = redis.asyncio.BlockingConnectionPool.from_url(url, retry=retry, **settings)
         return cls(redis.asyncio.Redis(connection_pool=pool))
 
-    async def enqueue(
-        self, keys: CallKeys, task_id: str, record: bytes, ttl_ms: int
-    ) -> Holder | None:
+    async def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
         with translated("enqueue"):
-            reply = await self._enqueue(keys=[keys.record], args=[task_id, record, ttl_ms])
+            reply = await self._enqueue(keys=[keys.record], args=[record, ttl_ms])
         return held_by(keys.record, reply)
 
     async def requeue(

@@ -59,7 +59,7 @@ def publish_unique(
             plan.requeue_failed(exc)
         return _publish_or_cancel(plan)
     try:
-        holder = store.enqueue(plan.keys, plan.task_id, plan.record, plan.ttl_ms)
+        holder = store.enqueue(plan.keys, plan.record, plan.ttl_ms)
     except RedisUnavailable as exc:
         plan.enqueue_failed(exc)
         return plan.publish()

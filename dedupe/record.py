@@ -38,6 +38,7 @@ _UUID = b"\xff"
 _UUID_LENGTH = 1 + 16
 _RUNNING_LENGTH = 5
 _QUEUED_LENGTHS = (2, 3)
+_NUMBERS = (int, float)
 
 
 def owner_of(task_id: str) -> bytes:
@@ -54,9 +55,10 @@ def owner_of(task_id: str) -> bytes:
             packed = bytes.fromhex(digits)
         except ValueError:
             packed = b""
-        # Only the lowercase text form packs: it is the form task_id_of gives back (and
-        # fromhex would also take upper case and spaces).
-        if packed.hex() == digits:
+        # Only the lowercase text form with exactly those four dashes packs: it is the form
+        # task_id_of gives back (fromhex would also take upper case and spaces, and more
+        # dashes would pack shorter).
+        if len(packed) == 16 and packed.hex() == digits:
             return _UUID + packed
     # surrogatepass: a str Celery carried may hold lone surrogates; they still round-trip.
     return task_id.encode("utf-8", "surrogatepass")
@@ -104,21 +106,35 @@ class Holder:
 
     @classmethod
     def from_raw(cls, key: str, raw: bytes, pttl_ms: int | None) -> Holder:
+        """Read a record (raises :class:`RecordFormatError` for any value that is none)."""
         ttl = pttl_ms / 1000 if pttl_ms is not None and pttl_ms >= 0 else None
         try:
             # raw=True: the owner may be a packed UUID, which is no UTF-8.
             fields = msgpack.unpackb(raw, raw=True, use_list=False)
-            if type(fields) is tuple:
-                if len(fields) == _RUNNING_LENGTH:
-                    owner, _token, host, pid, started_at = fields
-                    worker = f"{host.decode('utf-8', 'surrogateescape')}:{int(pid)}"
-                    return cls(
-                        key, task_id_of(owner), "running", ttl, None, None, started_at, worker
-                    )
-                if len(fields) in _QUEUED_LENGTHS:
-                    eta = fields[2] if len(fields) > 2 else None
-                    return cls(key, task_id_of(fields[0]), "queued", ttl, fields[1], eta)
-        # msgpack's own errors are ValueErrors; a field of the wrong type fails to decode.
-        except (ValueError, TypeError, AttributeError):
+            # A value of another program can parse as well: every field's type is checked,
+            # so what callers get (and the CLI prints) is a real record.
+            if type(fields) is tuple and len(fields) == _RUNNING_LENGTH:
+                owner, token, host, pid, started_at = fields
+                if (
+                    type(owner) is bytes
+                    and type(token) is bytes
+                    and type(host) is bytes
+                    and type(pid) is int
+                    and type(started_at) in _NUMBERS
+                ):
+                    worker = f"{host.decode('utf-8', 'surrogateescape')}:{pid}"
+                    task_id = task_id_of(owner)
+                    return cls(key, task_id, "running", ttl, None, None, started_at, worker)
+            elif type(fields) is tuple and len(fields) in _QUEUED_LENGTHS:
+                owner, enqueued_at, *rest = fields
+                eta = rest[0] if rest else None
+                if (
+                    type(owner) is bytes
+                    and type(enqueued_at) in _NUMBERS
+                    and (eta is None or type(eta) in _NUMBERS)
+                ):
+                    return cls(key, task_id_of(owner), "queued", ttl, enqueued_at, eta)
+        # msgpack's own errors, and an owner that is no UTF-8, are ValueErrors.
+        except ValueError:
             pass
         raise RecordFormatError(key)

@@ -85,10 +85,10 @@ class Store:
     def _register(self, name: str) -> Script:
         return self.client.register_script(script_text(name))
 
-    def enqueue(self, keys: CallKeys, task_id: str, record: bytes, ttl_ms: int) -> Holder | None:
+    def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
         """Create the queued record of a call. None: accepted; a Holder: a duplicate of it."""
         with translated("enqueue"):
-            reply = self._run(self._enqueue, [keys.record], [task_id, record, ttl_ms])
+            reply = self._run(self._enqueue, [keys.record], [record, ttl_ms])
         return held_by(keys.record, reply)
 
     def claim(

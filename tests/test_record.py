@@ -23,6 +23,10 @@ task_ids = st.one_of(
     uuid_texts.map(lambda text: text[:8] + " " + text[9:]),
     st.text(),
     st.text(alphabet="0123456789abcdef-", min_size=36, max_size=36),
+    # A UUID's dashes where they belong, and more dashes among the digits.
+    st.text(alphabet="0-", min_size=32, max_size=32).map(
+        lambda t: f"{t[:8]}-{t[8:12]}-{t[12:16]}-{t[16:20]}-{t[20:]}"[:36]
+    ),
 )
 
 
@@ -40,6 +44,13 @@ def test_two_task_ids_never_share_an_owner(first: str, second: str) -> None:
 @given(st.uuids())
 def test_a_uuid_in_its_usual_text_form_packs_to_17_bytes(value: uuid.UUID) -> None:
     assert owner_of(str(value)) == b"\xff" + value.bytes
+
+
+def test_a_uuid_shaped_id_with_extra_dashes_is_kept_as_text() -> None:
+    first = "00000000-0000-0000-0000-00000000--00"
+    second = "00000000-0000-0000-0000-0000000000--"
+    assert owner_of(first) == first.encode()
+    assert owner_of(second) == second.encode()
 
 
 def test_a_task_id_with_lone_surrogates_still_round_trips() -> None:
@@ -73,10 +84,30 @@ def test_a_key_without_a_ttl_reads_as_an_unknown_ttl() -> None:
         msgpack.packb(["A", 1.0, 2, 3]),
         msgpack.packb([1, 1.0]),
         msgpack.packb("A"),
+        msgpack.packb([b"A", b"x"]),
+        msgpack.packb([b"A", 1.0, "soon"]),
+        msgpack.packb([b"A", b"t", b"host", b"7", 1]),
+        msgpack.packb([b"A", b"t", b"host", 7.5, 1]),
+        msgpack.packb([b"A", b"t", b"host", True, 1]),
+        msgpack.packb([b"\xfe", 1.0]),
         b"plain text",
         b"",
     ],
-    ids=["old map", "one field", "four fields", "numeric owner", "a string", "text", "empty"],
+    ids=[
+        "old map",
+        "one field",
+        "four fields",
+        "numeric owner",
+        "a string",
+        "text enqueue time",
+        "text eta",
+        "text pid",
+        "float pid",
+        "boolean pid",
+        "owner not utf-8",
+        "text",
+        "empty",
+    ],
 )
 def test_a_value_that_is_no_record_raises_a_clear_error_naming_its_key(raw: bytes) -> None:
     expected = re.escape("dedupe:{x:1} holds no celery-dedupe record")

@@ -70,7 +70,7 @@ def record(store: Store, key: str) -> dict[str, object] | None:
 
 def enqueue(store: Store, keys: CallKeys, task_id: str) -> bytes:
     packed = pack_queued(task_id, time.time(), None)
-    assert store.enqueue(keys, task_id, packed, TTL_MS) is None
+    assert store.enqueue(keys, packed, TTL_MS) is None
     return packed
 
 
@@ -97,7 +97,7 @@ def test_enqueue_creates_a_queued_record_with_its_ttl(store: Store, finished: Ca
 
 def test_enqueue_reports_the_holder_of_a_live_key(store: Store, finished: CallKeys) -> None:
     enqueue(store, finished, "A")
-    holder = store.enqueue(finished, "B", pack_queued("B", time.time(), None), TTL_MS)
+    holder = store.enqueue(finished, pack_queued("B", time.time(), None), TTL_MS)
     assert holder is not None
     assert (holder.task_id, holder.state) == ("A", "queued")
     assert holder.ttl is not None
@@ -107,7 +107,7 @@ def test_enqueue_reports_the_holder_of_a_live_key(store: Store, finished: CallKe
 
 def test_enqueue_accepts_its_own_command_sent_again(store: Store, finished: CallKeys) -> None:
     packed = enqueue(store, finished, "A")
-    assert store.enqueue(finished, "A", packed, TTL_MS) is None
+    assert store.enqueue(finished, packed, TTL_MS) is None
 
 
 def test_enqueue_refuses_a_second_call_with_the_same_task_id(
@@ -115,7 +115,7 @@ def test_enqueue_refuses_a_second_call_with_the_same_task_id(
 ) -> None:
     enqueue(store, finished, "A")
     again = pack_queued("A", time.time() + 1, None)
-    holder = store.enqueue(finished, "A", again, TTL_MS)
+    holder = store.enqueue(finished, again, TTL_MS)
     assert holder is not None
     assert holder.task_id == "A"
 

@@ -1,9 +1,8 @@
 -- enqueue: a producer asks to queue a call (absent -> queued).
 --
 -- KEYS[1]  record key
--- ARGV[1]  task id of the call (the owner token)
--- ARGV[2]  the queued record, msgpack
--- ARGV[3]  time to live, ms (unique_ttl + countdown/eta)
+-- ARGV[1]  the queued record, msgpack (it names the owner)
+-- ARGV[2]  time to live, ms (unique_ttl + countdown/eta)
 --
 -- Returns
 --   1                    accepted: the record was created
@@ -17,10 +16,10 @@
 -- fraction of what a nested reply costs).
 local raw = redis.call('GET', KEYS[1])
 if not raw then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
 end
-if raw == ARGV[2] then
+if raw == ARGV[1] then
   return 2
 end
 return held(KEYS[1], raw)
