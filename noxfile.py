@@ -1,4 +1,5 @@
-"""Sessions: ``tests`` and ``lint`` run by default (and in CI); ``demo`` and ``bench`` on demand.
+"""Sessions: ``tests`` and ``lint`` run by default (and in CI); ``fast``, ``demo`` and ``bench``
+on demand.
 
 Use ``./noxw`` on a machine without nox: it makes a private virtualenv for nox first.
 """
@@ -20,6 +21,13 @@ def tests(session: nox.Session) -> None:
     """Run the test suite: a private redis-server, real Celery workers, RabbitMQ if present."""
     session.install("-e", ".[test,examples]")
     session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHONS)
+def fast(session: nox.Session) -> None:
+    """Run the tests not marked slow: no worker, beat or web server process, no long wait."""
+    session.install("-e", ".[test,examples]")
+    session.run("pytest", "-m", "not slow", *session.posargs)
 
 
 @nox.session

@@ -14,12 +14,14 @@ from typing import Any
 from . import derivation, enqueue, report, roundtrips, scale, worker
 from ._env import redis_url
 
-BENCHES = ("enqueue", "worker", "derivation", "scale", "roundtrips")
+BENCHES = ("enqueue", "rabbitmq", "worker", "derivation", "scale", "roundtrips")
+AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--redis", metavar="URL", help="default: a throwaway redis-server")
+    parser.add_argument("--amqp", metavar="URL", default=AMQP_URL, help="the RabbitMQ")
     parser.add_argument("--only", nargs="+", choices=BENCHES, default=list(BENCHES))
     parser.add_argument("--quick", action="store_true", help="fewer rounds, smaller sizes")
     args = parser.parse_args(argv)
@@ -28,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with redis_url(args.redis) as url:
         if "enqueue" in args.only:
             results["enqueue"] = enqueue.run(url, rounds, 500 if args.quick else 2000)
+        if "rabbitmq" in args.only:
+            calls = 300 if args.quick else 1000
+            results["rabbitmq"] = enqueue.run_rabbitmq(url, args.amqp, rounds, calls)
         if "worker" in args.only:
             results["worker"] = worker.run(url, rounds, 200 if args.quick else 500)
         if "derivation" in args.only:

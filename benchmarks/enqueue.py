@@ -2,6 +2,9 @@
 
 Accepted calls use distinct arguments (a new key each); duplicate calls repeat one call
 whose key is held. Each round's accepted calls are cleared (queue and keys) untimed.
+
+On a Redis broker the dedup store is the broker's own Redis (the default, and the one-step
+path); on RabbitMQ the records live in the Redis given (the provisional path).
 """
 
 from __future__ import annotations
@@ -62,6 +65,48 @@ def run(url: str, rounds: int, calls: int) -> Timings:
     }
     variants.update(_peers(url, clearer))
     return interleaved(variants, rounds, calls)
+
+
+def run_rabbitmq(redis_url: str, amqp_url: str, rounds: int, calls: int) -> Timings | None:
+    """The same on a RabbitMQ broker (None when it is not reachable)."""
+    from kombu import Connection
+
+    try:
+        with Connection(amqp_url, connect_timeout=2) as connection:
+            connection.ensure_connection(max_retries=1)
+    except Exception as exc:
+        print(f"RabbitMQ not reachable at {amqp_url}, its table is left out: {exc!r}")
+        return None
+    client = redis.Redis.from_url(redis_url)
+    app = make_app(amqp_url, dedupe_redis_url=redis_url)
+
+    @app.task(shared=False)
+    def plain(x: int) -> None: ...
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def unique(x: int) -> None: ...
+
+    def clear() -> None:
+        with app.connection_for_write() as connection:
+            connection.default_channel.queue_purge(app.conf.task_default_queue)
+        keys = list(client.scan_iter(match=f"{app.conf.dedupe_key_prefix}:*", count=10_000))
+        if keys:
+            client.delete(*keys)
+        unique.delay(-1)
+
+    plain.delay(0)  # declares the queue
+    clear()
+    variants: dict[str, Variant] = {
+        PLAIN: (lambda i: plain.apply_async((i,)), clear),
+        "dedupe accepted": (lambda i: unique.apply_async((i,)), clear),
+        "dedupe duplicate": (lambda i: unique.apply_async((-1,)), None),
+    }
+    try:
+        return interleaved(variants, rounds, calls)
+    finally:
+        with app.connection_for_write() as connection:
+            connection.default_channel.queue_delete(app.conf.task_default_queue)
+        app.close()
 
 
 def _peers(url: str, clearer: Callable[..., Any]) -> dict[str, Variant]:

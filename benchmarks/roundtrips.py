@@ -1,5 +1,6 @@
-"""Redis commands per call and per run, from INFO commandstats on a Redis that holds only the
-dedup records (the broker is another server)."""
+"""Redis commands per call and per run, from INFO commandstats: on the broker's own Redis (the
+one-step path: the push runs inside the script) and on a Redis that holds only the dedup
+records (the broker is another server: the provisional path)."""
 
 from __future__ import annotations
 
@@ -36,18 +37,40 @@ def _delta(client: redis.Redis, action: Any, count: int) -> tuple[float, float]:
 
 
 def run(broker_url: str, calls: int = 1000) -> dict[str, tuple[float, float]]:
+    results = _one_step(calls)
+    results.update(_own_redis(broker_url, calls))
+    return results
+
+
+def _unique_job(app: Any) -> Any:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, ignore_result=True)
+    def job(x: int) -> None: ...
+
+    job.delay(-1)  # scripts loaded, connections open (and a holder for the duplicates)
+    return job
+
+
+def _calls(client: redis.Redis, job: Any, calls: int, where: str) -> dict[str, Any]:
+    """Round trips of accepted calls (new keys), then of duplicates (the held key)."""
+    accepted = _delta(client, lambda: [job.delay(i) for i in range(calls)], calls)
+    duplicate = _delta(client, lambda: [job.delay(-1) for _ in range(calls)], calls)
+    return {f"accepted call, {where}": accepted, f"duplicate call, {where}": duplicate}
+
+
+def _one_step(calls: int) -> dict[str, tuple[float, float]]:
+    with RedisServer() as server:
+        app = make_app(server.url)
+        client = redis.Redis.from_url(server.url)
+        results = _calls(client, _unique_job(app), calls, "the broker's Redis")
+        app.close()
+        return results
+
+
+def _own_redis(broker_url: str, calls: int) -> dict[str, tuple[float, float]]:
     with RedisServer() as store_server:
         app = make_app(broker_url, dedupe_redis_url=store_server.url)
-
-        @app.task(shared=False, base=dedupe.DedupeTask, unique=True, ignore_result=True)
-        def job(x: int) -> None: ...
-
         client = redis.Redis.from_url(store_server.url)
-        job.delay(-1)  # scripts loaded, connections open
-        results = {
-            "accepted call": _delta(client, lambda: [job.delay(i) for i in range(calls)], calls),
-            "duplicate call": _delta(client, lambda: [job.delay(-1) for _ in range(calls)], calls),
-        }
+        results = _calls(client, _unique_job(app), calls, "a dedup Redis of its own")
         done = threading.Event()
         finished = 0
 

@@ -92,7 +92,7 @@ def _memory_usage(client: redis.Redis) -> dict[str, int]:
     )
     task_id = str(uuid.uuid4())
     store.enqueue(keys, pack_queued(task_id, time.time(), None), 3_600_000)
-    queued = int(client.memory_usage(keys.record) or 0)
+    queued = int(client.memory_usage(keys.call) or 0)
     store.claim(keys, task_id, "0123456789ab", 60_000, HOST, PID, int(time.time()))
-    running = int(client.memory_usage(keys.record) or 0)
+    running = int(client.memory_usage(keys.call) or 0)
     return {"queued": queued, "running": running}

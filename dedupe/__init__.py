@@ -1,14 +1,16 @@
 """celery-dedupe: stop Celery from queueing, or running, the same work twice.
 
->>> import dedupe
->>> app = Celery("proj", broker="redis://localhost:6379/0")
->>> dedupe.install(app)
->>> @app.task(base=dedupe.DedupeTask, unique=True)
-... def sync_customer(customer_id, full=False): ...
->>> sync_customer.delay(42).deduplicated
-False
->>> sync_customer.delay(42).deduplicated      # the first one is still queued or running
-True
+.. code-block:: python
+
+    import dedupe
+    app = Celery("proj", broker="redis://localhost:6379/0")
+    dedupe.install(app)
+
+    @app.task(base=dedupe.DedupeTask, unique=True)
+    def sync_customer(customer_id, full=False): ...
+
+    sync_customer.delay(42).deduplicated      # False
+    sync_customer.delay(42).deduplicated      # True: the first one is still queued or running
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from .errors import (
     NotInstalled,
     RecordFormatError,
     RedisUnavailable,
+    UnexpectedReply,
 )
+from .installer import install
 from .producer import apply_async, lookup, release
 from .record import Holder
 from .result import DedupeResult
-from .runtime import install
 from .task import DedupeTask
 from .web import response_for
 
@@ -41,6 +44,7 @@ __all__ = [
     "NotInstalled",
     "RecordFormatError",
     "RedisUnavailable",
+    "UnexpectedReply",
     "aapply_async",
     "alookup",
     "apply_async",

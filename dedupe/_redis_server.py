@@ -47,9 +47,10 @@ def _free_port() -> int:
 class RedisServer:
     """A redis-server process that can be stopped and started again on the same port.
 
-    >>> with RedisServer() as server:
-    ...     redis.Redis.from_url(server.url).ping()
-    True
+    .. code-block:: python
+
+        with RedisServer() as server:
+            redis.Redis.from_url(server.url).ping()    # True
     """
 
     def __init__(self, executable: str | None = None, port: int | None = None) -> None:

@@ -2,11 +2,13 @@
 
 The dedup round trip is awaited on ``redis.asyncio``, so a burst of guarded calls never
 blocks the event loop; the publish itself (kombu is synchronous) runs in the loop's default
-executor. The records are the very ones the sync entry points read and write.
+executor. The decision is :mod:`dedupe.producer`'s own :class:`~dedupe.producer.PreparedCall`;
+only the round trips differ.
 
->>> result = await dedupe.aapply_async(refresh_report, args=(42,))
->>> result.deduplicated
-False
+.. code-block:: python
+
+    result = await dedupe.aapply_async(refresh_report, args=(42,))
+    result.deduplicated                                                # False
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from .errors import RedisUnavailable
-from .plan import Plan, Publish, keys_for, options_for
-from .producer import publisher_for, resolve_task
+from .producer import Call, PreparedCall, keys_of_call
 from .record import Holder
 from .run import NO_RUN
-from .runtime import runtime_of
+from .store import Requeue
 
 __all__ = ["aapply_async", "alookup", "apublish_unique"]
 
@@ -32,61 +33,43 @@ __all__ = ["aapply_async", "alookup", "apublish_unique"]
 _in_flight: set[asyncio.Future[AsyncResult[Any]]] = set()
 
 
-async def apublish_unique(
-    app: Celery,
-    task: Any,
-    task_name: str,
-    args: Sequence[Any] | None,
-    kwargs: Mapping[str, Any] | None,
-    options: dict[str, Any],
-    publish: Publish,
-) -> AsyncResult[Any]:
+async def apublish_unique(call: Call) -> AsyncResult[Any]:
     """:func:`dedupe.producer.publish_unique`, awaitable.
 
     The decision and the publish run as one task that the caller's cancellation does not
     reach (a web request whose client went away): cancelled between the two, a call would
-    leave a key with no message behind (callers answered with a task that never runs), or
-    publish after freeing its key (a second task).
+    publish after freeing its key (a second task), or leave a provisional record that makes
+    calls duplicates of a task that never runs until it expires.
     """
-    plan = Plan(app, task, task_name, args, kwargs, options, publish)
-    if plan.kind in ("eager", "canvas"):
-        return await asyncio.to_thread(plan.publish)
-    decided = asyncio.ensure_future(_decide(plan))
+    prepared = PreparedCall(call)
+    if prepared.kind == "eager":
+        return await asyncio.to_thread(prepared.publish)
+    decided = asyncio.ensure_future(_decide(prepared))
     _in_flight.add(decided)
     decided.add_done_callback(_in_flight.discard)
     return await asyncio.shield(decided)
 
 
-async def _decide(plan: Plan) -> AsyncResult[Any]:
-    store = plan.runtime.async_store()
-    if plan.kind == "continuation":
+async def _decide(prepared: PreparedCall) -> AsyncResult[Any]:
+    if prepared.writes_first:
+        store = prepared.runtime.async_store()
+        outcome: Holder | Requeue | None
         try:
-            # Outside any run, an event loop is no worker's main process: never act for
-            # another run of the task id.
-            token = plan.token if plan.token is not None else NO_RUN
-            await store.requeue(plan.keys, plan.task_id, token, plan.record, plan.ttl_ms)
+            if prepared.kind == "continuation":
+                # Outside any run, an event loop is no worker's main process: never act for
+                # another run of the task id.
+                token = prepared.token if prepared.token is not None else NO_RUN
+                outcome = await store.requeue(*prepared.requeue_arguments(token))
+            else:
+                outcome = await store.enqueue(*prepared.enqueue_arguments())
         except RedisUnavailable as exc:
-            plan.requeue_failed(exc)
-        return await _publish_or_cancel(plan)
-    try:
-        holder = await store.enqueue(plan.keys, plan.record, plan.ttl_ms)
-    except RedisUnavailable as exc:
-        plan.enqueue_failed(exc)
-        return await asyncio.to_thread(plan.publish)
-    if holder is not None:
-        return plan.duplicate(holder)
-    return await _publish_or_cancel(plan)
-
-
-async def _publish_or_cancel(plan: Plan) -> AsyncResult[Any]:
-    try:
-        return await asyncio.to_thread(plan.publish)
-    except BaseException:
-        try:
-            await plan.runtime.async_store().cancel(plan.keys, plan.task_id)
-        except RedisUnavailable as exc:
-            plan.cancel_failed(exc)
-        raise
+            prepared.first_write_failed(exc)
+            return await asyncio.to_thread(prepared.publish_unrecorded)
+        duplicate = prepared.first_write_done(outcome)
+        if duplicate is not None:
+            return duplicate
+    # The publish, and whatever Redis work comes with it, in one thread: kombu blocks.
+    return await asyncio.to_thread(prepared.publish_with_record)
 
 
 async def aapply_async(
@@ -99,11 +82,11 @@ async def aapply_async(
 ) -> AsyncResult[Any]:
     """:func:`dedupe.apply_async`, awaitable: the producer guard for async views.
 
-    >>> result = await dedupe.aapply_async("reports.refresh", args=(42,), app=app)
+    .. code-block:: python
+
+        result = await dedupe.aapply_async("reports.refresh", args=(42,), app=app)
     """
-    task, name, app = resolve_task(task_or_name, app)
-    publish = publisher_for(task, name, app)
-    return await apublish_unique(app, task, name, args, kwargs, options, publish)
+    return await apublish_unique(Call.of(task_or_name, args, kwargs, options, app))
 
 
 async def alookup(
@@ -115,7 +98,5 @@ async def alookup(
     **overrides: Any,
 ) -> Holder | None:
     """:func:`dedupe.lookup`, awaitable."""
-    task, name, app = resolve_task(task_or_name, app)
-    runtime = runtime_of(app)
-    options = options_for(task, name, runtime.config, overrides)
-    return await runtime.async_store().lookup(keys_for(runtime, task, name, options, args, kwargs))
+    runtime, keys = keys_of_call(task_or_name, args, kwargs, app, overrides)
+    return await runtime.async_store().lookup(keys)

@@ -1,7 +1,8 @@
 """The producer's Redis round trips for asyncio code, on ``redis.asyncio``.
 
-The same scripts and records as :mod:`dedupe.store`, so sync and async callers meet on the
-same keys. A client is bound to one event loop: the runtime keeps one store per loop.
+The same scripts, records and reply readers as :mod:`dedupe.store`, so sync and async callers
+meet on the same keys. A client is bound to one event loop: the runtime keeps one store per
+loop.
 """
 
 from __future__ import annotations
@@ -13,9 +14,18 @@ import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
+from . import defaults
 from .keys import CallKeys
-from .record import Holder, owner_of
-from .store import first_holder, held_by, key_names, script_text, translated
+from .record import Holder, pack_owner
+from .store import (
+    Requeue,
+    first_holder,
+    read_cancel,
+    read_enqueue,
+    read_requeue,
+    reraise_unavailable,
+    script_text,
+)
 
 __all__ = ["AsyncStore"]
 
@@ -30,45 +40,48 @@ class AsyncStore:
         self._cancel = client.register_script(script_text("cancel"))
 
     @classmethod
-    def from_url(
-        cls, url: str, defaults: Mapping[str, Any], options: Mapping[str, Any]
-    ) -> AsyncStore:
+    def from_url(cls, url: str, options: Mapping[str, Any]) -> AsyncStore:
+        """A store on its own connection pool, with the library's client defaults under
+        ``options`` (``dedupe_redis_options``)."""
         # A sync redis-py Retry cannot drive an asyncio connection: keep ours unless an
         # asyncio one is given.
         retry = options.get("retry")
         if not isinstance(retry, Retry):
-            retry = Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), retries=2)
-        settings = {**defaults, **{k: v for k, v in options.items() if k != "retry"}}
-        # A burst of calls (a web server under load) waits for a free connection rather
-        # than failing with "Too many connections", which would read as Redis being down.
-        # The wait is not a Redis timeout: an unreachable Redis fails each connection fast
-        # (socket_connect_timeout), and only a long queue of callers waits this long.
-        settings.setdefault("max_connections", 64)
-        settings.setdefault("timeout", 30.0)
+            backoff = ExponentialWithJitterBackoff(
+                base=defaults.RETRY_BACKOFF_BASE, cap=defaults.RETRY_BACKOFF_CAP
+            )
+            retry = Retry(backoff, retries=defaults.RETRIES)
+        settings = {
+            **defaults.CLIENT_OPTIONS,
+            **{k: v for k, v in options.items() if k != "retry"},
+        }
+        settings.setdefault("max_connections", defaults.ASYNC_MAX_CONNECTIONS)
+        settings.setdefault("timeout", defaults.ASYNC_POOL_TIMEOUT)
         pool = redis.asyncio.BlockingConnectionPool.from_url(url, retry=retry, **settings)
         return cls(redis.asyncio.Redis(connection_pool=pool))
 
     async def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
-        with translated("enqueue"):
-            reply = await self._enqueue(keys=[keys.record], args=[record, ttl_ms])
-        return held_by(keys.record, reply)
+        with reraise_unavailable("enqueue"):
+            reply = await self._enqueue(keys=[keys.call], args=[record, ttl_ms])
+        return read_enqueue(keys.call, reply)
 
     async def requeue(
         self, keys: CallKeys, task_id: str, token: str, record: bytes, ttl_ms: int
-    ) -> int:
-        with translated("requeue"):
+    ) -> Requeue:
+        with reraise_unavailable("requeue"):
             reply = await self._requeue(
-                keys=[keys.record, keys.run], args=[owner_of(task_id), token, record, ttl_ms]
+                keys=[keys.call, keys.run], args=[pack_owner(task_id), token, record, ttl_ms]
             )
-        return int(reply)
+        return read_requeue(reply)
 
     async def cancel(self, keys: CallKeys, task_id: str) -> bool:
-        with translated("cancel"):
-            return bool(await self._cancel(keys=[keys.record], args=[owner_of(task_id)]))
+        with reraise_unavailable("cancel"):
+            reply = await self._cancel(keys=[keys.call], args=[pack_owner(task_id)])
+        return read_cancel(reply)
 
     async def lookup(self, keys: CallKeys) -> Holder | None:
-        names = key_names(keys)
-        with translated("lookup"):
+        names = keys.names
+        with reraise_unavailable("lookup"):
             async with self.client.pipeline(transaction=False) as pipe:
                 for name in names:
                     pipe.get(name)

@@ -122,32 +122,36 @@ def _tagged(code: int, text: str) -> msgpack.ExtType:
     return msgpack.ExtType(code, text.encode())
 
 
+# Non-native types Celery's JSON serializer accepts, each with its tag; datetime before date:
+# a datetime is a date too.
+_TAGGED: tuple[tuple[type, int, Callable[[Any], str]], ...] = (
+    (dt.datetime, _DATETIME, dt.datetime.isoformat),
+    (dt.date, _DATE, dt.date.isoformat),
+    (dt.time, _TIME, dt.time.isoformat),
+    (uuid.UUID, _UUID, lambda value: value.hex),
+    (Decimal, _DECIMAL, str),
+)
+
+# Subclasses of native types (IntEnum, str enums, OrderedDict, namedtuples) encode like their
+# base type, as the JSON serializer sends them; bool before int: a bool is an int too.
+_AS_BASE: tuple[tuple[type | tuple[type, ...], Callable[[Any], Any]], ...] = (
+    (bool, bool),
+    (int, lambda value: _canonical(int(value))),
+    (float, float),
+    (str, str),
+    ((bytes, bytearray, memoryview), bytes),
+    (Mapping, lambda value: _map(value)),
+    ((list, tuple), lambda value: _sequence(value)),
+)
+
+
 def _other(value: Any) -> Any:
-    # datetime before date: a datetime is a date too.
-    if isinstance(value, dt.datetime):
-        return _tagged(_DATETIME, value.isoformat())
-    if isinstance(value, dt.date):
-        return _tagged(_DATE, value.isoformat())
-    if isinstance(value, dt.time):
-        return _tagged(_TIME, value.isoformat())
-    if isinstance(value, uuid.UUID):
-        return _tagged(_UUID, value.hex)
-    if isinstance(value, Decimal):
-        return _tagged(_DECIMAL, str(value))
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return _canonical(int(value))
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value)
-    if isinstance(value, Mapping):
-        return _map(value)
-    if isinstance(value, (list, tuple)):
-        return _sequence(value)
+    for kind, code, text in _TAGGED:
+        if isinstance(value, kind):
+            return _tagged(code, text(value))
+    for base, convert in _AS_BASE:
+        if isinstance(value, base):
+            return convert(value)
     if isinstance(value, (set, frozenset)):
         members = sorted(_pack(member) for member in _sequence(value))
         return msgpack.ExtType(_SET, b"".join(members))

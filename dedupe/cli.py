@@ -22,9 +22,10 @@ from celery import Celery
 
 from .checks import eviction_risk
 from .errors import DedupeError, RecordFormatError
+from .installer import install
 from .producer import lookup, release
 from .record import Holder
-from .runtime import install, installed
+from .runtime import installed
 
 __all__ = ["dedupe"]
 
@@ -91,7 +92,8 @@ def _line(holder: Holder) -> str:
     if started:
         since = f"{time.time() - started:.0f}s ago"
     where = f" on {holder.worker}" if holder.worker else ""
-    return f"{holder.state:<8} {ttl:>7} {since:>10}  {holder.task_id}  {holder.key}{where}"
+    state = "provisional" if holder.provisional else holder.state
+    return f"{state:<11} {ttl:>7} {since:>10}  {holder.task_id}  {holder.key}{where}"
 
 
 @click.group(name="dedupe")

@@ -14,6 +14,8 @@ dedupe_on_redis_error      ``"enqueue"`` (publish anyway, log) or       ``"enque
                            ``"raise"`` (:class:`RedisUnavailable`)
 dedupe_busy_poll_us        microseconds to poll for a Redis reply       100
                            before sleeping for it (0: never poll)
+dedupe_provisional_ttl     seconds the record of a call being           20
+                           published lives until the publish returns
 =========================  ===========================================  =====================
 
 Django projects that load settings with ``namespace="CELERY"`` spell them
@@ -27,13 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from celery import Celery
+from celery.utils.collections import ConfigurationView
 
+from . import defaults
 from .errors import ConfigurationError
 
-__all__ = ["BUSY_POLL", "DedupeConfig"]
-
-#: Seconds to poll for a Redis reply before sleeping for it (see dedupe.script_runner).
-BUSY_POLL = 100e-6
+__all__ = ["DedupeConfig", "SettingReader", "positive_seconds"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _ON_REDIS_ERROR = ("enqueue", "raise")
@@ -45,17 +46,19 @@ class DedupeConfig:
 
     redis_url: str
     redis_options: Mapping[str, Any] = field(default_factory=dict)
-    key_prefix: str = "dedupe"
-    default_ttl: float = 3600.0
-    default_lease: float = 60.0
-    on_redis_error: Literal["enqueue", "raise"] = "enqueue"
-    busy_poll: float = BUSY_POLL
+    key_prefix: str = defaults.KEY_PREFIX
+    default_ttl: float = defaults.TTL
+    default_lease: float = defaults.LEASE
+    on_redis_error: Literal["enqueue", "raise"] = defaults.ON_REDIS_ERROR
+    #: Seconds to poll for a Redis reply before sleeping for it (see dedupe.script_runner).
+    busy_poll: float = defaults.BUSY_POLL_US / 1e6
+    provisional_ttl: float = defaults.PROVISIONAL_TTL
 
     @classmethod
     def from_app(cls, app: Celery) -> DedupeConfig:
         conf = app.conf
         redis_url = _setting(conf, "dedupe_redis_url") or _redis_url_of_broker(app)
-        prefix = _setting(conf, "dedupe_key_prefix", "dedupe")
+        prefix = _setting(conf, "dedupe_key_prefix", defaults.KEY_PREFIX)
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
                 f"dedupe_key_prefix must be a non-empty string without braces (braces are "
@@ -67,7 +70,7 @@ class DedupeConfig:
                 f"dedupe_redis_options must be a mapping of redis.Redis.from_url arguments; "
                 f"got {options!r}"
             )
-        on_error = _setting(conf, "dedupe_on_redis_error", "enqueue")
+        on_error = _setting(conf, "dedupe_on_redis_error", defaults.ON_REDIS_ERROR)
         if on_error not in _ON_REDIS_ERROR:
             raise ConfigurationError(
                 f"dedupe_on_redis_error must be 'enqueue' (publish anyway and log) or "
@@ -78,13 +81,17 @@ class DedupeConfig:
             redis_options=dict(options),
             key_prefix=prefix,
             default_ttl=positive_seconds(
-                "dedupe_default_ttl", _setting(conf, "dedupe_default_ttl", 3600)
+                "dedupe_default_ttl", _setting(conf, "dedupe_default_ttl", defaults.TTL)
             ),
             default_lease=positive_seconds(
-                "dedupe_default_lease", _setting(conf, "dedupe_default_lease", 60)
+                "dedupe_default_lease", _setting(conf, "dedupe_default_lease", defaults.LEASE)
             ),
             on_redis_error=cast('Literal["enqueue", "raise"]', on_error),
-            busy_poll=_busy_poll(_setting(conf, "dedupe_busy_poll_us", BUSY_POLL * 1e6)),
+            busy_poll=_busy_poll(_setting(conf, "dedupe_busy_poll_us", defaults.BUSY_POLL_US)),
+            provisional_ttl=positive_seconds(
+                "dedupe_provisional_ttl",
+                _setting(conf, "dedupe_provisional_ttl", defaults.PROVISIONAL_TTL),
+            ),
         )
 
 
@@ -133,3 +140,53 @@ def _redact(url: Any) -> str:
         scheme, rest = text.split("://", 1)
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
     return text
+
+
+# Reading a Celery setting on the hot path of every call.
+#
+# ``app.conf["task_always_eager"]`` costs a producer call as much as the rest of deciding it:
+# Celery's settings view spells the name every way it may be written (old and new names, the
+# namespace prefix) anew on each read, and raises and catches a KeyError for each mapping
+# that does not hold it (most apps set it nowhere, so it is found only in the defaults).
+# :class:`SettingReader` spells the name once per settings object, then looks it up in the
+# same mappings, in the same order, without raising: the same answer, several times cheaper.
+
+
+class SettingReader:
+    """Reads one setting of an app as ``app.conf[name]`` would.
+
+    >>> always_eager = SettingReader("task_always_eager")
+    >>> always_eager(Celery("doc", set_as_current=False))
+    False
+    """
+
+    __slots__ = ("_name", "_spelled")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        #: (the settings object, the keys its view looks the name up under), cached together
+        #: so that threads never see one without the other.
+        self._spelled: tuple[Any, tuple[Any, ...]] | None = None
+
+    def __call__(self, app: Celery) -> Any:
+        conf: Any = app.conf  # a PendingConfiguration until the app is finalized
+        spelled = self._spelled
+        if spelled is None or spelled[0] is not conf:
+            if not isinstance(conf, ConfigurationView):
+                # Not finalized yet: the plain read finalizes it.
+                return conf[self._name]
+            spelled = self._spelled = (conf, self._spell(conf))
+        keys = spelled[1]
+        for mapping in conf.maps:
+            for key in keys:
+                if key in mapping:
+                    return mapping[key]
+        return conf[self._name]  # found nowhere: let Celery answer (or raise) as it would
+
+    def _spell(self, conf: ConfigurationView) -> tuple[Any, ...]:
+        # The keys ConfigurationView.__getitem__ tries, in its order (it has no public way to
+        # ask for them); if that changes shape, read the plain way.
+        try:
+            return tuple(conf._key(key) for key in conf._to_keys(self._name))
+        except (AttributeError, TypeError):
+            return ()

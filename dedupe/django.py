@@ -3,13 +3,15 @@
 Settings come through Celery's usual namespace (``CELERY_DEDUPE_REDIS_URL``, ...) when the
 app loads them with ``app.config_from_object("django.conf:settings", namespace="CELERY")``.
 
->>> @app.task(base=DedupeDjangoTask, unique=True)
-... def refresh_report(report_id): ...
->>> with transaction.atomic():
-...     report.save()
-...     pending = refresh_report.delay_unique_on_commit(report.id)
->>> pending.result.deduplicated      # set when the transaction committed
-False
+.. code-block:: python
+
+    @app.task(base=DedupeDjangoTask, unique=True)
+    def refresh_report(report_id): ...
+
+    with transaction.atomic():
+        report.save()
+        pending = refresh_report.delay_unique_on_commit(report.id)
+    pending.result.deduplicated      # False: set when the transaction committed
 
 Nothing is claimed and nothing is sent when the transaction rolls back.
 """

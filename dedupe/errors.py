@@ -10,6 +10,7 @@ __all__ = [
     "NotInstalled",
     "RecordFormatError",
     "RedisUnavailable",
+    "UnexpectedReply",
 ]
 
 
@@ -76,4 +77,17 @@ class RecordFormatError(DedupeError, ValueError):
             f"{key} holds no celery-dedupe record (another program's value under the dedup "
             f"prefix, or a record of an incompatible version): delete the key, or give "
             f"celery-dedupe a prefix of its own (dedupe_key_prefix)"
+        )
+
+
+class UnexpectedReply(DedupeError):
+    """A dedup script answered with a reply it never gives (a foreign script under its SHA,
+    or scripts of another celery-dedupe version on the same server)."""
+
+    def __init__(self, script: str, reply: object) -> None:
+        self.script = script
+        self.reply = reply
+        super().__init__(
+            f"the {script} script of celery-dedupe answered {reply!r}, which it never does: "
+            f"is another version of celery-dedupe, or another program, using this Redis?"
         )

@@ -15,13 +15,11 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import RedisUnavailable
-from .store import Lease, Store
+from .store import Lease, Renewal, Store
 
 __all__ = ["Heartbeat"]
 
 logger = logging.getLogger("dedupe.heartbeat")
-
-_RENEWED, _RECREATED, _LOST = 1, 2, 0
 
 # How long an idle thread sleeps between looks. hold() wakes it only for a lease due before
 # its next look: with the default 60 s lease (due in 20 s), starting a run never wakes it.
@@ -123,9 +121,9 @@ class Heartbeat:
             for held in due:
                 held.schedule()
             return
-        for held, code in zip(due, codes, strict=True):
+        for held, renewal in zip(due, codes, strict=True):
             lease = held.lease
-            if code == _LOST:
+            if renewal is Renewal.LOST:
                 logger.warning(
                     "lost the lease on %s for task %s: another run holds the key now; "
                     "no longer renewing it",
@@ -135,7 +133,7 @@ class Heartbeat:
                 with self._wake:
                     self._held.pop(id(lease), None)
                 continue
-            if code == _RECREATED:
+            if renewal is Renewal.RECREATED:
                 logger.warning(
                     "re-created %s for running task %s: the key was gone (Redis restarted, "
                     "failed over or evicted it)",

@@ -1,4 +1,5 @@
-"""From a call to its dedup key: bind the arguments, pick the ones that count, digest them.
+"""From a call to its dedup keys: bind the arguments, pick the ones that count, digest them,
+name the keys.
 
 Key format, versioned by :data:`KEY_VERSION` (a change of any rule here must bump it)::
 
@@ -19,25 +20,72 @@ from typing import Any
 
 from .canonical import Unencodable, canonical_bytes
 from .errors import KeyDerivationError
+from .options import UniqueOptions
 
-__all__ = ["KEY_VERSION", "Binder", "CallKeys", "binder_for", "call_digest", "call_keys"]
+__all__ = [
+    "KEY_VERSION",
+    "RUN_SUFFIX",
+    "Binder",
+    "CallKeys",
+    "binder_for",
+    "call_digest",
+    "call_keys",
+    "keys_for",
+]
 
 #: Personalises BLAKE2b, so that digests of a future key format never equal today's.
 KEY_VERSION = b"dedupe-key-v1"
 
 
+#: Ends the name of a call's separate run lock (``unique_until="started"``).
+RUN_SUFFIX = ":run"
+
+
 @dataclass(frozen=True, slots=True)
 class CallKeys:
-    """The Redis keys of one call. ``run == record`` unless ``unique_until="started"``."""
+    """The Redis keys of one call.
 
-    record: str
+    ``call`` holds the call's record while it is queued (and, with ``unique_until="finished"``,
+    while it runs); ``run`` is the key a run holds: the same key, or with
+    ``unique_until="started"`` a separate run lock.
+
+    >>> CallKeys.of("dedupe:{t:ab}", separate_run_lock=True)
+    CallKeys(call='dedupe:{t:ab}', run='dedupe:{t:ab}:run')
+    """
+
+    call: str
     run: str
+
+    @classmethod
+    def of(cls, call: str, *, separate_run_lock: bool) -> CallKeys:
+        """The keys of a call, from its call key."""
+        return cls(call, call + RUN_SUFFIX if separate_run_lock else call)
+
+    @property
+    def names(self) -> list[str]:
+        """The distinct key names: the call key first."""
+        return [self.call] if self.run == self.call else [self.call, self.run]
 
 
 def call_keys(prefix: str, task_name: str, digest: str, *, separate_run_lock: bool) -> CallKeys:
     """Name the keys of a call from its digest."""
-    record = f"{prefix}:{{{task_name}:{digest}}}"
-    return CallKeys(record, f"{record}:run" if separate_run_lock else record)
+    return CallKeys.of(f"{prefix}:{{{task_name}:{digest}}}", separate_run_lock=separate_run_lock)
+
+
+def keys_for(
+    prefix: str,
+    task: Any,
+    task_name: str,
+    options: UniqueOptions,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+) -> CallKeys:
+    """The keys of a call of ``task`` (None: a task not registered in this process)."""
+    binder = binder_for(task) if task is not None else None
+    digest = call_digest(
+        task_name, binder, args, kwargs, unique_on=options.on, unique_key=options.key
+    )
+    return call_keys(prefix, task_name, digest, separate_run_lock=options.until == "started")
 
 
 class Binder:

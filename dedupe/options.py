@@ -11,10 +11,11 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from . import defaults
 from .config import DedupeConfig, positive_seconds
 from .errors import ConfigurationError
 
-__all__ = ["CALL_OPTIONS", "UniqueOptions", "pop_call_options", "resolve"]
+__all__ = ["CALL_OPTIONS", "UniqueOptions", "options_for", "pop_call_options", "resolve"]
 
 #: Options a call may pass, next to Celery's own.
 CALL_OPTIONS = ("unique_on", "unique_key", "unique_ttl", "unique_until", "on_duplicate")
@@ -32,12 +33,12 @@ class UniqueOptions:
 
     on: tuple[str, ...] | None = None
     key: Callable[..., Any] | None = None
-    ttl: float = 3600.0
+    ttl: float = defaults.TTL
     until: Literal["finished", "started"] = "finished"
-    lease: float = 60.0
+    lease: float = defaults.LEASE
     on_duplicate: Literal["return", "raise"] = "return"
     on_running: Literal["skip", "retry"] = "skip"
-    running_countdown: float = 2.0
+    running_countdown: float = defaults.RUNNING_COUNTDOWN
 
 
 def pop_call_options(options: MutableMapping[str, Any]) -> dict[str, Any] | None:
@@ -90,8 +91,28 @@ def resolve(
         # until="started" promises that a call made during a run runs after it: a queued
         # copy that meets the run lock always waits, whatever on_running says.
         on_running=cast('Literal["skip", "retry"]', choice("on_running", "skip")),
-        running_countdown=seconds("on_running_countdown", 2.0),
+        running_countdown=seconds("on_running_countdown", defaults.RUNNING_COUNTDOWN),
     )
+
+
+# Task-level options change only when the code does: resolved once per task and kept on the
+# task object (as the key binder is), checked against the app's settings they were made with.
+_CACHE_ATTRIBUTE = "_dedupe_options"
+
+
+def options_for(
+    task: Any, task_name: str, config: DedupeConfig, overrides: Mapping[str, Any] | None = None
+) -> UniqueOptions:
+    """The dedup options of a call of ``task`` (None: a task not registered here)."""
+    if overrides or task is None:
+        return resolve(task, task_name, config, overrides)
+    cached = getattr(task, _CACHE_ATTRIBUTE, None)
+    if type(cached) is tuple and cached[0] is config:
+        options: UniqueOptions = cached[1]
+        return options
+    options = resolve(task, task_name, config)
+    setattr(task, _CACHE_ATTRIBUTE, (config, options))
+    return options
 
 
 def _names(task_name: str, value: Any) -> tuple[str, ...] | None:

@@ -27,9 +27,10 @@ class DedupeResult(AsyncResult[Any]):
     holder of the key was found (then ``id`` is the holder's task id and ``holder`` tells
     whether it is queued or running).
 
-    >>> result = refresh_report.delay_unique(42)
-    >>> result.deduplicated, result.id
-    (False, '5b1f...')
+    .. code-block:: python
+
+        result = refresh_report.delay_unique(42)
+        result.deduplicated, result.id                 # (False, '5b1f...')
     """
 
     deduplicated: bool = False

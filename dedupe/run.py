@@ -1,94 +1,50 @@
-"""The state of one run of a task inside a worker, kept on the task's request."""
+"""The state of one run of a task inside a worker, kept on the task's request.
+
+A run's life: the worker claims its key (``claimed``), finds it held by another run
+(``held``), or cannot ask Redis (``error``); a continuation of the task id (a retry, a
+replace) may take the key over (:meth:`Run.hand_over`); the run's end releases what is left.
+"""
 
 from __future__ import annotations
 
-import os
 import secrets
-import socket
-from collections.abc import Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .heartbeat import Heartbeat
 from .keys import CallKeys
+from .options import UniqueOptions
 from .record import Holder
-from .store import Lease, Store
+from .store import Lease
 
 __all__ = [
     "ANY_RUN",
-    "HEADER",
+    "GUARDS_RUNS",
     "NO_RUN",
-    "Carried",
     "Run",
     "RunSpec",
     "attach",
-    "carried_by",
     "detach",
-    "is_publishing",
-    "main_process_token",
     "new_token",
-    "publishing",
     "run_of",
 ]
 
-#: The message header that carries a call's key to the worker. Namespaced: Celery merges
-#: user headers over its protocol fields.
-HEADER = "celery_dedupe"
-
 #: The run token of a run that holds nothing: it matches no record.
 NO_RUN = "-"
+#: Speaks for whatever run of the task id holds the key: only when that run is known dead,
+#: or when the key is released by a run that never claimed it.
+ANY_RUN = ""
+
+#: A task class attribute: True when its runs call the execution guard (DedupeTask's
+#: ``before_start``); other bases are claimed and released, but never kept apart.
+GUARDS_RUNS = "_dedupe_guards_runs"
 
 _ATTRIBUTE = "_dedupe_run"
 
 
-@dataclass(frozen=True, slots=True)
-class Carried:
-    """What a message's header says about its call: decided once, by the producer."""
-
-    keys: CallKeys
-    until: Literal["finished", "started"]
-    ttl: float | None
-
-    def header(self) -> dict[str, Any]:
-        return {"key": self.keys.record, "until": self.until, "ttl": self.ttl}
-
-
-def carried_by(headers: Mapping[str, Any] | None) -> Carried | None:
-    """The call a message's headers carry, or None for a message without our header."""
-    header = (headers or {}).get(HEADER)
-    if not isinstance(header, Mapping) or "key" not in header:
-        return None
-    record = str(header["key"])
-    started = header.get("until") == "started"
-    ttl = header.get("ttl")
-    return Carried(
-        CallKeys(record, f"{record}:run" if started else record),
-        "started" if started else "finished",
-        float(ttl) if isinstance(ttl, (int, float)) else None,
-    )
-
-
-_publishing: ContextVar[bool] = ContextVar("dedupe_publishing", default=False)
-
-
-class publishing:
-    """Marks a publish that the producer guard decided itself: ``with publishing(): ...``.
-
-    (main_process.on_before_publish leaves those alone.) A class, not a generator context
-    manager: every accepted call goes through it.
-    """
-
-    __slots__ = ("_reset",)
-
-    def __enter__(self) -> None:
-        self._reset = _publishing.set(True)
-
-    def __exit__(self, *exc_info: object) -> None:
-        _publishing.reset(self._reset)
-
-
-def is_publishing() -> bool:
-    return _publishing.get()
+def new_token() -> str:
+    """A run token: tells the runs of one task id apart (48 bits, small in every record)."""
+    return secrets.token_hex(6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +65,28 @@ class RunSpec:
     #: skipped either (a skip stores no result, and their .get() would never return).
     carried: bool = False
 
+    @classmethod
+    def from_options(
+        cls,
+        keys: CallKeys,
+        until: Any,
+        ttl: float,
+        options: UniqueOptions,
+        *,
+        canvas: bool,
+        carried: bool = False,
+    ) -> RunSpec:
+        return cls(
+            keys=keys,
+            until="started" if until == "started" else "finished",
+            ttl=ttl,
+            lease=options.lease,
+            on_running=options.on_running,
+            running_countdown=options.running_countdown,
+            canvas=canvas,
+            carried=carried,
+        )
+
 
 @dataclass(eq=False)
 class Run:
@@ -124,46 +102,23 @@ class Run:
     #: the run's own key is released at the end.
     requeued: bool = False
 
+    def hand_over(self, keys: CallKeys, heartbeat: Heartbeat) -> str:
+        """Let a continuation of this run's task id take the key ``keys`` back to queued.
 
-#: Speaks for whatever run of the task id holds the key: only when that run is known dead.
-ANY_RUN = ""
-
-_HOST = socket.gethostname()
-
-
-def main_process_token(store: Store, keys: CallKeys, *, killing: bool = False) -> str:
-    """The run token the worker's main process may act with for a task id outside any run
-    (a lost child, a revoke, retry_on_worker_lost): ANY_RUN when no live run holds the key,
-    else NO_RUN, which leaves a running record alone.
-
-    A run is known dead when it ran on this host and its process is gone: the main process
-    acts for its own dead children, never over a copy of the task that still runs (another
-    child, another host). ``killing``: the main process is killing the run itself (a hard
-    time limit, a revoke with terminate); Celery reports those before the process is gone.
-    Costs one read, on these rare paths only.
-    """
-    holder = store.lookup(keys)
-    if holder is None or holder.state == "queued":
-        return ANY_RUN
-    host, _, pid = (holder.worker or "").rpartition(":")
-    if host == _HOST and pid.isdigit() and (killing or not _alive(int(pid))):
-        return ANY_RUN
-    return NO_RUN
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def new_token() -> str:
-    # 48 bits: enough to tell apart the runs of one task id, small in every record.
-    return secrets.token_hex(6)
+        Returns the run token the requeue speaks for: this run's own, ANY_RUN for a run
+        that never claimed (its claim failed), or NO_RUN when there is nothing to hand over
+        (a run that met a live holder must never touch the holder's record; a continuation
+        to another key leaves this run's key to be released when the run ends).
+        """
+        if self.verdict == "held" or self.spec.keys != keys:
+            return NO_RUN
+        if self.lease is not None:
+            # Stop renewing before the record goes back to queued: a late renewal would find
+            # it queued and give up the lease, or re-create a running record.
+            heartbeat.drop(self.lease)
+            self.lease = None
+        self.requeued = True
+        return self.token if self.verdict == "claimed" else ANY_RUN
 
 
 def run_of(request: Any) -> Run | None:

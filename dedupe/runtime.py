@@ -1,9 +1,12 @@
-"""Per-app runtime (settings, Redis store, heartbeat) and :func:`install`."""
+"""What celery-dedupe keeps for one app: settings, Redis stores and the heartbeat.
+
+Built lazily on first use: the app may be configured after ``dedupe.install(app)``, and a
+forked worker child builds its own connections.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import weakref
 from typing import Any
@@ -13,33 +16,18 @@ from celery import Celery
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from . import defaults
 from .async_store import AsyncStore
 from .config import DedupeConfig
 from .errors import NotInstalled
 from .heartbeat import Heartbeat
 from .store import Store
 
-__all__ = ["Runtime", "install", "installed", "runtime_of"]
-
-logger = logging.getLogger("dedupe")
-
-# Short timeouts and few retries: a producer must not stall for long when the dedup Redis
-# is down (redis-py's default retries a failing command ten times). Every script is
-# idempotent per task id, so a retried command is safe.
-_CLIENT_DEFAULTS: dict[str, Any] = {
-    "socket_timeout": 2.0,
-    "socket_connect_timeout": 1.0,
-    "health_check_interval": 30,
-}
-
-
-def _default_retry() -> Retry:
-    return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), retries=2)
+__all__ = ["Runtime", "add_runtime", "installed", "runtime_of"]
 
 
 class Runtime:
-    """What celery-dedupe keeps for one app. Built lazily: the app may be configured after
-    :func:`install`, and a forked worker child builds its own connections."""
+    """What celery-dedupe keeps for one app."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -52,6 +40,30 @@ class Runtime:
         self._async_stores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncStore] = (
             weakref.WeakKeyDictionary()
         )
+        self._broker_is_store: bool | None = None
+        #: Per task name: the share of its recent calls that were duplicates.
+        self.duplicate_share: dict[str, float] = {}
+
+    @property
+    def broker_is_store(self) -> bool:
+        """Is the broker kombu's Redis transport on the dedup store's own server and
+        database? Then a call's record and message can be written in one step."""
+        if self._broker_is_store is None:
+            connection = self.app.connection_for_write()  # not connected: names the transport
+            try:
+                redis_transport = getattr(connection.transport, "driver_type", None) == "redis"
+                broker = (connection.hostname, connection.port or 6379, connection.virtual_host)
+            finally:
+                connection.release()
+            store = self.store.client.connection_pool.connection_kwargs
+            self._broker_is_store = redis_transport and _same_address(broker, store)
+        return self._broker_is_store
+
+    def count_call(self, task_name: str, duplicate: bool) -> None:
+        """Fold one call's verdict into the task's duplicate share."""
+        share = self.duplicate_share.get(task_name, 0.0)
+        weight = defaults.RATE_WEIGHT
+        self.duplicate_share[task_name] = share + weight * (float(duplicate) - share)
 
     @property
     def config(self) -> DedupeConfig:
@@ -67,9 +79,12 @@ class Runtime:
             config = self.config
             with self._lock:
                 if self._store is None:
+                    backoff = ExponentialWithJitterBackoff(
+                        base=defaults.RETRY_BACKOFF_BASE, cap=defaults.RETRY_BACKOFF_CAP
+                    )
                     options = {
-                        **_CLIENT_DEFAULTS,
-                        "retry": _default_retry(),
+                        **defaults.CLIENT_OPTIONS,
+                        "retry": Retry(backoff, retries=defaults.RETRIES),
                         **config.redis_options,
                     }
                     client = redis.Redis.from_url(config.redis_url, **options)
@@ -82,7 +97,7 @@ class Runtime:
         store = self._async_stores.get(loop)
         if store is None:
             config = self.config
-            store = AsyncStore.from_url(config.redis_url, _CLIENT_DEFAULTS, config.redis_options)
+            store = AsyncStore.from_url(config.redis_url, config.redis_options)
             self._async_stores[loop] = store
         return store
 
@@ -96,31 +111,37 @@ class Runtime:
         return self._heartbeat
 
 
+def _same_address(broker: tuple[Any, Any, Any], store: dict[str, Any]) -> bool:
+    host, port, virtual_host = broker
+    try:
+        db = int(str(virtual_host or "0").strip("/") or 0)
+    except ValueError:
+        return False
+    return store.get("path") is None and (host, int(port), db) == (
+        store.get("host"),
+        int(store.get("port") or 6379),
+        int(store.get("db") or 0),
+    )
+
+
 # The runtime lives on the app itself (as Celery keeps its own per-app state): found with one
 # attribute read on every call, and gone with the app.
 _ATTRIBUTE = "_dedupe_runtime"
-_install_lock = threading.Lock()
+_lock = threading.Lock()
 
 
-def install(app: Celery) -> None:
-    """Enable celery-dedupe on ``app``: once, where the app is made, in producers and workers.
-
-    It connects the worker's lifecycle handlers (claim, release, requeue) and nothing else:
-    settings are read on first use, so configuring the app after this call is fine.
-
-    >>> app = Celery("proj", broker="redis://localhost:6379/0")
-    >>> install(app)
-    """
-    from . import worker  # the worker imports the runtime: import it at call time
-
-    with _install_lock:
-        if installed(app) is None:
-            setattr(app, _ATTRIBUTE, Runtime(app))
-    worker.connect_signals()
+def add_runtime(app: Celery) -> Runtime:
+    """The runtime of ``app``, made now if it has none (``dedupe.install`` calls this)."""
+    with _lock:
+        runtime = installed(app)
+        if runtime is None:
+            runtime = Runtime(app)
+            setattr(app, _ATTRIBUTE, runtime)
+        return runtime
 
 
 def installed(app: Any) -> Runtime | None:
-    """The runtime of ``app``, or None when :func:`install` was not called for it."""
+    """The runtime of ``app``, or None when ``dedupe.install`` was not called for it."""
     runtime = getattr(app, _ATTRIBUTE, None)
     return runtime if isinstance(runtime, Runtime) else None
 

@@ -40,7 +40,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -51,7 +51,7 @@ from redis.connection import AbstractConnection
 from redis.exceptions import NoScriptError, ResponseError
 from redis.retry import Retry
 
-__all__ = ["ScriptRunner", "pack_command"]
+__all__ = ["Reply", "ScriptRunner", "pack_command"]
 
 logger = logging.getLogger("dedupe.store")
 
@@ -108,6 +108,20 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
+class Reply:
+    """The reply of a script sent with ``ScriptRunner.send(..., reply=True)``, once read."""
+
+    __slots__ = ("done", "error", "value")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.value: Any = None
+        self.error: ResponseError | None = None
+
+    def settle(self, value: Any, error: ResponseError | None) -> None:
+        self.value, self.error, self.done = value, error, True
+
+
 class _Local(threading.local):
     connection: AbstractConnection | None = None
     sock: socket.socket | None = None
@@ -123,9 +137,9 @@ class _Local(threading.local):
         #: Bytes received and not parsed yet (the start of the next reply).
         self.buffer = b""
         #: Calls sent on ``connection`` whose replies are not read yet, oldest first.
-        self.pending: deque[tuple[Script, bytes]] = deque()
+        self.pending: deque[tuple[Script, bytes, Reply | None]] = deque()
         #: Calls sent on a connection that was lost before their replies came: send again.
-        self.unsent: list[tuple[Script, bytes]] = []
+        self.unsent: list[tuple[Script, bytes, Reply | None]] = []
 
 
 class ScriptRunner:
@@ -165,20 +179,45 @@ class ScriptRunner:
 
             return self._retry.call_with_retry(again, self._drop_connection)
 
-    def send(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> None:
-        """Run a script without waiting for its reply (read before the next call)."""
+    def send(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
+    ) -> Reply | None:
+        """Run a script without waiting for its reply (read before the next call). With
+        ``reply``, the reply is kept: :meth:`result` waits for it, later, on this thread."""
+        slot = Reply() if reply else None
         if script.sha not in self._known:
-            self(script, keys, args)
-            return
+            value = self(script, keys, args)
+            if slot is not None:
+                slot.settle(value, None)
+            return slot
         command = self._pack(script, keys, args)
 
         def send_now() -> None:
             sock = self._socket()
-            self._catch_up(sock)
+            if slot is None:
+                self._catch_up(sock)  # keeps what nobody waits for from piling up
+            else:
+                # Replies come back in order: the older ones are read with this one, later,
+                # often in the same recv.
+                self._resend_unsent(sock)
             self._send(sock, command)
-            self._local.pending.append((script, command))
+            self._local.pending.append((script, command, slot))
 
         self._retry.call_with_retry(send_now, self._drop_connection)
+        return slot
+
+    def result(self, slot: Reply) -> Any:
+        """The reply of a :meth:`send` made with ``reply=True`` on this thread (waits for it;
+        a connection lost meanwhile sends the command again, under the Retry policy)."""
+
+        def read() -> None:
+            if not slot.done:
+                self._catch_up(self._socket())
+
+        self._retry.call_with_retry(read, self._drop_connection)
+        if slot.error is not None:
+            raise slot.error
+        return slot.value
 
     def _pack(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
         shape = (script.sha, len(keys), len(args))
@@ -199,22 +238,34 @@ class ScriptRunner:
     def _catch_up(self, sock: socket.socket) -> None:
         """Resend what a lost connection took with it, then read the replies of sends."""
         local = self._local
-        while local.unsent:
-            script, command = local.unsent[0]
-            self._send(sock, command)
-            self._settle(sock, script, command)
-            local.unsent.pop(0)
+        self._resend_unsent(sock)
         while local.pending:
-            script, command = local.pending[0]
-            self._settle(sock, script, command)
+            script, command, slot = local.pending[0]
+            self._settle(sock, script, command, slot)
             local.pending.popleft()
 
-    def _settle(self, sock: socket.socket, script: Script, command: bytes) -> None:
+    def _resend_unsent(self, sock: socket.socket) -> None:
+        """Send again, in order, what a lost connection took with it (replies read later)."""
+        local = self._local
+        while local.unsent:
+            entry = local.unsent[0]
+            self._send(sock, entry[1])  # on failure it stays unsent, for the next connection
+            local.pending.append(local.unsent.pop(0))
+
+    def _settle(
+        self, sock: socket.socket, script: Script, command: bytes, slot: Reply | None
+    ) -> None:
         try:
-            self._reply(sock, script, command)
+            value = self._reply(sock, script, command)
         except ResponseError as exc:
-            # Nobody waits for this reply: say so, and carry on with the caller's call.
-            logger.warning("a script sent earlier failed: %r", exc)
+            if slot is None:
+                # Nobody waits for this reply: say so, and carry on with the caller's call.
+                logger.warning("a script sent earlier failed: %r", exc)
+            else:
+                slot.settle(None, exc)
+            return
+        if slot is not None:
+            slot.settle(value, None)
 
     def _reply(self, sock: socket.socket, script: Script, command: bytes) -> Any:
         try:
@@ -341,38 +392,36 @@ def _parse(buffer: bytes, start: int) -> tuple[Any, int] | None:
     line = buffer[start + 1 : line_end]
     end = line_end + 2
     if kind == b":":
-        return int(line), end
+        return int(line), end  # the scripts' most common reply: first
+    simple = _SIMPLE.get(kind)
+    if simple is not None:
+        return simple(line), end
     if kind == b"$" or kind == b"!":
-        size = int(line)
-        if size < 0:
-            return None, end
-        if len(buffer) < end + size + 2:
-            return None
-        data = buffer[end : end + size]
-        if kind == b"!":
-            return _error(data), end + size + 2
-        return data, end + size + 2
-    if kind == b"-":
-        return _error(line), end
-    if kind == b"+":
-        return line, end
-    if kind == b"_":
-        return None, end
-    if kind == b"#":
-        return line == b"t", end
-    if kind == b",":
-        return float(line), end
+        return _parse_bulk(buffer, kind, int(line), end)
     if kind == b"*" or kind == b">":
-        items: list[Any] = [] if kind == b"*" else _Push()
-        for _ in range(int(line)):
-            parsed = _parse(buffer, end)
-            if parsed is None:
-                return None
-            item, end = parsed
-            items.append(item)
-        return items, end
+        return _parse_aggregate(buffer, kind, int(line), end)
     # Nothing the scripts answer with: the stream cannot be trusted any more.
     raise redis.ConnectionError(f"unexpected reply from the dedup Redis: {buffer[:40]!r}")
+
+
+def _parse_bulk(buffer: bytes, kind: bytes, size: int, end: int) -> tuple[Any, int] | None:
+    if size < 0:
+        return None, end
+    if len(buffer) < end + size + 2:
+        return None
+    data = buffer[end : end + size]
+    return (_error(data) if kind == b"!" else data), end + size + 2
+
+
+def _parse_aggregate(buffer: bytes, kind: bytes, count: int, end: int) -> tuple[Any, int] | None:
+    items: list[Any] = [] if kind == b"*" else _Push()
+    for _ in range(count):
+        parsed = _parse(buffer, end)
+        if parsed is None:
+            return None
+        item, end = parsed
+        items.append(item)
+    return items, end
 
 
 class _Push(list[Any]):
@@ -383,3 +432,13 @@ def _error(message: bytes) -> ResponseError:
     parse_error: Any = BaseParser.parse_error  # (untyped in redis-py)
     error: ResponseError = parse_error(message.decode("utf-8", "replace"))
     return error
+
+
+# Replies that are one line: simple string, error, null, boolean, double.
+_SIMPLE: dict[bytes, Callable[[bytes], Any]] = {
+    b"+": bytes,
+    b"-": _error,
+    b"_": lambda line: None,
+    b"#": lambda line: line == b"t",
+    b",": float,
+}

@@ -1,41 +1,52 @@
 """The Redis side: one Lua script per state transition, one round trip per call.
 
-Scripts are registered once on the store's client and called through a ScriptRunner (EVALSHA
-with a NOSCRIPT fallback, which also survives a restart or failover that empties the script
-cache, on a connection of each thread's own). Script return codes are turned into results in
-this module only.
+Scripts live in ``dedupe/lua/`` (each headed by its KEYS, ARGV and replies), are registered
+once on the store's client and run through a ScriptRunner (EVALSHA with a NOSCRIPT fallback,
+which also survives a restart or failover that empties the script cache, on a connection of
+each thread's own). Every reply is read here and only here: the ``read_*`` functions turn a
+script's reply into a result (an enum per script, or a :class:`~dedupe.Holder`) or an
+exception, for the sync :class:`Store` and the asyncio store alike.
 """
 
 from __future__ import annotations
 
-import logging
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from redis.commands.core import Script
 
-from .config import BUSY_POLL
-from .errors import RedisUnavailable
+from . import defaults
+from .errors import RedisUnavailable, UnexpectedReply
 from .keys import CallKeys
-from .record import Holder, owner_of
-from .script_runner import ScriptRunner
+from .record import Holder, pack_owner
+from .script_runner import Reply, ScriptRunner
 
 __all__ = [
+    "Claim",
+    "Enqueue",
     "Lease",
+    "Push",
+    "Renewal",
+    "Requeue",
     "Store",
     "first_holder",
-    "held_by",
-    "key_names",
+    "read_cancel",
+    "read_claim",
+    "read_confirm",
+    "read_enqueue",
+    "read_publish",
+    "read_release",
+    "read_renew",
+    "read_requeue",
     "redis_errors",
+    "reraise_unavailable",
     "script_text",
-    "translated",
 ]
-
-logger = logging.getLogger("dedupe.store")
 
 #: What counts as "Redis is unreachable": connection and timeout failures, a server still
 #: loading its data, a replica that refuses writes after a failover, a server at its memory
@@ -57,6 +68,134 @@ def script_text(name: str) -> str:
     return prelude + "\n" + (package / f"{name}.lua").read_text(encoding="utf-8")
 
 
+# -- replies: the one place that reads them ---------------------------------------------------
+
+
+class Enqueue(enum.IntEnum):
+    """enqueue.lua's integer replies (a held key answers with its record instead)."""
+
+    CREATED = 1
+    #: The key holds these very bytes: redis-py sent the command again after a timeout.
+    RESENT = 2
+
+
+class Push(enum.IntEnum):
+    """publish.lua's integer replies (a held key answers with its record instead)."""
+
+    PUSHED = 1
+    #: The key holds these very bytes: the first send of the command pushed the message.
+    RESENT = 2
+    #: A forced push (a canvas member) that left the holder's record alone.
+    FORCED = 3
+
+
+class Claim(enum.IntEnum):
+    """claim.lua's integer reply (a held key answers with its record instead)."""
+
+    CLAIMED = 1
+
+
+class Renewal(enum.IntEnum):
+    """renew.lua's replies."""
+
+    #: Another task or another run holds the key now; it was left alone.
+    LOST = 0
+    RENEWED = 1
+    #: The key was gone (Redis restarted, failed over or evicted it) and was re-created.
+    RECREATED = 2
+
+
+class Requeue(enum.IntEnum):
+    """requeue.lua's replies."""
+
+    #: Another task id holds the record: left alone.
+    OTHER_TASK = 0
+    QUEUED = 1
+    #: Another live run of this task id (a redelivered copy) holds it: left alone.
+    LIVE_RUN = 2
+
+
+_Code = TypeVar("_Code", bound=enum.IntEnum)
+
+
+def _code(kind: type[_Code], script: str, reply: Any) -> _Code:
+    try:
+        return kind(reply)
+    except ValueError:
+        raise UnexpectedReply(script, reply) from None
+
+
+def _granted_or_held(kind: type[enum.IntEnum], script: str, key: str, reply: Any) -> Holder | None:
+    # A granted request answers with an integer; a held key with b"<pttl>:<record>".
+    if isinstance(reply, int):
+        _code(kind, script, reply)
+        return None
+    if not isinstance(reply, bytes):
+        raise UnexpectedReply(script, reply)
+    pttl, _, raw = reply.partition(b":")
+    return Holder.from_raw(key, raw, int(pttl))
+
+
+def read_enqueue(key: str, reply: Any) -> Holder | None:
+    """None: the call was accepted; else the holder it duplicates."""
+    return _granted_or_held(Enqueue, "enqueue", key, reply)
+
+
+def read_publish(key: str, reply: Any) -> Push | Holder:
+    """How the message went out, or the holder that refused it (nothing was pushed)."""
+    if isinstance(reply, int):
+        return _code(Push, "publish", reply)
+    holder = _granted_or_held(Push, "publish", key, reply)
+    assert holder is not None
+    return holder
+
+
+def read_confirm(reply: Any) -> bool:
+    """True: the record is durable; False: it was gone, or someone else's."""
+    if reply not in (0, 1):
+        raise UnexpectedReply("confirm", reply)
+    return bool(reply)
+
+
+def read_claim(key: str, reply: Any) -> Holder | None:
+    """None: the run claimed the key; else the holder that keeps it from running."""
+    return _granted_or_held(Claim, "claim", key, reply)
+
+
+def read_renew(reply: Any) -> Renewal:
+    return _code(Renewal, "renew", reply)
+
+
+def read_requeue(reply: Any) -> Requeue:
+    return _code(Requeue, "requeue", reply)
+
+
+def read_release(reply: Any) -> int:
+    """The number of keys deleted."""
+    if not isinstance(reply, int) or not 0 <= reply <= 2:
+        raise UnexpectedReply("release", reply)
+    return reply
+
+
+def read_cancel(reply: Any) -> bool:
+    """True if the queued record was deleted."""
+    if reply not in (0, 1):
+        raise UnexpectedReply("cancel", reply)
+    return bool(reply)
+
+
+def first_holder(names: Sequence[str], replies: Sequence[Any]) -> Holder | None:
+    """Read GET/PTTL pairs: the first key present, as a Holder."""
+    for index, name in enumerate(names):
+        raw = replies[2 * index]
+        if raw is not None:
+            return Holder.from_raw(name, raw, replies[2 * index + 1])
+    return None
+
+
+# -- the store -------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """A run's hold on its run key, as the heartbeat renews it."""
@@ -68,11 +207,17 @@ class Lease:
     #: The running record, to re-create the key if Redis lost it.
     record: bytes
 
+    def args(self) -> list[Any]:
+        """renew.lua's ARGV."""
+        return [pack_owner(self.task_id), self.token, self.lease_ms, self.record]
+
 
 class Store:
     """Every read and write celery-dedupe makes to Redis."""
 
-    def __init__(self, client: redis.Redis, *, busy_poll: float = BUSY_POLL) -> None:
+    def __init__(
+        self, client: redis.Redis, *, busy_poll: float = defaults.BUSY_POLL_US / 1e6
+    ) -> None:
         self.client = client
         self._run = ScriptRunner(client, busy_poll)
         self._enqueue = self._register("enqueue")
@@ -81,15 +226,75 @@ class Store:
         self._requeue = self._register("requeue")
         self._release = self._register("release")
         self._cancel = self._register("cancel")
+        self._publish = self._register("publish")
+        self._confirm = self._register("confirm")
 
     def _register(self, name: str) -> Script:
         return self.client.register_script(script_text(name))
 
     def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
         """Create the queued record of a call. None: accepted; a Holder: a duplicate of it."""
-        with translated("enqueue"):
-            reply = self._run(self._enqueue, [keys.record], [record, ttl_ms])
-        return held_by(keys.record, reply)
+        with reraise_unavailable("enqueue"):
+            reply = self._run(self._enqueue, [keys.call], [record, ttl_ms])
+        return read_enqueue(keys.call, reply)
+
+    def start_enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Reply:
+        """:meth:`enqueue`, sent now and read later (:meth:`enqueue_result`, same thread):
+        the caller does its other work while Redis decides."""
+        with reraise_unavailable("enqueue"):
+            slot = self._run.send(self._enqueue, [keys.call], [record, ttl_ms], reply=True)
+        assert slot is not None
+        return slot
+
+    def enqueue_result(self, keys: CallKeys, slot: Reply) -> Holder | None:
+        """The answer to :meth:`start_enqueue`: None accepted, else the holder."""
+        with reraise_unavailable("enqueue"):
+            reply = self._run.result(slot)
+        return read_enqueue(keys.call, reply)
+
+    def publish(
+        self,
+        keys: CallKeys,
+        queued: bytes,
+        ttl_ms: int,
+        message: str | bytes,
+        lists: Sequence[str],
+        *,
+        provisional: bytes = b"",
+        expiring: Sequence[str] = (),
+        expire_ms: int = 0,
+        force: bool = False,
+    ) -> Push | Holder:
+        """Create the queued record of a call and push its message to ``lists``, in one step;
+        or answer with the holder and push nothing (unless ``force``)."""
+        with reraise_unavailable("publish"):
+            reply = self._run(
+                self._publish,
+                [keys.call, *lists, *expiring],
+                [
+                    queued,
+                    ttl_ms,
+                    provisional,
+                    message,
+                    len(lists),
+                    "force" if force else "",
+                    expire_ms,
+                ],
+            )
+        return read_publish(keys.call, reply)
+
+    def confirm(self, keys: CallKeys, provisional: bytes, queued: bytes, ttl_ms: int) -> bool:
+        """Make a published call's provisional record durable."""
+        with reraise_unavailable("confirm"):
+            reply = self._run(self._confirm, [keys.call], [provisional, queued, ttl_ms])
+        return read_confirm(reply)
+
+    def send_confirm(self, keys: CallKeys, provisional: bytes, queued: bytes, ttl_ms: int) -> None:
+        """:meth:`confirm`, without waiting for the reply: the caller has its result already.
+        The connection was checked by this call's enqueue a moment ago; the reply is read
+        before this thread's next call, and a lost connection sends the command again."""
+        with reraise_unavailable("confirm"):
+            self._run.send(self._confirm, [keys.call], [provisional, queued, ttl_ms])
 
     def claim(
         self,
@@ -102,66 +307,57 @@ class Store:
         now: int,
     ) -> Holder | None:
         """Start a run. None: claimed; a Holder: another run is live on the key."""
-        with translated("claim"):
+        with reraise_unavailable("claim"):
             reply = self._run(
                 self._claim,
-                [keys.record, keys.run],
-                [owner_of(task_id), token, lease_ms, host, pid, now],
+                [keys.call, keys.run],
+                [pack_owner(task_id), token, lease_ms, host, pid, now],
             )
-        return held_by(keys.run, reply)
+        return read_claim(keys.run, reply)
 
-    def renew(self, leases: Sequence[Lease]) -> list[int]:
-        """Renew leases in one round trip: 1 renewed, 2 re-created, 0 lost (per lease)."""
-        with translated("renew"):
+    def renew(self, leases: Sequence[Lease]) -> list[Renewal]:
+        """Renew leases in one round trip, one answer per lease."""
+        with reraise_unavailable("renew"):
             if len(leases) == 1:
                 lease = leases[0]
-                args = [owner_of(lease.task_id), lease.token, lease.lease_ms, lease.record]
-                return [int(self._run(self._renew, [lease.key], args))]
+                return [read_renew(self._run(self._renew, [lease.key], lease.args()))]
             with self.client.pipeline(transaction=False) as pipe:
                 for lease in leases:
-                    self._renew_one(lease, pipe)
-                return [int(code) for code in pipe.execute()]
+                    self._renew(keys=[lease.key], args=lease.args(), client=pipe)
+                return [read_renew(reply) for reply in pipe.execute()]
 
-    def _renew_one(self, lease: Lease, client: Any) -> Any:
-        return self._renew(
-            keys=[lease.key],
-            args=[owner_of(lease.task_id), lease.token, lease.lease_ms, lease.record],
-            client=client,
-        )
-
-    def requeue(self, keys: CallKeys, task_id: str, token: str, record: bytes, ttl_ms: int) -> int:
-        """Put a continuing task id back to queued: 1 done, 0 or 2 left to its holder."""
-        with translated("requeue"):
-            return int(
-                self._run(
-                    self._requeue,
-                    [keys.record, keys.run],
-                    [owner_of(task_id), token, record, ttl_ms],
-                )
+    def requeue(
+        self, keys: CallKeys, task_id: str, token: str, record: bytes, ttl_ms: int
+    ) -> Requeue:
+        """Put a continuing task id back to queued (or leave the key to its holder)."""
+        with reraise_unavailable("requeue"):
+            reply = self._run(
+                self._requeue, [keys.call, keys.run], [pack_owner(task_id), token, record, ttl_ms]
             )
+        return read_requeue(reply)
 
     def release(self, keys: CallKeys, task_id: str, token: str = "") -> int:
         """Delete what this task id (and run, when a token is given) holds; returns the count."""
-        with translated("release"):
-            return int(
-                self._run(self._release, [keys.record, keys.run], [owner_of(task_id), token])
-            )
+        with reraise_unavailable("release"):
+            reply = self._run(self._release, [keys.call, keys.run], [pack_owner(task_id), token])
+        return read_release(reply)
 
-    def release_soon(self, keys: CallKeys, task_id: str, token: str) -> None:
+    def send_release(self, keys: CallKeys, task_id: str, token: str) -> None:
         """:meth:`release`, without waiting for the reply: the end of a run, whose worker
         goes on to its next task at once (the reply is read before that thread's next call)."""
-        with translated("release"):
-            self._run.send(self._release, [keys.record, keys.run], [owner_of(task_id), token])
+        with reraise_unavailable("release"):
+            self._run.send(self._release, [keys.call, keys.run], [pack_owner(task_id), token])
 
     def cancel(self, keys: CallKeys, task_id: str) -> bool:
         """Delete this task id's record if it is still queued (never a running one)."""
-        with translated("cancel"):
-            return bool(self._run(self._cancel, [keys.record], [owner_of(task_id)]))
+        with reraise_unavailable("cancel"):
+            reply = self._run(self._cancel, [keys.call], [pack_owner(task_id)])
+        return read_cancel(reply)
 
     def lookup(self, keys: CallKeys) -> Holder | None:
         """The holder of a call's keys: the queued record first, else the running one."""
-        names = key_names(keys)
-        with translated("lookup"), self.client.pipeline(transaction=False) as pipe:
+        names = keys.names
+        with reraise_unavailable("lookup"), self.client.pipeline(transaction=False) as pipe:
             for name in names:
                 pipe.get(name)
                 pipe.pttl(name)
@@ -169,39 +365,16 @@ class Store:
 
     def clear(self, keys: CallKeys) -> bool:
         """Delete a call's keys whoever holds them. True if anything was deleted."""
-        with translated("clear"):
-            names = {keys.record, keys.run}
-            return bool(self.client.delete(*names))
-
-
-def held_by(key: str, reply: int | bytes) -> Holder | None:
-    """Read an enqueue or claim reply: None when granted (an integer), else who holds the
-    key (``b"<pttl>:<record>"``)."""
-    if isinstance(reply, int):
-        return None
-    pttl, _, raw = reply.partition(b":")
-    return Holder.from_raw(key, raw, int(pttl))
-
-
-def key_names(keys: CallKeys) -> list[str]:
-    return [keys.record] if keys.run == keys.record else [keys.record, keys.run]
-
-
-def first_holder(names: Sequence[str], replies: Sequence[Any]) -> Holder | None:
-    """Read GET/PTTL pairs: the first key present, as a Holder."""
-    for index, name in enumerate(names):
-        raw = replies[2 * index]
-        if raw is not None:
-            return Holder.from_raw(name, raw, replies[2 * index + 1])
-    return None
+        with reraise_unavailable("clear"):
+            return bool(self.client.delete(*keys.names))
 
 
 # Redis 6 reports a write refused inside a script as a script error carrying this text.
 _OOM = "OOM command not allowed"
 
 
-class translated:
-    """Turn "Redis is unreachable" errors into :class:`RedisUnavailable`.
+class reraise_unavailable:
+    """Re-raise "Redis is unreachable" errors as :class:`RedisUnavailable`.
 
     A class, not a generator context manager: it wraps every round trip, and costs a
     fraction of one.

@@ -8,11 +8,12 @@ from typing import Any, ClassVar, Literal
 from celery import Task
 from celery.result import AsyncResult
 
-from . import worker
+from .aio import apublish_unique
 from .errors import ConfigurationError
+from .header import HEADER
 from .options import CALL_OPTIONS
-from .producer import publish_unique
-from .run import HEADER
+from .producer import Call, publish_unique
+from .worker import guard
 
 __all__ = ["DedupeTask"]
 
@@ -20,12 +21,15 @@ __all__ = ["DedupeTask"]
 class DedupeTask(Task[Any, Any]):
     """Base class for tasks that must not be queued, or run, twice for the same arguments.
 
-    >>> @app.task(base=DedupeTask, unique=True)        # every .delay() deduplicates
-    ... def sync_customer(customer_id, full=False): ...
-    >>> @app.task(base=DedupeTask)                     # only delay_unique() does
-    ... def report(day): ...
-    >>> report.delay_unique("2026-11-22").deduplicated
-    False
+    .. code-block:: python
+
+        @app.task(base=DedupeTask, unique=True)        # every .delay() deduplicates
+        def sync_customer(customer_id, full=False): ...
+
+        @app.task(base=DedupeTask)                     # only delay_unique() does
+        def report(day): ...
+
+        report.delay_unique("2026-11-22").deduplicated  # False
     """
 
     #: Deduplicate every call (``delay``, ``apply_async``), not only the ``*_unique`` ones.
@@ -53,6 +57,9 @@ class DedupeTask(Task[Any, Any]):
     #: Seconds before a run that met a live run is tried again.
     on_running_countdown: ClassVar[float | None] = None
 
+    #: Tells the worker that before_start calls the execution guard (run.GUARDS_RUNS).
+    _dedupe_guards_runs: ClassVar[bool] = True
+
     def apply_async(
         self,
         args: Sequence[Any] | None = None,
@@ -74,9 +81,7 @@ class DedupeTask(Task[Any, Any]):
             # A message of ours sent again (a retry) keeps the key it carries.
             unique = self.unique or HEADER in (options.get("headers") or {})
         if unique:
-            return publish_unique(
-                self.app, self, self.name, args, kwargs, options, self._dedupe_publish
-            )
+            return publish_unique(self._call(args, kwargs, options))
         stray = [name for name in CALL_OPTIONS if name in options]
         if stray:
             raise ConfigurationError(
@@ -93,12 +98,12 @@ class DedupeTask(Task[Any, Any]):
     ) -> AsyncResult[Any]:
         """Publish unless the same call is queued or running; see :func:`dedupe.apply_async`.
 
-        >>> report.apply_async_unique(args=("2026-11-22",), countdown=10, unique_ttl=600)
+        .. code-block:: python
+
+            report.apply_async_unique(args=("2026-11-22",), countdown=10, unique_ttl=600)
         """
         options.pop("unique", None)
-        return publish_unique(
-            self.app, self, self.name, args, kwargs, options, self._dedupe_publish
-        )
+        return publish_unique(self._call(args, kwargs, options))
 
     def delay_unique(self, *args: Any, **kwargs: Any) -> AsyncResult[Any]:
         """``delay`` with dedup: ``report.delay_unique("2026-11-22")``."""
@@ -112,18 +117,21 @@ class DedupeTask(Task[Any, Any]):
     ) -> AsyncResult[Any]:
         """:meth:`apply_async_unique` for asyncio code: the Redis round trip is awaited.
 
-        >>> result = await report.aapply_async_unique(args=("2026-11-22",))
-        """
-        from .aio import apublish_unique
+        .. code-block:: python
 
+            result = await report.aapply_async_unique(args=("2026-11-22",))
+        """
         options.pop("unique", None)
-        return await apublish_unique(
-            self.app, self, self.name, args, kwargs, options, self._dedupe_publish
-        )
+        return await apublish_unique(self._call(args, kwargs, options))
 
     async def adelay_unique(self, *args: Any, **kwargs: Any) -> AsyncResult[Any]:
         """:meth:`delay_unique` for asyncio code: ``await report.adelay_unique(day)``."""
         return await self.aapply_async_unique(args, kwargs)
+
+    def _call(
+        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: dict[str, Any]
+    ) -> Call:
+        return Call(self.app, self, self.name, args, kwargs, options, self._dedupe_publish)
 
     def _dedupe_publish(
         self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: dict[str, Any]
@@ -136,4 +144,4 @@ class DedupeTask(Task[Any, Any]):
 
     def before_start(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The execution guard: skip or defer this run if another run of its key is live."""
-        worker.guard(self, task_id)
+        guard(self, task_id)

@@ -1,4 +1,5 @@
-"""Worker side: claim the key when a run starts, release it on every way a run can end.
+"""Worker side, in the process that runs the task: claim the key when a run starts, guard
+it, release it when the run ends.
 
 Where each ending is seen (``after_return`` misses most of them):
 
@@ -7,79 +8,59 @@ ending                                        handler
 ============================================  ==============================================
 success, failure, Ignore, Reject, soft limit  ``task_postrun``, in the process that ran it
 retry (DedupeTask)                            its ``apply_async``, before the message exists
-retry (other bases), retry_on_worker_lost     ``before_task_publish``, before the message
+retry (other bases)                           ``before_task_publish``, before the message
+retry_on_worker_lost                          ``before_task_publish`` in the prefork parent
 killed child, hard time limit                 ``task_failure`` in the prefork parent
 revoked (before start or terminated), expiry  ``task_revoked`` in the prefork parent
 anything else (a whole worker killed)         the lease, then the ttl
 ============================================  ==============================================
 
-The main process's handlers live in dedupe/main_process.py. Handlers are idempotent (a hard
-time limit reports its failure twice) and owner-checked: a run releases only what its own
-task id and run token hold.
+The prefork parent's handlers live in :mod:`dedupe.prefork_parent`. Handlers are idempotent
+(a hard time limit reports its failure twice) and owner-checked: a run releases only what its
+own task id and run token hold.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
-import socket
-import threading
 import time
+from collections.abc import Mapping
 from typing import Any, NoReturn, cast
 
-from celery import Task, signals, states
+from celery import Task, states
+from celery._state import get_current_worker_task
 from celery.exceptions import Ignore, Retry
 
 from .checks import eviction_risk
 from .errors import KeyDerivationError, RedisUnavailable
-from .keys import CallKeys
-from .options import UniqueOptions
-from .plan import keys_for, options_for
+from .header import KeyHeader, is_publishing
+from .keys import CallKeys, keys_for
+from .liveness import HOST
+from .options import options_for
 from .record import pack_queued, pack_running
-from .run import (
-    NO_RUN,
-    Run,
-    RunSpec,
-    attach,
-    carried_by,
-    detach,
-    new_token,
-    run_of,
-)
+from .run import GUARDS_RUNS, NO_RUN, Run, RunSpec, attach, detach, new_token, run_of
 from .runtime import Runtime, installed
-from .store import Lease
+from .store import Lease, Requeue
+from .timing import milliseconds, seconds_until
 
-__all__ = ["connect_signals", "guard", "requeue_run", "run_spec", "seconds_until", "spec_of"]
+__all__ = [
+    "derived_spec",
+    "guard",
+    "on_before_publish",
+    "on_postrun",
+    "on_prerun",
+    "on_worker_ready",
+    "requeue_for_message",
+    "requeue_key",
+    "spec_for_request",
+]
 
 logger = logging.getLogger("dedupe.worker")
 
-_HOST = socket.gethostname()
-_connected = False
-_connect_lock = threading.Lock()
 
-
-def connect_signals() -> None:
-    """Connect the lifecycle handlers, once per process (they serve every installed app)."""
-    # The main process's handlers use this module's helpers: import them here, not above.
-    from .main_process import on_before_publish, on_failure, on_revoked
-
-    global _connected
-    with _connect_lock:
-        if _connected:
-            return
-        signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="dedupe.prerun")
-        signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="dedupe.postrun")
-        signals.task_failure.connect(on_failure, weak=False, dispatch_uid="dedupe.failure")
-        signals.before_task_publish.connect(
-            on_before_publish, weak=False, dispatch_uid="dedupe.before_publish"
-        )
-        signals.task_revoked.connect(on_revoked, weak=False, dispatch_uid="dedupe.revoked")
-        signals.worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="dedupe.ready")
-        _connected = True
-
-
-def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+def on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """Warn at start when the dedup Redis may evict live keys."""
     app = getattr(sender, "app", None)
     runtime = installed(app)
     if runtime is None:
@@ -92,49 +73,41 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 # -- where the run's spec comes from ---------------------------------------------------------
 
 
-def run_spec(runtime: Runtime, task: Any, request: Any, args: Any, kwargs: Any) -> RunSpec | None:
+def spec_for_request(
+    runtime: Runtime, task: Any, request: Any, args: Any, kwargs: Any
+) -> RunSpec | None:
     """The spec of a run: from the message header (``request.headers``, not an attribute:
     in eager mode only the dict has it), or derived for a guarded task's message that
     bypassed the producer path (send_task, sent before install)."""
-    carried = carried_by(getattr(request, "headers", None))
-    options = options_for(task, task.name, runtime.config)
+    header = KeyHeader.read(getattr(request, "headers", None))
     canvas = bool(
         request.chain or request.callbacks or request.errbacks or request.chord or request.group
     )
-    if carried is not None:
-        ttl = carried.ttl if carried.ttl is not None else options.ttl
-        return spec_of(carried.keys, carried.until, ttl, options, canvas, carried=True)
+    if header is None:
+        return derived_spec(runtime, task, args, kwargs, canvas=canvas)
+    options = options_for(task, task.name, runtime.config)
+    ttl = header.ttl if header.ttl is not None else options.ttl
+    return RunSpec.from_options(
+        header.keys, header.until, ttl, options, canvas=canvas, carried=True
+    )
+
+
+def derived_spec(
+    runtime: Runtime, task: Any, args: Any, kwargs: Any, *, canvas: bool = False
+) -> RunSpec | None:
+    """The spec of a run of a guarded task whose message carries no header; None for a task
+    that is neither ``unique`` nor ``exclusive``."""
     if not (getattr(task, "unique", False) or getattr(task, "exclusive", False)):
         return None
-    keys = keys_for(runtime, task, task.name, options, args, kwargs)
-    return spec_of(keys, options.until, options.ttl, options, canvas)
-
-
-def spec_of(
-    keys: CallKeys,
-    until: Any,
-    ttl: float,
-    options: UniqueOptions,
-    canvas: bool,
-    *,
-    carried: bool = False,
-) -> RunSpec:
-    return RunSpec(
-        keys=keys,
-        until="started" if until == "started" else "finished",
-        ttl=ttl,
-        lease=options.lease,
-        on_running=options.on_running,
-        running_countdown=options.running_countdown,
-        canvas=canvas,
-        carried=carried,
-    )
+    options = options_for(task, task.name, runtime.config)
+    keys = keys_for(runtime.config.key_prefix, task, task.name, options, args, kwargs)
+    return RunSpec.from_options(keys, options.until, options.ttl, options, canvas=canvas)
 
 
 # -- the run's start ---------------------------------------------------------------------------
 
 
-def _on_prerun(
+def on_prerun(
     sender: Any = None,
     task_id: str = "",
     task: Any = None,
@@ -142,13 +115,14 @@ def _on_prerun(
     kwargs: Any = None,
     **_: Any,
 ) -> None:
+    """``task_prerun``: claim the run's key."""
     task = task or sender
     runtime = installed(task.app)
     request = task.request
     if runtime is None or request.is_eager or request.called_directly:
         return
     try:
-        spec = run_spec(runtime, task, request, args or (), kwargs or {})
+        spec = spec_for_request(runtime, task, request, args or (), kwargs or {})
     except KeyDerivationError as exc:
         logger.error("%s[%s] runs unguarded: %s", task.name, task_id, exc)
         return
@@ -159,11 +133,11 @@ def _on_prerun(
 
 def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
     token = new_token()
-    lease_ms = _ms(spec.lease)
+    lease_ms = milliseconds(spec.lease)
     pid = os.getpid()
     now = time.time()
     try:
-        holder = runtime.store.claim(spec.keys, task_id, token, lease_ms, _HOST, pid, int(now))
+        holder = runtime.store.claim(spec.keys, task_id, token, lease_ms, HOST, pid, int(now))
     except RedisUnavailable as exc:
         # The message is consumed already: running it beats losing it.
         logger.warning(
@@ -171,7 +145,7 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
         )
         return Run(spec, token, "error")
     if holder is not None:
-        if not isinstance(task, _guarding_base()):
+        if not getattr(task, GUARDS_RUNS, False):
             logger.warning(
                 "%s[%s] runs while %s holds its key: only tasks with base=dedupe.DedupeTask "
                 "are kept from running concurrently",
@@ -181,16 +155,10 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
             )
         return Run(spec, token, "held", holder=holder)
     lease = Lease(
-        spec.keys.run, task_id, token, lease_ms, pack_running(task_id, token, _HOST, pid, now)
+        spec.keys.run, task_id, token, lease_ms, pack_running(task_id, token, HOST, pid, now)
     )
     runtime.heartbeat.hold(lease)
     return Run(spec, token, "claimed", lease=lease)
-
-
-def _guarding_base() -> type:
-    from .task import DedupeTask
-
-    return DedupeTask
 
 
 def guard(task: Task[Any, Any], task_id: str) -> None:
@@ -235,10 +203,48 @@ def _defer(task: Task[Any, Any], request: Any, countdown: float) -> NoReturn:
     raise Retry(when=cast("Any", countdown), sig=signature)
 
 
+# -- continuations that tasks of other bases publish ------------------------------------------
+
+
+def on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+    """``before_task_publish`` in a run: a retry (or replace) of the running task id, sent by a
+    task of another base class (a DedupeTask's own apply_async handles its continuations),
+    takes the key back to queued before its message exists (it may start at once elsewhere).
+    """
+    if is_publishing() or not headers:
+        return
+    current = get_current_worker_task()
+    header = KeyHeader.read(headers)
+    task_id = headers.get("id")
+    if current is None or header is None or not task_id or current.request.id != task_id:
+        return  # not in a run, not our message, or a new call with copied headers
+    run = run_of(current.request)
+    runtime = installed(current.app)
+    if run is None or run.requeued or runtime is None:
+        return
+    token = run.hand_over(header.keys, runtime.heartbeat)
+    if token != NO_RUN:
+        requeue_for_message(runtime, header, task_id, token, headers)
+
+
+def requeue_for_message(
+    runtime: Runtime, header: KeyHeader, task_id: str, token: str, headers: Mapping[str, Any]
+) -> None:
+    """Requeue a key for the message about to be published with ``headers``."""
+    delay = seconds_until(
+        headers.get("eta"), time.time(), enable_utc=bool(runtime.app.conf.enable_utc)
+    )
+    ttl = header.ttl if header.ttl is not None else runtime.config.default_ttl
+    try:
+        requeue_key(runtime, header.keys, ttl, task_id, token, delay)
+    except RedisUnavailable as exc:
+        logger.warning("could not requeue the key of %s: %s", task_id, exc.cause)
+
+
 # -- the run's end -------------------------------------------------------------------------------
 
 
-def _on_postrun(
+def on_postrun(
     sender: Any = None,
     task_id: str = "",
     task: Any = None,
@@ -246,6 +252,7 @@ def _on_postrun(
     state: str | None = None,
     **_: Any,
 ) -> None:
+    """``task_postrun``: release the run's key (or requeue it with its message)."""
     task = task or sender
     run = detach(task.request)
     runtime = installed(task.app)
@@ -253,24 +260,22 @@ def _on_postrun(
         return
     if run.lease is not None:
         runtime.heartbeat.drop(run.lease)
-    if run.verdict == "held":
-        return  # never touch the holder's record
+    if run.verdict == "held" or run.requeued:
+        # Never touch the holder's record. A continuation (retry, replace) put the key back
+        # to queued before its message was published; that message owns it now. (A RETRY
+        # without one, a bare `raise Retry()`, publishes nothing and is released below.)
+        return
     # A run whose claim failed (Redis was unreachable) holds no run: it speaks for its
     # queued record only, never for a copy of its task id that claimed since.
     token = run.token if run.verdict == "claimed" else NO_RUN
     spec = run.spec
     try:
-        if run.requeued:
-            # A continuation (retry, replace) put the key back to queued before its message
-            # was published; that message owns it now. A RETRY without one (a bare
-            # `raise Retry()` publishes nothing) falls through to the release.
-            return
         if state == states.REJECTED and getattr(retval, "requeue", False) and task.acks_late:
             # The message goes back to the queue, and the record with it. (Without
             # acks_late the message was acked already: a requeue loses it.)
-            requeue_run(runtime, spec, task_id, token, 0.0)
+            requeue_key(runtime, spec.keys, spec.ttl, task_id, token, 0.0)
         elif run.verdict == "claimed":
-            runtime.store.release_soon(spec.keys, task_id, token)
+            runtime.store.send_release(spec.keys, task_id, token)
         else:
             runtime.store.cancel(spec.keys, task_id)
     except RedisUnavailable as exc:
@@ -279,21 +284,13 @@ def _on_postrun(
         )
 
 
-def requeue_run(runtime: Runtime, spec: RunSpec, task_id: str, token: str, delay: float) -> None:
+def requeue_key(
+    runtime: Runtime, keys: CallKeys, ttl: float, task_id: str, token: str, delay: float
+) -> Requeue:
+    """Put a task id's key back to queued for its next message, ``delay`` seconds away."""
     now = time.time()
     record = pack_queued(task_id, now, now + delay if delay else None)
-    runtime.store.requeue(spec.keys, task_id, token, record, _ms(spec.ttl + delay))
-
-
-def seconds_until(when: Any) -> float:
-    if isinstance(when, (int, float)):
-        return max(float(when), 0.0)
-    if isinstance(when, dt.datetime):
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=dt.timezone.utc)
-        return max(float(when.timestamp()) - time.time(), 0.0)
-    return 0.0
-
-
-def _ms(seconds: float) -> int:
-    return max(int(seconds * 1000), 1)
+    outcome = runtime.store.requeue(keys, task_id, token, record, milliseconds(ttl + delay))
+    if outcome is not Requeue.QUEUED:
+        logger.debug("the key of %s stays with its holder (%s)", task_id, outcome.name.lower())
+    return outcome

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,7 +23,7 @@ from celery.contrib.testing.worker import start_worker
 import dedupe
 from dedupe._redis_server import RedisServer, find_redis_server
 
-from .helpers import WorkerProcess, keys_with_prefix, rabbitmq_available, require
+from .helpers import RunLog, WorkerProcess, keys_with_prefix, rabbitmq_available, require
 
 _server: RedisServer | None = None
 _counter = itertools.count()
@@ -58,6 +59,53 @@ def redis_server() -> RedisServer:
 @pytest.fixture(scope="session")
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+class RedisFactory:
+    """Makes private redis-servers (the session's binary, each on a free port) and closes
+    every one it made: for tests that stop, freeze or restart a server, or count its
+    commands, where the shared one would disturb other tests."""
+
+    def __init__(self, executable: str) -> None:
+        self.executable = executable
+        self.servers: list[RedisServer] = []
+
+    def __call__(self, *, start: bool = True) -> RedisServer:
+        """A new server, started unless ``start=False`` (a port where nothing listens yet)."""
+        server = RedisServer(executable=self.executable)
+        self.servers.append(server)
+        if start:
+            server.start()
+        return server
+
+    def close(self) -> None:
+        for server in self.servers:
+            if server._process is not None:
+                server.resume()  # a server the test froze and never thawed
+            server.close()
+
+
+@contextmanager
+def _redis_factory(redis_server: RedisServer) -> Iterator[RedisFactory]:
+    factory = RedisFactory(redis_server.executable)
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture
+def redis_factory(redis_server: RedisServer) -> Iterator[RedisFactory]:
+    """Call to start a private redis-server; all are closed at the test's end."""
+    with _redis_factory(redis_server) as factory:
+        yield factory
+
+
+@pytest.fixture(scope="module")
+def module_redis_factory(redis_server: RedisServer) -> Iterator[RedisFactory]:
+    """:func:`redis_factory` whose servers live until the module's end."""
+    with _redis_factory(redis_server) as factory:
+        yield factory
 
 
 @pytest.fixture
@@ -136,6 +184,18 @@ def app(make_app: Callable[..., Celery], broker: str) -> Celery:
 def redis_app(make_app: Callable[..., Celery]) -> Celery:
     """An app whose broker is Redis, for tests that read the queue's raw messages."""
     return make_app()
+
+
+@pytest.fixture
+def runlog(redis_client: redis.Redis, app: Celery) -> RunLog:
+    """Where this test's in-process tasks write when each run starts and ends."""
+    return RunLog(redis_client, app.conf.dedupe_key_prefix)
+
+
+@pytest.fixture
+def tag() -> str:
+    """A name of this test's own, for its calls, runs and queues on shared workers."""
+    return uuid.uuid4().hex[:12]
 
 
 @pytest.fixture

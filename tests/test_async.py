@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,6 +12,8 @@ from celery import Celery
 
 import dedupe
 from dedupe._redis_server import RedisServer
+
+from .conftest import RedisFactory
 
 
 @pytest.fixture
@@ -23,12 +25,8 @@ def job(app: Celery) -> Any:
 
 
 @pytest.fixture
-def stoppable_redis(redis_server: RedisServer) -> Iterator[RedisServer]:
-    server = RedisServer(executable=redis_server.executable)
-    server.start()
-    yield server
-    server.resume() if server._process else None
-    server.close()
+def stoppable_redis(redis_factory: RedisFactory) -> RedisServer:
+    return redis_factory()
 
 
 def test_a_burst_of_identical_async_calls_publishes_once(

@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,27 +20,23 @@ import pytest
 import redis
 
 import dedupe
-from dedupe._redis_server import RedisServer
+from dedupe.header import KeyHeader
 
+from .conftest import RedisFactory
 from .helpers import ROOT, BeatProcess, wait_for
 
-pytestmark = pytest.mark.usefixtures("prefork_worker")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefork_worker")]
 
 SECONDS = 3.5
 OBSERVE = 12.0
 
 
-@pytest.fixture
-def tag() -> str:
-    return f"beat{uuid.uuid4().hex[:8]}"
-
-
 def queued_per_key(client: redis.Redis, queue: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     for raw in client.lrange(queue, 0, -1):
-        header = json.loads(raw)["headers"].get("celery_dedupe")
+        header = KeyHeader.read(json.loads(raw)["headers"])
         if header:
-            counts[header["key"]] = counts.get(header["key"], 0) + 1
+            counts[header.keys.call] = counts.get(header.keys.call, 0) + 1
     return counts
 
 
@@ -151,7 +146,7 @@ def test_the_mixin_composes_with_django_celery_beats_database_scheduler(
     )
     dedupe.release(worker_app.plain_sleepy, args=(tag, 0), unique_on=("tag",))
     redis_client.delete(f"none-{tag}")
-    assert keys == {by_tag.keys.record}
+    assert keys == {by_tag.keys.call}
     assert most_queued <= 1
     assert_runs_back_to_back(worker_app, tag)
     assert "not sending sleepy-every-second" in beat.tail()
@@ -166,10 +161,9 @@ def test_the_mixin_composes_with_redbeat(run_beats: Any, worker_app: Any, tag: s
 
 
 def test_beat_keeps_running_while_the_dedup_redis_is_down(
-    tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis, tag: str
+    tmp_path: Path, redis_factory: RedisFactory, redis_client: redis.Redis, tag: str
 ) -> None:
-    dedup = RedisServer(executable=redis_server.executable)
-    dedup.start()
+    dedup = redis_factory()
     queue = f"beat-outage-{tag}"  # nothing consumes it: records stay queued, sends are skipped
     beat = BeatProcess(
         "dedupe.beat:DedupeScheduler",
@@ -199,5 +193,4 @@ def test_beat_keeps_running_while_the_dedup_redis_is_down(
         assert redis_client.llen(queue) <= sent_while_down + 1
     finally:
         beat.stop()
-        dedup.close()
         redis_client.delete(queue)

@@ -12,8 +12,9 @@ from celery import Celery
 from celery.beat import ScheduleEntry, SchedulingError
 
 import dedupe
-from dedupe._redis_server import RedisServer
 from dedupe.beat import DedupeScheduler
+
+from .conftest import RedisFactory
 
 
 @pytest.fixture
@@ -205,12 +206,11 @@ def test_the_beat_header_is_set_and_the_entry_is_left_untouched(
 
 
 def test_redis_down_with_raise_is_a_scheduling_error_beat_survives(
-    make_app: Callable[..., Celery], redis_server: RedisServer, tmp_path: Path
+    make_app: Callable[..., Celery], redis_factory: RedisFactory, tmp_path: Path
 ) -> None:
-    down = RedisServer(executable=redis_server.executable)
+    down = redis_factory(start=False)
     app = make_app(dedupe_redis_url=down.url, dedupe_on_redis_error="raise")
     scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "s"))
     entry = ScheduleEntry(name="e", task="x.y", schedule=60.0, args=(1,), app=app)
     with pytest.raises(SchedulingError, match="Couldn't apply scheduled task e"):
         scheduler.apply_async(entry)
-    down.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,15 +15,12 @@ from celery import Celery, signals
 import dedupe
 from dedupe._redis_server import RedisServer
 
-from .conftest import in_process_worker
+from .conftest import RedisFactory, in_process_worker
 
 
 @pytest.fixture
-def dedup_redis(redis_server: RedisServer) -> Iterator[RedisServer]:
-    server = RedisServer(executable=redis_server.executable)
-    server.start()
-    yield server
-    server.close()
+def dedup_redis(redis_factory: RedisFactory) -> RedisServer:
+    return redis_factory()
 
 
 @pytest.fixture
@@ -68,9 +65,36 @@ def counted(make_app: Callable[..., Celery], dedup_redis: RedisServer) -> Any:
     return app, job, delta, dedup_redis
 
 
-def test_an_accepted_call_costs_one_round_trip(counted: Any) -> None:
+def test_an_accepted_call_on_a_dedup_redis_of_its_own_costs_an_enqueue_and_a_confirm(
+    counted: Any,
+) -> None:
+    # The provisional path: the record is written provisional (one round trip), then made
+    # durable once the publish returns (sent without waiting for its reply).
     _, job, delta, _ = counted
-    assert delta(lambda: job.delay(1)) == 1
+    assert delta(lambda: job.delay(1)) == 2
+
+
+def test_an_accepted_call_on_the_brokers_redis_costs_one_round_trip_push_included(
+    make_app: Callable[..., Celery], dedup_redis: RedisServer
+) -> None:
+    app = make_app(broker=dedup_redis.url, dedupe_redis_url=dedup_redis.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> int:
+        return x
+
+    job.delay(-1)  # connections made, scripts loaded
+    client = redis.Redis.from_url(dedup_redis.url)
+    client.config_resetstat()
+    job.delay(1)
+    calls = {
+        name: stat["calls"]
+        for name, stat in client.info("commandstats").items()
+        # CONFIG RESETSTAT: "config" before Redis 7, "config|resetstat" since.
+        if name.split("|")[0] != "cmdstat_config"
+    }
+    # One EVALSHA; the GET, SET and LPUSH ran inside it.
+    assert calls == {"cmdstat_evalsha": 1, "cmdstat_get": 1, "cmdstat_set": 1, "cmdstat_lpush": 1}
 
 
 def test_a_duplicate_call_costs_one_round_trip(counted: Any) -> None:
@@ -79,6 +103,7 @@ def test_a_duplicate_call_costs_one_round_trip(counted: Any) -> None:
     assert delta(lambda: job.delay(2)) == 1
 
 
+@pytest.mark.slow
 def test_a_run_costs_one_round_trip_at_start_and_one_at_the_end(counted: Any) -> None:
     app, job, delta, _ = counted
     ended = threading.Event()
@@ -99,8 +124,8 @@ def test_a_run_costs_one_round_trip_at_start_and_one_at_the_end(counted: Any) ->
                 job.apply_async((3,), task_id=expected)
                 assert ended.wait(10)
 
-            # The accepted call (1), then the run's claim (1) and release (1).
-            assert delta(call_and_run) == 3
+            # The accepted call (enqueue and confirm), then the run's claim and release.
+            assert delta(call_and_run) == 4
     finally:
         signals.task_postrun.disconnect(on_postrun)
     assert dedupe.lookup(job, (3,)) is None

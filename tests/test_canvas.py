@@ -16,10 +16,7 @@ import dedupe
 from .conftest import in_process_worker
 from .helpers import RunLog, keys_with_prefix, wait_for
 
-
-@pytest.fixture
-def runlog(redis_client: redis.Redis, app: Celery) -> RunLog:
-    return RunLog(redis_client, app.conf.dedupe_key_prefix)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

@@ -12,15 +12,14 @@ from redis.retry import Retry
 from dedupe._redis_server import RedisServer
 from dedupe.checks import eviction_risk
 
+from .conftest import RedisFactory
+
 
 @pytest.fixture
-def server(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    private = RedisServer(executable=redis_server.executable)
-    private.start()
-    client = redis.Redis.from_url(private.url, decode_responses=True)
+def server(redis_factory: RedisFactory) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_factory().url, decode_responses=True)
     yield client
     client.close()
-    private.close()
 
 
 def test_no_memory_limit_is_no_risk(server: redis.Redis) -> None:

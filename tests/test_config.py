@@ -214,7 +214,7 @@ class _DjangoSettings:
 def test_a_setting_is_read_as_app_conf_reads_it(
     configure: Callable[[Celery], None], expected: bool
 ) -> None:
-    from dedupe.celery_conf import SettingReader
+    from dedupe.config import SettingReader
 
     app = bare_app("redis://cache:6379/0")
     configure(app)
@@ -224,7 +224,7 @@ def test_a_setting_is_read_as_app_conf_reads_it(
 
 
 def test_a_setting_changed_after_the_first_read_is_seen() -> None:
-    from dedupe.celery_conf import SettingReader
+    from dedupe.config import SettingReader
 
     app = bare_app("redis://cache:6379/0")
     always_eager = SettingReader("task_always_eager")
@@ -234,7 +234,7 @@ def test_a_setting_changed_after_the_first_read_is_seen() -> None:
 
 
 def test_one_reader_serves_several_apps() -> None:
-    from dedupe.celery_conf import SettingReader
+    from dedupe.config import SettingReader
 
     eager, lazy = bare_app("redis://a//", task_always_eager=True), bare_app("redis://b//")
     always_eager = SettingReader("task_always_eager")

@@ -5,9 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from dedupe._redis_server import RedisServer
 
 from .helpers import ROOT
+
+pytestmark = pytest.mark.slow  # the demo runs a worker in a subprocess
 
 
 def test_the_demo_publishes_once_runs_once_and_leaves_no_key(redis_server: RedisServer) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -15,15 +14,13 @@ from dedupe.keys import CallKeys
 from dedupe.record import pack_running
 from dedupe.store import Lease, Store
 
+from .conftest import RedisFactory
 from .helpers import wait_for
 
 
 @pytest.fixture
-def server(redis_server: RedisServer) -> Iterator[RedisServer]:
-    private = RedisServer(executable=redis_server.executable)
-    private.start()
-    yield private
-    private.close()
+def server(redis_factory: RedisFactory) -> RedisServer:
+    return redis_factory()
 
 
 def held_lease(store: Store, key: str, lease_ms: int = 600) -> Lease:
@@ -49,6 +46,7 @@ def test_a_dropped_lease_lapses(server: RedisServer) -> None:
     wait_for(lambda: not store.client.exists("k:{b}"), timeout=2, message="lease lapsed")
 
 
+@pytest.mark.slow
 def test_the_heartbeat_survives_a_redis_that_refuses_for_a_while(server: RedisServer) -> None:
     store = Store(redis.Redis.from_url(server.url))
     heartbeat = Heartbeat(store)

@@ -184,8 +184,8 @@ def test_an_unencodable_top_level_argument_is_named_plainly() -> None:
 
 def test_keys_carry_a_cluster_hash_tag_shared_by_the_run_lock() -> None:
     keys = call_keys("dedupe", "proj.sync", "ab" * 16, separate_run_lock=True)
-    assert keys.record == "dedupe:{proj.sync:" + "ab" * 16 + "}"
-    assert keys.run == keys.record + ":run"
+    assert keys.call == "dedupe:{proj.sync:" + "ab" * 16 + "}"
+    assert keys.run == keys.call + ":run"
     assert call_keys("dedupe", "t", "00", separate_run_lock=False).run == "dedupe:{t:00}"
 
 
@@ -288,12 +288,14 @@ def reshaped(value: Any) -> Any:
     return value
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(values)
 def test_equivalent_values_share_a_digest(value: Any) -> None:
     assert digest(value) == digest(reshaped(value))
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(values, values)
 def test_different_values_never_share_a_digest(a: Any, b: Any) -> None:
@@ -316,6 +318,7 @@ def test_a_namedtuple_is_encoded_as_the_tuple_json_would_send() -> None:
     assert canonical_bytes(Point(1, 2)) == canonical_bytes((1, 2)) == canonical_bytes([1, 2])
 
 
+@pytest.mark.slow
 def test_set_digests_do_not_depend_on_the_hash_seed() -> None:
     import subprocess
     import sys

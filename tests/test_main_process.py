@@ -71,7 +71,7 @@ def _running_here(app: Celery, job: Any, x: int, pid: int) -> Any:
     result = job.delay(x)
     store = runtime_of(app).store
     keys = result.keys
-    store.client.delete(keys.record)
+    store.client.delete(keys.call)
     assert (
         store.claim(keys, result.id, "t1", 30_000, socket.gethostname(), pid, time.time()) is None
     )

@@ -6,7 +6,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -18,9 +18,10 @@ from kombu.exceptions import OperationalError
 
 import dedupe
 from dedupe._redis_server import RedisServer
-from dedupe.record import owner_of
-from dedupe.run import HEADER
+from dedupe.header import HEADER, KeyHeader
+from dedupe.record import pack_owner
 
+from .conftest import RedisFactory
 from .helpers import keys_with_prefix
 
 QueueLength = Callable[[Celery], int]
@@ -48,11 +49,8 @@ def tasks(app: Celery) -> Any:
 
 
 @pytest.fixture
-def stoppable_redis(redis_server: RedisServer) -> Iterator[RedisServer]:
-    server = RedisServer(executable=redis_server.executable)
-    server.start()
-    yield server
-    server.close()
+def stoppable_redis(redis_factory: RedisFactory) -> RedisServer:
+    return redis_factory()
 
 
 @pytest.fixture(params=["redis://127.0.0.1:1/0", "amqp://guest:guest@127.0.0.1:1//"])
@@ -195,9 +193,9 @@ def test_arguments_are_never_stored_in_redis(
 ) -> None:
     result = tasks.sync_customer.delay(987654321)
     (key,) = keys_with_prefix(redis_client, app.conf.dedupe_key_prefix)
-    # A queued record is [owner, enqueue time]: nothing of the arguments.
-    owner, enqueued_at = msgpack.unpackb(redis_client.get(key), raw=True)
-    assert owner == owner_of(result.id)
+    # A queued record is [owner, nonce, enqueue time]: nothing of the arguments.
+    owner, _nonce, enqueued_at = msgpack.unpackb(redis_client.get(key), raw=True)
+    assert owner == pack_owner(result.id)
     assert isinstance(enqueued_at, float)
     assert b"987654321" not in key
     assert b"987654321" not in redis_client.get(key)
@@ -213,9 +211,11 @@ def test_the_key_travels_in_a_namespaced_message_header(
 
     result = sync_customer.delay(21)
     (message,) = broker_messages(redis_client, app)
-    header = message["headers"][HEADER]
-    assert header["key"] == result.keys.record
-    assert header["until"] == "finished"
+    assert message["headers"][HEADER] == f"finished|3600.0|{result.keys.call}"
+    header = KeyHeader.read(message["headers"])
+    assert header is not None
+    assert header.keys.call == result.keys.call
+    assert header.until == "finished"
     assert message["headers"]["id"] == result.id
 
 
@@ -230,6 +230,7 @@ def test_an_unencodable_argument_raises_before_anything_is_written_or_sent(
     assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
 
 
+@pytest.mark.slow
 def test_a_failed_publish_leaves_no_record_and_the_error_reaches_the_caller(
     unreachable_broker: Any, redis_client: redis.Redis
 ) -> None:
@@ -239,6 +240,7 @@ def test_a_failed_publish_leaves_no_record_and_the_error_reaches_the_caller(
     assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
 
 
+@pytest.mark.slow
 def test_a_failed_publish_with_a_task_id_that_is_not_a_string_leaves_no_record(
     unreachable_broker: Any, redis_client: redis.Redis
 ) -> None:
@@ -483,7 +485,7 @@ def test_a_message_of_ours_sent_again_with_its_task_id_is_a_continuation(
 ) -> None:
     # What retry_on_worker_lost does in the worker's main process: same id, same header.
     first = tasks.sync_customer.delay(60)
-    headers = {HEADER: {"key": first.keys.record, "until": "finished", "ttl": 3600}}
+    headers = {HEADER: {"key": first.keys.call, "until": "finished", "ttl": 3600}}
     again = tasks.sync_customer.apply_async((60,), task_id=first.id, headers=headers)
     assert again.deduplicated is False
     assert queue_length(app) == 2
@@ -535,13 +537,14 @@ def test_a_continuation_is_published_even_while_another_task_holds_the_key(
 ) -> None:
     # The worker's main process re-sending a task after its child died: never refused.
     holder = tasks.sync_customer.delay(61)
-    headers = {HEADER: {"key": holder.keys.record, "until": "finished", "ttl": 3600}}
+    headers = {HEADER: {"key": holder.keys.call, "until": "finished", "ttl": 3600}}
     again = tasks.sync_customer.apply_async((61,), task_id="lost-child-task", headers=headers)
     assert again.deduplicated is False
     assert again.id == "lost-child-task"
     assert queue_length(app) == 2
 
 
+@pytest.mark.slow
 def test_a_continuation_whose_publish_fails_leaves_no_record(
     unreachable_broker: Any, redis_client: redis.Redis
 ) -> None:

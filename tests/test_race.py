@@ -16,6 +16,8 @@ from kombu import Connection
 
 from dedupe._redis_server import RedisServer
 
+pytestmark = pytest.mark.slow  # eight spawned producer processes
+
 PROCESSES = 8
 CALLS = 200
 

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dedupe._redis_server import RedisServer
 from dedupe.script_runner import ScriptRunner, _parse, _Push
+
+from .conftest import RedisFactory
 
 # -- the reply reader (pure) -------------------------------------------------------------------
 
@@ -88,13 +89,10 @@ return 1
 
 
 @pytest.fixture(scope="module")
-def own_url(redis_server: RedisServer) -> Iterator[str]:
+def own_url(module_redis_factory: RedisFactory) -> str:
     """A Redis of this module's own: its tests kill connections, flush scripts and run
     scripts that stall the server, which no other test should meet."""
-    private = RedisServer(executable=redis_server.executable)
-    private.start()
-    yield private.url
-    private.close()
+    return module_redis_factory().url
 
 
 @pytest.fixture

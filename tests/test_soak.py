@@ -19,7 +19,11 @@ from typing import Any
 import pytest
 import redis
 
+from dedupe.header import KeyHeader
+
 from .helpers import WorkerProcess, keys_with_prefix, wait_for
+
+pytestmark = pytest.mark.slow
 
 PRODUCERS = 4
 CALLS = 500
@@ -39,39 +43,70 @@ def _produce(soak_id: str, queue: str, seed: int, barrier: Any) -> None:
         time.sleep(rng.uniform(0, 2 * pause))
 
 
+class _Faults:
+    """Background threads: one kills a random worker child every few seconds, one samples the
+    queue for two messages of one key."""
+
+    def __init__(self, workers: list[WorkerProcess], client: redis.Redis, queue: str) -> None:
+        self.workers, self.client, self.queue = workers, client, queue
+        self.killed: dict[int, float] = {}
+        self.pileups: list[Counter[str]] = []
+        self.samples = 0
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._kill_children),
+            threading.Thread(target=self._sample_queue),
+        ]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            if thread.is_alive():
+                thread.join()
+
+    def _kill_children(self) -> None:
+        rng = random.Random(1)
+        while not self.stop.wait(rng.uniform(1.5, 3.0)):
+            children = rng.choice(self.workers).child_pids()
+            if children:
+                pid = rng.choice(children)
+                self.killed[pid] = time.time()
+                os.kill(pid, signal.SIGKILL)
+
+    def _sample_queue(self) -> None:
+        while not self.stop.wait(0.02):
+            per_key = Counter(
+                KeyHeader.read(json.loads(raw)["headers"]).keys.call  # type: ignore[union-attr]
+                for raw in self.client.lrange(self.queue, 0, -1)
+            )
+            self.samples += 1
+            if per_key and max(per_key.values()) > 1:
+                self.pileups.append(per_key)
+
+
+def _drain(worker_app: Any, client: redis.Redis, queue: str) -> None:
+    """Every queued call runs, every key frees itself."""
+    wait_for(lambda: client.llen(queue) == 0, timeout=60, message="queue drained")
+    wait_for(
+        lambda: (
+            not [k for k in keys_with_prefix(client, worker_app.PREFIX) if b"worker_app.soak:" in k]
+        ),
+        timeout=3 * worker_app.LEASE + 10,
+        message="no key left after drain",
+    )
+
+
 @pytest.mark.soak
 def test_soak_no_overlap_no_pileup_no_stuck_key(worker_app: Any, redis_client: redis.Redis) -> None:
     soak_id, queue = f"soak{uuid.uuid4().hex[:8]}", f"soak-{uuid.uuid4().hex[:8]}"
     workers = [WorkerProcess(worker_app.app, env={"DEDUPE_TEST_QUEUE": queue}) for _ in range(2)]
     for worker in workers:
         worker.start()
-    killed: dict[int, float] = {}
-    pileups: list[Counter[str]] = []
-    samples = 0
-    stop = threading.Event()
-
-    def kill_children() -> None:
-        rng = random.Random(1)
-        while not stop.wait(rng.uniform(1.5, 3.0)):
-            worker = rng.choice(workers)
-            children = worker.child_pids()
-            if children:
-                pid = rng.choice(children)
-                killed[pid] = time.time()
-                os.kill(pid, signal.SIGKILL)
-
-    def sample_queue() -> None:
-        nonlocal samples
-        while not stop.wait(0.02):
-            per_key = Counter(
-                json.loads(raw)["headers"]["celery_dedupe"]["key"]
-                for raw in redis_client.lrange(queue, 0, -1)
-            )
-            samples += 1
-            if per_key and max(per_key.values()) > 1:
-                pileups.append(per_key)
-
-    threads = [threading.Thread(target=kill_children), threading.Thread(target=sample_queue)]
+    faults = _Faults(workers, redis_client, queue)
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(PRODUCERS)
     producers = [
@@ -81,32 +116,18 @@ def test_soak_no_overlap_no_pileup_no_stuck_key(worker_app: Any, redis_client: r
     try:
         for process in producers:
             process.start()
-        for thread in threads:
-            thread.start()
+        faults.start()
         for process in producers:
             process.join(SECONDS * 4 + 60)
             assert process.exitcode == 0
-        stop.set()
-        for thread in threads:
-            thread.join()
-        # Drain: every queued call runs, every key frees itself.
-        wait_for(lambda: redis_client.llen(queue) == 0, timeout=60, message="queue drained")
-        wait_for(
-            lambda: (
-                not [
-                    k
-                    for k in keys_with_prefix(redis_client, worker_app.PREFIX)
-                    if b"worker_app.soak:" in k
-                ]
-            ),
-            timeout=3 * worker_app.LEASE + 10,
-            message="no key left after drain",
-        )
+        faults.finish()
+        _drain(worker_app, redis_client, queue)
     finally:
-        stop.set()
+        faults.finish()
         for worker in workers:
             worker.stop()
 
+    killed = faults.killed
     overlapping = {}
     runs_per_key = {}
     for key in range(KEYS):
@@ -116,10 +137,10 @@ def test_soak_no_overlap_no_pileup_no_stuck_key(worker_app: Any, redis_client: r
             overlapping[key] = found
     print(
         f"soak: {sum(runs_per_key.values())} runs on {KEYS} keys, {len(killed)} children "
-        f"killed, {samples} queue samples"
+        f"killed, {faults.samples} queue samples"
     )
     assert overlapping == {}
-    assert pileups == []
-    assert samples > 100
+    assert faults.pileups == []
+    assert faults.samples > 100
     assert killed, "the soak killed no worker child"
     assert all(count > 0 for count in runs_per_key.values())

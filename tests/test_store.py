@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dedupe.keys import CallKeys, call_keys
-from dedupe.record import pack_queued, pack_running, task_id_of
+from dedupe.record import pack_queued, pack_running, unpack_owner
 from dedupe.run import new_token
 from dedupe.store import Lease, Store
 
@@ -55,16 +55,18 @@ def record(store: Store, key: str) -> dict[str, object] | None:
     if len(fields) == 5:
         owner, token, host, pid, started_at = fields
         return {
-            "id": task_id_of(owner),
+            "id": unpack_owner(owner),
             "state": "running",
             "token": token.decode(),
             "host": host.decode(),
             "pid": pid,
             "started_at": started_at,
         }
-    named = {"id": task_id_of(fields[0]), "state": "queued", "enqueued_at": fields[1]}
-    if len(fields) == 3:
-        named["eta"] = fields[2]
+    if len(fields) == 2:
+        return {"id": unpack_owner(fields[0]), "state": "provisional", "nonce": fields[1]}
+    named = {"id": unpack_owner(fields[0]), "state": "queued", "enqueued_at": fields[2]}
+    if len(fields) == 4:
+        named["eta"] = fields[3]
     return named
 
 
@@ -87,12 +89,12 @@ def lease(keys: CallKeys, task_id: str, token: str) -> Lease:
 
 def test_enqueue_creates_a_queued_record_with_its_ttl(store: Store, finished: CallKeys) -> None:
     enqueue(store, finished, "A")
-    assert record(store, finished.record) == {
+    assert record(store, finished.call) == {
         "id": "A",
         "state": "queued",
         "enqueued_at": pytest.approx(time.time(), abs=5),
     }
-    assert 55_000 < store.client.pttl(finished.record) <= TTL_MS
+    assert 55_000 < store.client.pttl(finished.call) <= TTL_MS
 
 
 def test_enqueue_reports_the_holder_of_a_live_key(store: Store, finished: CallKeys) -> None:
@@ -102,7 +104,7 @@ def test_enqueue_reports_the_holder_of_a_live_key(store: Store, finished: CallKe
     assert (holder.task_id, holder.state) == ("A", "queued")
     assert holder.ttl is not None
     assert 55 < holder.ttl <= 60
-    assert record(store, finished.record)["id"] == "A"  # type: ignore[index]
+    assert record(store, finished.call)["id"] == "A"  # type: ignore[index]
 
 
 def test_enqueue_accepts_its_own_command_sent_again(store: Store, finished: CallKeys) -> None:
@@ -128,7 +130,7 @@ def test_claim_turns_the_callers_queued_record_into_a_running_lease(
 ) -> None:
     enqueue(store, finished, "A")
     assert claim(store, finished, "A", "t1") is None
-    found = record(store, finished.record)
+    found = record(store, finished.call)
     assert found is not None
     assert (found["id"], found["state"], found["token"], found["host"], found["pid"]) == (
         "A",
@@ -138,24 +140,24 @@ def test_claim_turns_the_callers_queued_record_into_a_running_lease(
         7,
     )
     assert found["started_at"] == pytest.approx(time.time(), abs=5)
-    assert 4_000 < store.client.pttl(finished.record) <= LEASE_MS
+    assert 4_000 < store.client.pttl(finished.call) <= LEASE_MS
 
 
 def test_claim_of_an_absent_key_runs_a_message_that_bypassed_the_producer(
     store: Store, finished: CallKeys
 ) -> None:
     assert claim(store, finished, "A", "t1") is None
-    assert record(store, finished.record)["state"] == "running"  # type: ignore[index]
+    assert record(store, finished.call)["state"] == "running"  # type: ignore[index]
 
 
 def test_claim_is_held_by_another_calls_queued_record(store: Store, finished: CallKeys) -> None:
     # B's message may have been handed to callers as the holder: it must run, not A.
     enqueue(store, finished, "B")
-    before = store.client.get(finished.record)
+    before = store.client.get(finished.call)
     holder = claim(store, finished, "A", "t1")
     assert holder is not None
     assert (holder.task_id, holder.state) == ("B", "queued")  # type: ignore[attr-defined]
-    assert store.client.get(finished.record) == before
+    assert store.client.get(finished.call) == before
 
 
 def test_claim_is_held_by_another_tasks_run(store: Store, finished: CallKeys) -> None:
@@ -170,7 +172,7 @@ def test_claim_is_held_by_another_run_of_the_same_task_id(store: Store, finished
     claim(store, finished, "A", "t0")
     holder = claim(store, finished, "A", "t1")
     assert holder is not None
-    assert record(store, finished.record)["token"] == "t0"  # type: ignore[index]
+    assert record(store, finished.call)["token"] == "t0"  # type: ignore[index]
 
 
 def test_claim_accepts_its_own_command_sent_again(store: Store, finished: CallKeys) -> None:
@@ -183,7 +185,7 @@ def test_claim_in_started_mode_frees_the_queued_record_for_the_next_call(
 ) -> None:
     enqueue(store, started, "A")
     assert claim(store, started, "A", "t1") is None
-    assert record(store, started.record) is None
+    assert record(store, started.call) is None
     assert record(store, started.run)["id"] == "A"  # type: ignore[index]
 
 
@@ -193,7 +195,7 @@ def test_claim_in_started_mode_leaves_a_newer_calls_queued_record(
     # With unique_until="started" the queued record only dedups calls; the run lock decides.
     enqueue(store, started, "B")
     assert claim(store, started, "A", "t1") is None
-    assert record(store, started.record)["id"] == "B"  # type: ignore[index]
+    assert record(store, started.call)["id"] == "B"  # type: ignore[index]
     assert record(store, started.run)["id"] == "A"  # type: ignore[index]
 
 
@@ -201,7 +203,7 @@ def test_claim_in_started_mode_is_held_by_the_run_lock(store: Store, started: Ca
     claim(store, started, "A", "t0")
     enqueue(store, started, "B")
     assert claim(store, started, "B", "t1") is not None
-    assert record(store, started.record)["id"] == "B"  # type: ignore[index]
+    assert record(store, started.call)["id"] == "B"  # type: ignore[index]
 
 
 # -- renew --------------------------------------------------------------------------------------
@@ -243,11 +245,11 @@ def test_renew_stops_at_a_record_put_back_to_queued(store: Store, finished: Call
     claim(store, finished, "A", "t1")
     store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS)
     assert store.renew([lease(finished, "A", "t1")]) == [0]
-    assert record(store, finished.record)["state"] == "queued"  # type: ignore[index]
+    assert record(store, finished.call)["state"] == "queued"  # type: ignore[index]
 
 
 def test_renew_of_several_leases_is_one_pipeline(store: Store, finished: CallKeys) -> None:
-    other = CallKeys(finished.record + "x", finished.record + "x")
+    other = CallKeys(finished.call + "x", finished.call + "x")
     claim(store, finished, "A", "t1")
     claim(store, other, "B", "t2")
     assert store.renew([lease(finished, "A", "t1"), lease(other, "B", "t2")]) == [1, 1]
@@ -261,19 +263,19 @@ def test_requeue_puts_its_run_back_to_queued_with_the_new_ttl(
 ) -> None:
     claim(store, finished, "A", "t1")
     assert store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS) == 1
-    assert record(store, finished.record)["state"] == "queued"  # type: ignore[index]
-    assert store.client.pttl(finished.record) > 55_000
+    assert record(store, finished.call)["state"] == "queued"  # type: ignore[index]
+    assert store.client.pttl(finished.call) > 55_000
 
 
 def test_requeue_recreates_a_lapsed_record(store: Store, finished: CallKeys) -> None:
     assert store.requeue(finished, "A", "", pack_queued("A", time.time(), None), TTL_MS) == 1
-    assert record(store, finished.record)["id"] == "A"  # type: ignore[index]
+    assert record(store, finished.call)["id"] == "A"  # type: ignore[index]
 
 
 def test_requeue_leaves_another_tasks_record_alone(store: Store, finished: CallKeys) -> None:
     claim(store, finished, "B", "t0")
     assert store.requeue(finished, "A", "", pack_queued("A", time.time(), None), TTL_MS) == 0
-    assert record(store, finished.record)["id"] == "B"  # type: ignore[index]
+    assert record(store, finished.call)["id"] == "B"  # type: ignore[index]
 
 
 def test_requeue_leaves_a_live_copy_of_the_same_task_id_running(
@@ -281,7 +283,7 @@ def test_requeue_leaves_a_live_copy_of_the_same_task_id_running(
 ) -> None:
     claim(store, finished, "A", "t0")
     assert store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS) == 2
-    assert record(store, finished.record)["token"] == "t0"  # type: ignore[index]
+    assert record(store, finished.call)["token"] == "t0"  # type: ignore[index]
 
 
 def test_requeue_without_a_token_speaks_for_any_run_of_its_task_id(
@@ -290,14 +292,14 @@ def test_requeue_without_a_token_speaks_for_any_run_of_its_task_id(
     # The worker's main process, after the child that ran the task died.
     claim(store, finished, "A", "t0")
     assert store.requeue(finished, "A", "", pack_queued("A", time.time(), None), TTL_MS) == 1
-    assert record(store, finished.record)["state"] == "queued"  # type: ignore[index]
+    assert record(store, finished.call)["state"] == "queued"  # type: ignore[index]
 
 
 def test_requeue_in_started_mode_frees_the_run_lock(store: Store, started: CallKeys) -> None:
     claim(store, started, "A", "t1")
     assert store.requeue(started, "A", "t1", pack_queued("A", time.time(), None), TTL_MS) == 1
     assert record(store, started.run) is None
-    assert record(store, started.record)["id"] == "A"  # type: ignore[index]
+    assert record(store, started.call)["id"] == "A"  # type: ignore[index]
 
 
 # -- release and cancel -------------------------------------------------------------------------
@@ -306,14 +308,14 @@ def test_requeue_in_started_mode_frees_the_run_lock(store: Store, started: CallK
 def test_release_deletes_what_its_run_holds(store: Store, finished: CallKeys) -> None:
     claim(store, finished, "A", "t1")
     assert store.release(finished, "A", "t1") == 1
-    assert record(store, finished.record) is None
+    assert record(store, finished.call) is None
 
 
 def test_release_never_deletes_another_tasks_key(store: Store, finished: CallKeys) -> None:
     claim(store, finished, "B", "t0")
     assert store.release(finished, "A") == 0
     assert store.release(finished, "A", "t0") == 0
-    assert record(store, finished.record)["id"] == "B"  # type: ignore[index]
+    assert record(store, finished.call)["id"] == "B"  # type: ignore[index]
 
 
 def test_release_never_deletes_another_run_of_the_same_task_id(
@@ -321,7 +323,7 @@ def test_release_never_deletes_another_run_of_the_same_task_id(
 ) -> None:
     claim(store, finished, "A", "t0")
     assert store.release(finished, "A", "stale") == 0
-    assert record(store, finished.record)["token"] == "t0"  # type: ignore[index]
+    assert record(store, finished.call)["token"] == "t0"  # type: ignore[index]
 
 
 def test_release_without_a_token_deletes_whatever_its_task_id_holds(
@@ -330,25 +332,25 @@ def test_release_without_a_token_deletes_whatever_its_task_id_holds(
     enqueue(store, started, "A")
     store.client.set(started.run, pack_running("A", "t0", "h", 1, 0))
     assert store.release(started, "A") == 2
-    assert store.client.exists(started.record, started.run) == 0
+    assert store.client.exists(started.call, started.run) == 0
 
 
 def test_cancel_deletes_its_queued_record(store: Store, finished: CallKeys) -> None:
     enqueue(store, finished, "A")
     assert store.cancel(finished, "A") is True
-    assert record(store, finished.record) is None
+    assert record(store, finished.call) is None
 
 
 def test_cancel_never_deletes_a_running_record(store: Store, finished: CallKeys) -> None:
     claim(store, finished, "A", "t1")
     assert store.cancel(finished, "A") is False
-    assert record(store, finished.record)["state"] == "running"  # type: ignore[index]
+    assert record(store, finished.call)["state"] == "running"  # type: ignore[index]
 
 
 def test_cancel_never_deletes_another_tasks_record(store: Store, finished: CallKeys) -> None:
     enqueue(store, finished, "B")
     assert store.cancel(finished, "A") is False
-    assert record(store, finished.record)["id"] == "B"  # type: ignore[index]
+    assert record(store, finished.call)["id"] == "B"  # type: ignore[index]
 
 
 # -- records of Celery's own task ids (UUIDs, stored packed) -----------------------------------
@@ -362,7 +364,7 @@ def test_a_uuid_task_id_is_recognised_by_every_transition(store: Store, finished
     assert store.requeue(finished, task_id, "t1", queued, TTL_MS) == 1
     assert claim(store, finished, task_id, "t2") is None
     assert store.renew([lease(finished, task_id, "t2")]) == [1]
-    assert record(store, finished.record)["id"] == task_id  # type: ignore[index]
+    assert record(store, finished.call)["id"] == task_id  # type: ignore[index]
     assert store.release(finished, task_id, "t2") == 1
 
 
@@ -391,8 +393,8 @@ def test_a_record_with_typical_names_takes_at_most_200_bytes_of_redis_memory(
         now = int(time.time())
         assert store.claim(keys, task_id, new_token(), LEASE_MS, host, 123456, now) is None
     try:
-        assert record(store, keys.record)["state"] == state  # type: ignore[index]
-        assert store.client.memory_usage(keys.record) <= 200
+        assert record(store, keys.call)["state"] == state  # type: ignore[index]
+        assert store.client.memory_usage(keys.call) <= 200
     finally:
         store.clear(keys)
 
@@ -439,16 +441,16 @@ def test_a_release_sent_without_waiting_takes_effect_at_once(
     store: Store, finished: CallKeys, redis_client: redis.Redis
 ) -> None:
     claim(store, finished, "A", "t1")
-    store.release_soon(finished, "A", "t1")
-    assert redis_client.exists(finished.record) == 0
+    store.send_release(finished, "A", "t1")
+    assert redis_client.exists(finished.call) == 0
 
 
 def test_the_next_call_reads_the_replies_of_releases_in_order(
     store: Store, finished: CallKeys
 ) -> None:
     claim(store, finished, "A", "t1")
-    store.release_soon(finished, "A", "t1")
-    store.release_soon(finished, "A", "t1")
+    store.send_release(finished, "A", "t1")
+    store.send_release(finished, "A", "t1")
     assert claim(store, finished, "B", "t2") is None
     assert store.release(finished, "B", "t2") == 1
 
@@ -460,11 +462,11 @@ def test_a_release_refused_for_a_forgotten_script_still_happens(
     assert store.release(finished, "A", "t1") == 1  # the release script is known loaded
     claim(store, finished, "A", "t1")
     redis_client.script_flush()  # then lost, as after a restart or a failover
-    store.release_soon(finished, "A", "t1")
-    assert redis_client.exists(finished.record) == 1  # refused: NOSCRIPT
-    other = CallKeys(finished.record + "o", finished.record + "o")
+    store.send_release(finished, "A", "t1")
+    assert redis_client.exists(finished.call) == 1  # refused: NOSCRIPT
+    other = CallKeys(finished.call + "o", finished.call + "o")
     assert claim(store, other, "B", "t2") is None  # the thread's next call catches up
-    assert redis_client.exists(finished.record) == 0
+    assert redis_client.exists(finished.call) == 0
 
 
 def test_the_first_release_on_a_server_waits_until_its_script_is_loaded(
@@ -474,5 +476,5 @@ def test_the_first_release_on_a_server_waits_until_its_script_is_loaded(
     fresh = Store(redis.Redis.from_url(redis_url))
     assert claim(fresh, finished, "A", "t1") is None
     redis_client.script_flush()
-    fresh.release_soon(finished, "A", "t1")
-    assert redis_client.exists(finished.record) == 0
+    fresh.send_release(finished, "A", "t1")
+    assert redis_client.exists(finished.call) == 0

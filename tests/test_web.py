@@ -132,6 +132,7 @@ def site(request: pytest.FixtureRequest, redis_url: str, tmp_path_factory: Any) 
         pinger.close()
 
 
+@pytest.mark.slow
 def test_fifty_concurrent_refreshes_publish_one_task_that_runs_once(site: Site) -> None:
     report_id = 7
     received_before = site.received()
@@ -153,6 +154,7 @@ def test_fifty_concurrent_refreshes_publish_one_task_that_runs_once(site: Site) 
     assert site.received() - received_before == 1  # one message reached the worker
 
 
+@pytest.mark.slow
 def test_refreshes_of_different_reports_run_in_parallel(site: Site) -> None:
     first, second = site.post_refresh(101), site.post_refresh(102)
     assert (first.status_code, second.status_code) == (202, 202)
@@ -162,6 +164,7 @@ def test_refreshes_of_different_reports_run_in_parallel(site: Site) -> None:
     assert two["started"] < one["finished"]
 
 
+@pytest.mark.slow
 def test_a_refresh_after_the_run_ended_publishes_again(site: Site) -> None:
     first = site.post_refresh(55).json()
     site.wait_success(first["task_id"])
@@ -203,7 +206,7 @@ def test_django_settings_reach_dedupe_through_the_celery_namespace(django_site: 
     app, refresh_report = django_site
     assert app.conf.dedupe_key_prefix == "reports"
     result = refresh_report.delay_unique(1)
-    assert result.keys.record.startswith("reports:{reports.refresh_report:")
+    assert result.keys.call.startswith("reports:{reports.refresh_report:")
 
 
 def test_a_rolled_back_transaction_claims_nothing_and_sends_nothing(

@@ -14,13 +14,10 @@ from celery.exceptions import Ignore, Reject, Retry
 
 import dedupe
 
-from .conftest import in_process_worker
+from .conftest import RedisFactory, in_process_worker
 from .helpers import RunLog, keys_with_prefix, wait_for
 
-
-@pytest.fixture
-def runlog(redis_client: redis.Redis, app: Celery) -> RunLog:
-    return RunLog(redis_client, app.conf.dedupe_key_prefix)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
@@ -190,10 +187,10 @@ def test_a_message_that_bypassed_the_producer_is_skipped_while_a_run_holds_the_k
     with in_process_worker(app, pool="threads", concurrency=2):
         first = gated.delay(1)
         wait_for(lambda: runlog.runs(), message="first run")
-        holder_before = redis_client.get(first.keys.record)
+        holder_before = redis_client.get(first.keys.call)
         bypass = app.send_task(gated.name, args=(1,))
         wait_for(lambda: postrun_states.get(bypass.id) == "IGNORED", message="bypass skipped")
-        assert redis_client.get(first.keys.record) == holder_before  # untouched
+        assert redis_client.get(first.keys.call) == holder_before  # untouched
         gate.set()
         first.get(timeout=10)
     assert [run[0] for run in runlog.runs()] == [first.id]
@@ -211,10 +208,10 @@ def test_a_bypass_that_starts_while_a_call_is_queued_is_skipped_and_the_call_run
         queued = gated.apply_async((1,), countdown=1)  # accepted: its id is the holder's
         duplicate = gated.delay(1)
         assert duplicate.deduplicated
-        holder_before = redis_client.get(queued.keys.record)
+        holder_before = redis_client.get(queued.keys.call)
         bypass = app.send_task(gated.name, args=(1,))
         wait_for(lambda: postrun_states.get(bypass.id) == "IGNORED", message="bypass skipped")
-        assert redis_client.get(queued.keys.record) == holder_before  # untouched
+        assert redis_client.get(queued.keys.call) == holder_before  # untouched
         gate.set()
         # Every caller answered with the queued call's id gets its result.
         assert duplicate.get(timeout=10) == queued.id
@@ -472,11 +469,11 @@ def test_a_copy_of_a_running_task_id_waits_and_leaves_the_holder_untouched(
     with in_process_worker(app, pool="threads", concurrency=2):
         first = hold.delay(1)
         wait_for(lambda: runlog.runs(), message="first run")
-        before = redis_client.get(first.keys.record)
-        headers = {"celery_dedupe": {"key": first.keys.record, "until": "finished", "ttl": 3600}}
+        before = redis_client.get(first.keys.call)
+        headers = {"celery_dedupe": {"key": first.keys.call, "until": "finished", "ttl": 3600}}
         app.send_task(hold.name, args=(1,), task_id=first.id, headers=headers)
         time.sleep(0.6)  # the copy met the run, deferred, met it again...
-        assert redis_client.get(first.keys.record) == before  # same run token, still running
+        assert redis_client.get(first.keys.call) == before  # same run token, still running
         assert [run[0] for run in runlog.runs()] == [first.id]
         gate.set()
         wait_for(
@@ -548,25 +545,19 @@ def test_a_bare_retry_that_publishes_nothing_frees_the_key(app: Celery) -> None:
 
 
 def test_a_worker_whose_dedup_redis_is_down_still_runs_its_tasks(
-    make_app: Any, redis_server: Any
+    make_app: Any, redis_factory: RedisFactory
 ) -> None:
-    from dedupe._redis_server import RedisServer
-
-    dedup = RedisServer(executable=redis_server.executable)
-    dedup.start()
+    dedup = redis_factory()
     app = make_app(dedupe_redis_url=dedup.url)
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def job(x: int) -> int:
         return x
 
-    try:
-        result = job.delay(1)  # accepted while Redis was up
-        dedup.stop()
-        with in_process_worker(app):
-            assert result.get(timeout=15) == 1
-    finally:
-        dedup.close()
+    result = job.delay(1)  # accepted while Redis was up
+    dedup.stop()
+    with in_process_worker(app):
+        assert result.get(timeout=15) == 1
 
 
 @pytest.mark.parametrize("pool", ["solo", "threads"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,12 +20,7 @@ import dedupe
 
 from .helpers import WorkerProcess, keys_with_prefix, wait_for
 
-pytestmark = pytest.mark.usefixtures("prefork_worker")
-
-
-@pytest.fixture
-def tag() -> str:
-    return uuid.uuid4().hex[:12]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefork_worker")]
 
 
 @pytest.fixture(autouse=True)
@@ -155,23 +149,9 @@ def test_an_expired_message_frees_its_key_and_never_runs(worker_app: Any, tag: s
     assert worker_app.runlog(tag).runs() == []
 
 
-def test_terminate_while_running_frees_the_key(worker_app: Any, tag: str) -> None:
-    result = worker_app.sleepy.delay(tag, 30)
-    wait_running(worker_app.sleepy, tag, 30)
-    result.revoke(terminate=True)
-    wait_for(lambda: holder(worker_app.sleepy, tag, 30) is None, timeout=5, message="freed")
-
-
 def test_a_soft_time_limit_frees_the_key(worker_app: Any, tag: str) -> None:
     with pytest.raises(SoftTimeLimitExceeded):
         worker_app.soft_limited.delay(tag).get(timeout=10)
-
-
-def test_a_hard_time_limit_frees_the_key(worker_app: Any, tag: str) -> None:
-    result = worker_app.hard_limited.delay(tag)
-    with pytest.raises(TimeLimitExceeded):
-        result.get(timeout=10)
-    wait_for(lambda: holder(worker_app.hard_limited, tag) is None, timeout=5, message="freed")
 
 
 def test_a_hard_time_limit_under_acks_late_keeps_the_key_for_the_redelivery(
@@ -227,6 +207,27 @@ def test_terminate_frees_the_key_long_before_its_lease(worker_app: Any, tag: str
     wait_running(task, tag, 30)
     result.revoke(terminate=True)
     wait_for(lambda: holder(task, tag, 30) is None, timeout=5, message="freed, lease is 30 s")
+
+
+def test_the_parent_alone_frees_the_key_of_a_run_terminated_by_sigkill(
+    worker_app: Any, tag: str
+) -> None:
+    # SIGKILL: the child runs no task_postrun; the 30 s lease cannot free it within the wait.
+    task = worker_app.sleepy_long_lease
+    result = task.delay(tag, 30)
+    wait_running(task, tag, 30)
+    result.revoke(terminate=True, signal="SIGKILL")
+    wait_for(lambda: holder(task, tag, 30) is None, timeout=5, message="freed by the parent")
+
+
+def test_the_parent_alone_frees_the_key_of_a_run_killed_at_its_hard_time_limit(
+    worker_app: Any, tag: str
+) -> None:
+    task = worker_app.hard_limited_deaf
+    result = task.delay(tag)
+    with pytest.raises(TimeLimitExceeded):
+        result.get(timeout=10)
+    wait_for(lambda: holder(task, tag) is None, timeout=5, message="freed by the parent")
 
 
 def test_retry_on_worker_lost_keeps_the_key_for_the_retry(

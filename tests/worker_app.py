@@ -12,6 +12,7 @@ check only if that ending released it, not because a short lease ran out.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -119,11 +120,6 @@ def soft_limited(self: Any, tag: str) -> None:
     _run(self, tag, 5)
 
 
-@app.task(bind=True, base=dedupe.DedupeTask, unique=True, time_limit=1)
-def hard_limited(self: Any, tag: str) -> None:
-    _run(self, tag, 5)
-
-
 @app.task(
     bind=True, base=dedupe.DedupeTask, unique=True, acks_late=True, reject_on_worker_lost=True
 )
@@ -177,6 +173,14 @@ def sleepy_long_lease(self: Any, tag: str, seconds: float) -> str:
 
 @app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=30, time_limit=1)
 def hard_limited_long_lease(self: Any, tag: str) -> None:
+    _run(self, tag, 5)
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=30, time_limit=1)
+def hard_limited_deaf(self: Any, tag: str) -> None:
+    """Deaf to SIGTERM: its hard time limit ends in SIGKILL, so no task_postrun runs in the
+    child and only the pool's parent can free its key (the child dies with it)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _run(self, tag, 5)
 
 

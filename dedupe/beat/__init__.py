@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from celery.beat import PersistentScheduler, Scheduler, SchedulingError
 from celery.exceptions import reraise
 
+from dedupe.header import HEADER
 from dedupe.options import pop_call_options
-from dedupe.producer import publish_unique, publisher_for
-from dedupe.run import HEADER
+from dedupe.producer import Call, publish_unique, publisher_for
 
 if TYPE_CHECKING:
     _SchedulerBase = Scheduler
@@ -94,7 +94,9 @@ class DedupeSchedulerMixin(_SchedulerBase):
             # A skipped send is logged and counted below, never raised at the scheduler
             # (a task declared on_duplicate="raise" would make every skip an error).
             options["on_duplicate"] = "return"
-            result = publish_unique(self.app, task, task_name, args, call_kwargs, options, publish)
+            result = publish_unique(
+                Call(self.app, task, task_name, args, call_kwargs, options, publish)
+            )
         except Exception as exc:
             reraise(
                 SchedulingError,

@@ -1,8 +1,9 @@
 -- Prepended to every script when it is loaded (see dedupe/store.py).
 -- A record is a msgpack array (see dedupe/record.py), its state told by its shape:
---   queued   {owner, enqueued_at[, eta]}
---   running  {owner, run token, worker host, worker pid, started_at}
--- The owner is the task id as dedupe.record.owner_of packs it; scripts get it packed too.
+--   provisional  {owner, nonce}
+--   queued       {owner, nonce, enqueued_at[, eta]}
+--   running      {owner, run token, worker host, worker pid, started_at}
+-- The owner is the task id as dedupe.record.pack_owner packs it; scripts get it packed too.
 
 -- Returns the decoded record stored at key and its raw bytes, or nil when the key is absent.
 local function load_record(key)

@@ -1,13 +1,14 @@
--- enqueue: a producer asks to queue a call (absent -> queued).
+-- enqueue: a producer asks to queue a call before publishing it (absent -> provisional).
 --
--- KEYS[1]  record key
--- ARGV[1]  the queued record, msgpack (it names the owner)
--- ARGV[2]  time to live, ms (unique_ttl + countdown/eta)
+-- KEYS[1]  call key
+-- ARGV[1]  the provisional record, msgpack (it names the owner and carries the call's nonce)
+-- ARGV[2]  time to live, ms: the provisional ttl, long enough for a slow publish; the
+--          publish, or confirm.lua after it, makes the record durable
 --
 -- Returns
 --   1                    accepted: the record was created
 --   2                    accepted: the record holds these very bytes (redis-py re-sent the
---                        command after a timeout; the enqueue time in them makes them unique)
+--                        command after a timeout; the call's nonce makes them unique)
 --   "<pttl>:<record>"    duplicate: the key is held, also by an earlier call that passed the
 --                        same explicit task id (deterministic ids are a dedup idiom)
 --

@@ -6,7 +6,8 @@
 -- ARGV[1]  owner (packed task id)
 -- ARGV[2]  run token of the run that continues; "" when the caller is no run (the worker's
 --          main process after losing the child) and speaks for every run of this task id
--- ARGV[3]  the queued record, msgpack
+-- ARGV[3]  the record: provisional for a continuation the producer publishes (confirm.lua
+--          makes it durable once the message is out), else queued
 -- ARGV[4]  time to live, ms
 --
 -- Returns

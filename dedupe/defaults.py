@@ -1,0 +1,74 @@
+"""Every default value of celery-dedupe, in one table.
+
+The settings (``dedupe_*``), the task and call options (``unique_*``) and the Redis clients
+all take their defaults from here, so a default is changed in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+__all__ = [
+    "ASYNC_MAX_CONNECTIONS",
+    "ASYNC_POOL_TIMEOUT",
+    "BUSY_POLL_US",
+    "CLIENT_OPTIONS",
+    "DECIDE_FIRST_ABOVE",
+    "KEY_PREFIX",
+    "LEASE",
+    "ON_REDIS_ERROR",
+    "PROVISIONAL_TTL",
+    "RATE_WEIGHT",
+    "RETRIES",
+    "RETRY_BACKOFF_BASE",
+    "RETRY_BACKOFF_CAP",
+    "RUNNING_COUNTDOWN",
+    "TTL",
+]
+
+#: First part of every key (``dedupe_key_prefix``).
+KEY_PREFIX: Final = "dedupe"
+#: Seconds a queued record lives, plus any countdown (``dedupe_default_ttl``, ``unique_ttl``):
+#: how long a lost message keeps its key.
+TTL: Final = 3600.0
+#: Seconds a run holds its key between heartbeats (``dedupe_default_lease``, ``unique_lease``):
+#: how long a killed worker's key outlives it.
+LEASE: Final = 60.0
+#: Seconds before a run that met a live run of its key is tried again
+#: (``on_running_countdown``).
+RUNNING_COUNTDOWN: Final = 2.0
+#: Seconds a provisional record lives (``dedupe_provisional_ttl``): the record of a call
+#: whose message is being published, made durable once the publish returns. Covers a slow
+#: publish (kombu's default retry policy gives up within a few seconds); a producer killed
+#: mid-publish, or a publish that hangs, leaves its key this long and no longer.
+PROVISIONAL_TTL: Final = 20.0
+#: On a Redis broker, a task whose recent calls were more than this share duplicates
+#: decides before building its message (one round trip more for an accepted call); below
+#: it, the call is published in one step and a duplicate pays for a message it throws away.
+DECIDE_FIRST_ABOVE: Final = 0.3
+#: The weight of the newest call in a task's duplicate share (an exponential average).
+RATE_WEIGHT: Final = 1 / 16
+#: What a call does when the dedup Redis cannot be reached (``dedupe_on_redis_error``).
+ON_REDIS_ERROR: Final = "enqueue"
+#: Microseconds to poll for a Redis reply before sleeping for it (``dedupe_busy_poll_us``).
+BUSY_POLL_US: Final = 100
+
+# Short timeouts and few retries: a producer must not stall for long when the dedup Redis is
+# down (redis-py's default retries a failing command ten times). Every script is idempotent
+# per task id, so a retried command is safe.
+#: Options of the dedup Redis clients, under ``dedupe_redis_options``.
+CLIENT_OPTIONS: Final[dict[str, Any]] = {
+    "socket_timeout": 2.0,
+    "socket_connect_timeout": 1.0,
+    "health_check_interval": 30,
+}
+#: Retries of a failed Redis command, with exponential backoff and jitter (seconds).
+RETRIES: Final = 2
+RETRY_BACKOFF_BASE: Final = 0.01
+RETRY_BACKOFF_CAP: Final = 0.2
+#: The asyncio client's pool: a burst of calls (a web server under load) waits up to
+#: ``ASYNC_POOL_TIMEOUT`` seconds for a free connection rather than failing with "Too many
+#: connections", which would read as Redis being down. An unreachable Redis still fails each
+#: connection fast (``socket_connect_timeout``).
+ASYNC_MAX_CONNECTIONS: Final = 64
+ASYNC_POOL_TIMEOUT: Final = 30.0

@@ -1,0 +1,63 @@
+"""``dedupe.install(app)``: enable celery-dedupe on an app, and connect the worker's handlers.
+
+=====================  ======================================  ================================
+signal                 handler                                 process
+=====================  ======================================  ================================
+task_prerun            :func:`dedupe.worker.on_prerun`           the one that runs the task
+task_postrun           :func:`dedupe.worker.on_postrun`          the one that runs the task
+before_task_publish    :func:`dedupe.worker.on_before_publish`   a run (a retry of another base)
+before_task_publish    :func:`dedupe.prefork_parent.on_before_publish`  prefork parent
+task_failure           :func:`dedupe.prefork_parent.on_failure`  prefork parent
+task_revoked           :func:`dedupe.prefork_parent.on_revoked`  prefork parent
+worker_ready           :func:`dedupe.worker.on_worker_ready`     the worker
+=====================  ======================================  ================================
+"""
+
+from __future__ import annotations
+
+import threading
+
+from celery import Celery, signals
+
+from . import prefork_parent, worker
+from .runtime import add_runtime
+
+__all__ = ["connect", "install"]
+
+_connected = False
+_connect_lock = threading.Lock()
+
+
+def install(app: Celery) -> None:
+    """Enable celery-dedupe on ``app``: once, where the app is made, in producers and workers.
+
+    It connects the worker's lifecycle handlers (claim, release, requeue) and nothing else:
+    settings are read on first use, so configuring the app after this call is fine.
+
+    .. code-block:: python
+
+        app = Celery("proj", broker="redis://localhost:6379/0")
+        dedupe.install(app)
+    """
+    add_runtime(app)
+    connect()
+
+
+def connect() -> None:
+    """Connect the lifecycle handlers, once per process (they serve every installed app)."""
+    global _connected
+    with _connect_lock:
+        if _connected:
+            return
+        connections = (
+            (signals.task_prerun, worker.on_prerun, "prerun"),
+            (signals.task_postrun, worker.on_postrun, "postrun"),
+            (signals.before_task_publish, worker.on_before_publish, "before_publish"),
+            (signals.before_task_publish, prefork_parent.on_before_publish, "parent_publish"),
+            (signals.task_failure, prefork_parent.on_failure, "failure"),
+            (signals.task_revoked, prefork_parent.on_revoked, "revoked"),
+            (signals.worker_ready, worker.on_worker_ready, "ready"),
+        )
+        for signal, handler, name in connections:
+            signal.connect(handler, weak=False, dispatch_uid=f"dedupe.{name}")
+        _connected = True

@@ -1,0 +1,49 @@
+"""Is the run in a record dead? What the worker's main process may release for a task id.
+
+The main process acts for a task id outside any run: after a child died, on a revoke, on a
+hard time limit, when ``retry_on_worker_lost`` sends the task again. It may act for "any run"
+of that task id only when the run in the record is known dead (it ran on this host and its
+process is gone) or is being killed by this process; a live copy of the task, in another
+child or on another host, is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from .keys import CallKeys
+from .run import ANY_RUN, NO_RUN
+from .store import Store
+
+__all__ = ["HOST", "lost_run_token"]
+
+#: This machine's host name, as running records name it.
+HOST = socket.gethostname()
+
+
+def lost_run_token(store: Store, keys: CallKeys, *, killing: bool = False) -> str:
+    """The run token the main process may act with: ANY_RUN when no live run holds the key,
+    else NO_RUN (which leaves a running record alone).
+
+    ``killing``: the main process is killing the run itself (a hard time limit, a revoke with
+    terminate); Celery reports those before the process is gone. Costs one read, on these rare
+    paths only.
+    """
+    holder = store.lookup(keys)
+    if holder is None or holder.state == "queued":
+        return ANY_RUN
+    host, _, pid = (holder.worker or "").rpartition(":")
+    if host == HOST and pid.isdigit() and (killing or not _alive(int(pid))):
+        return ANY_RUN
+    return NO_RUN
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,128 @@
+"""Worker side, in the prefork pool's parent (Celery's MainProcess): keys of runs it lost,
+revoked or is killing, and the continuation it sends itself (``retry_on_worker_lost``).
+
+These handlers act for "any run" of a task id only when the run in the record is known dead
+or being killed by this process (:func:`dedupe.liveness.lost_run_token`): a live copy of the
+task, in another child or on another host, is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery._state import get_current_app, get_current_worker_task
+from celery.exceptions import TimeLimitExceeded
+
+from .errors import DedupeError, RedisUnavailable
+from .header import KeyHeader, is_publishing
+from .liveness import lost_run_token
+from .run import RunSpec
+from .runtime import Runtime, installed
+from .worker import derived_spec, requeue_for_message, requeue_key, spec_for_request
+
+__all__ = ["on_before_publish", "on_failure", "on_revoked"]
+
+logger = logging.getLogger("dedupe.worker")
+
+
+def on_failure(
+    sender: Any = None,
+    task_id: str = "",
+    exception: Any = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
+    """``task_failure`` after a killed child or a hard time limit.
+
+    In the process that ran the task, ``task_postrun`` follows and handles it. Here: a lost
+    child's message is not redelivered (else Celery sends no task_failure), so the key goes;
+    a hard time limit under acks_late (acks_on_timeout off) requeues the message, and the key
+    with it.
+    """
+    if sender is None or get_current_worker_task() is not None:
+        return
+    timed_out = isinstance(exception, TimeLimitExceeded)
+    requeue = timed_out and bool(sender.acks_late) and not _acks_on_timeout(sender)
+    _act_for_lost_run(sender, task_id, args, kwargs, requeue=requeue, killing=timed_out)
+
+
+def on_revoked(sender: Any = None, request: Any = None, terminated: bool = False, **_: Any) -> None:
+    """``task_revoked``: a message revoked before it ran, expired, or terminated."""
+    if sender is None or request is None:
+        return
+    _act_for_lost_run(
+        sender, request.id, request.args, request.kwargs, request, killing=bool(terminated)
+    )
+
+
+def on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+    """``before_task_publish`` outside any run: ``retry_on_worker_lost`` sends a dead child's
+    message again; its key goes back to queued before the message exists."""
+    if is_publishing() or not headers or get_current_worker_task() is not None:
+        return
+    header = KeyHeader.read(headers)
+    task_id = headers.get("id")
+    runtime = installed(get_current_app())
+    if header is None or not task_id or runtime is None:
+        return
+    try:
+        token = lost_run_token(runtime.store, header.keys)
+    except RedisUnavailable as exc:
+        logger.warning("could not requeue the key of %s: %s", task_id, exc.cause)
+        return
+    requeue_for_message(runtime, header, task_id, token, headers)
+
+
+def _acks_on_timeout(task: Any) -> bool:
+    value = getattr(task, "acks_on_timeout", None)
+    if value is None:
+        value = getattr(task, "acks_on_failure_or_timeout", True)
+    return bool(value)
+
+
+def _act_for_lost_run(
+    task: Any,
+    task_id: str,
+    args: Any,
+    kwargs: Any,
+    request: Any = None,
+    *,
+    requeue: bool = False,
+    killing: bool = False,
+) -> None:
+    """Release (or requeue) a task id's key for the run this process lost, revoked or is
+    killing: never over a copy of the task that still runs."""
+    runtime = installed(task.app)
+    if runtime is None or not task_id:
+        return
+    spec = _spec_of_lost_run(runtime, task, args, kwargs, request, task_id)
+    if spec is None:
+        return
+    try:
+        token = lost_run_token(runtime.store, spec.keys, killing=killing)
+        if requeue:
+            requeue_key(runtime, spec.keys, spec.ttl, task_id, token, 0.0)
+        else:
+            runtime.store.release(spec.keys, task_id, token)
+    except RedisUnavailable as exc:
+        logger.warning(
+            "could not free the key of %s[%s] (its lease will): %s", task.name, task_id, exc.cause
+        )
+
+
+def _spec_of_lost_run(
+    runtime: Runtime, task: Any, args: Any, kwargs: Any, request: Any, task_id: str
+) -> RunSpec | None:
+    if request is None:
+        # task_failure after a lost child pushes the request; a hard time limit does not.
+        current = task.request
+        request = current if current.id == task_id else None
+    try:
+        if request is not None:
+            return spec_for_request(runtime, task, request, args or (), kwargs or {})
+        return derived_spec(runtime, task, args or (), kwargs or {})
+    except DedupeError as exc:
+        logger.error("cannot find the key of %s[%s]: %s", task.name, task_id, exc)
+    return None

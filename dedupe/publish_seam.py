@@ -1,0 +1,274 @@
+"""Where a call's record meets its message: ``basic_publish``, on one channel instance, for
+one publish.
+
+Two uses. On a Redis broker that is the dedup store (:func:`pushing_through`), the record and
+the message are written in one round trip. On any other broker (:func:`deciding_at_push`),
+the provisional record's ``enqueue`` is sent before Celery builds the message and its answer
+read only at the push: Redis decides while Celery and kombu do their CPU work.
+
+One round trip, on a Redis broker
+---------------------------------
+
+kombu's Redis transport ends every publish in ``Channel._put``: an LPUSH of the serialised
+message onto each list the exchange routes it to (one per priority step, under the
+transport's ``global_keyprefix``). For one publish of ours, :func:`pushing_through` takes over
+``basic_publish`` on the channel instance of the producer we publish through (never the
+class): kombu's own ``basic_publish`` still runs, and encodes, routes and prioritises the
+message as it always does, but its ``_put`` calls hand the lists to us. Then publish.lua
+writes the record and pushes the message to every list in one step, or refuses it: the key
+is held, nothing is pushed, and :class:`Refused` unwinds out of kombu's publish (so
+``after_task_publish`` and the task-sent event never fire for a message that was not sent).
+
+Everything above ``_put`` stays Celery's and kombu's: ``as_task_v2``, ``before_task_publish``,
+the serializer and compression, routing, the result backend's hooks.
+
+Where one step cannot do it, the plan falls back, inside the same publish, to the provisional
+path every other broker takes (a record with a short TTL, the message, then confirm.lua):
+a dedup store on another server or database than the broker, a fanout exchange (kombu sends
+those with PUBLISH), queues of different expiries. kombu retrying a publish on a new
+channel after a connection error publishes through kombu alone; the producer then writes the
+record after the fact (:attr:`PushPlan.pushed` stays None).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
+
+from .errors import RedisUnavailable
+from .keys import CallKeys
+from .record import Holder, pack_provisional, pack_queued
+from .script_runner import Reply
+from .store import Push, Store
+
+__all__ = [
+    "PendingDecision",
+    "PushPlan",
+    "Refused",
+    "deciding_at_push",
+    "is_redis_channel",
+    "pushing_through",
+]
+
+logger = logging.getLogger("dedupe.producer")
+
+
+class Refused(Exception):
+    """The dedup script refused a publish: the call's key is held. Nothing was pushed."""
+
+    def __init__(self, holder: Holder) -> None:
+        super().__init__(holder.task_id)
+        self.holder = holder
+
+
+@dataclass(eq=False)
+class PushPlan:
+    """What one publish must write with its message, and what became of it."""
+
+    store: Store
+    keys: CallKeys
+    task_id: str
+    #: The call's nonce, and the fields of its queued record.
+    nonce: int
+    enqueued_at: float
+    eta: float | None
+    #: Time to live of the queued record, and of the provisional one, ms.
+    ttl_ms: int
+    provisional_ttl_ms: int
+    #: Push even when the key is held: canvas members and continuations are never refused.
+    force: bool = False
+    #: The provisional record was written (decide-first, continuation, overlap accepted).
+    provisional_written: bool = False
+    #: How the message went out through publish.lua; None when it did not go that way.
+    pushed: Push | None = None
+    #: The message went out with the provisional record: the producer must confirm it.
+    needs_confirm: bool = False
+    #: kombu routed the message to no queue and dropped it: nothing may hold the key for it.
+    unroutable: bool = False
+    #: publish.lua was sent: if it fails, its fate is unknown (record and message, or
+    #: neither), so nothing may be cancelled after it.
+    attempted: bool = False
+
+    # Packed on first use (a duplicate needs the provisional record only, and only a publish
+    # needs the queued one); plain attributes, not functools.cached_property, which takes a
+    # lock on every read before Python 3.12.
+    _provisional: bytes | None = None
+    _queued: bytes | None = None
+
+    @property
+    def provisional(self) -> bytes:
+        """This call's provisional record."""
+        if self._provisional is None:
+            self._provisional = pack_provisional(self.task_id, self.nonce)
+        return self._provisional
+
+    @property
+    def queued(self) -> bytes:
+        """This call's queued record."""
+        if self._queued is None:
+            self._queued = pack_queued(self.task_id, self.enqueued_at, self.eta, self.nonce)
+        return self._queued
+
+
+def is_redis_channel(channel: Any) -> bool:
+    """A channel of kombu's Redis transport (Sentinel's included)."""
+    return isinstance(channel, kombu_redis.Channel)
+
+
+@contextmanager
+def _shadowing(channel: Any, **methods: Callable[..., Any]) -> Iterator[None]:
+    """Shadow methods on this one channel instance for the block; the class's are back after
+    it (kombu's channels are shared by no other thread while a producer holds them)."""
+    channel.__dict__.update(methods)
+    try:
+        yield
+    finally:
+        for name in methods:
+            channel.__dict__.pop(name, None)
+
+
+def pushing_through(producer: Any, plan: PushPlan) -> ContextManager[None]:
+    """Publish through ``producer`` with ``plan``'s record, for the duration of the block."""
+    channel = producer.channel
+    if not is_redis_channel(channel):
+        return nullcontext()
+
+    def basic_publish(message: dict[str, Any], exchange: str, routing_key: str, **kw: Any) -> Any:
+        return _publish(channel, plan, message, exchange, routing_key, kw)
+
+    return _shadowing(channel, basic_publish=basic_publish)
+
+
+def _publish(
+    channel: Any,
+    plan: PushPlan,
+    message: dict[str, Any],
+    exchange: str,
+    routing_key: str,
+    kwargs: Mapping[str, Any],
+) -> Any:
+    kombu_publish = type(channel).basic_publish
+    if (message.get("headers") or {}).get("id") != plan.task_id:
+        return kombu_publish(channel, message, exchange, routing_key, **kwargs)
+    queues: list[str] = []
+    fanouts: list[tuple[Any, ...]] = []
+    with _shadowing(
+        channel,
+        _put=lambda queue, message, **kw: queues.append(queue),
+        _put_fanout=lambda *args, **kw: fanouts.append((args, kw)),
+    ):
+        kombu_publish(channel, message, exchange, routing_key, **kwargs)
+    if not queues and not fanouts:
+        plan.unroutable = True  # kombu drops what no queue is bound for
+        return None
+    queue_expiry = getattr(channel, "_expires", None) or {}  # x-expires, kombu 5.6.2+
+    expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
+    if fanouts or len(expiries) > 1 or not _same_server(channel, plan):
+        _publish_provisionally(channel, plan, message, queues, fanouts)
+        return None
+    pri = channel._get_message_priority(message, reverse=False)
+    prefix = channel.global_keyprefix
+    lists = [prefix + channel._q_for_pri(queue, pri) for queue in queues]
+    expire_ms = expiries.pop() if expiries else 0
+    expiring = (
+        [prefix + channel._q_for_pri(q, step) for q in queues for step in channel.priority_steps]
+        if expire_ms
+        else []
+    )
+    plan.attempted = True
+    outcome = plan.store.publish(
+        plan.keys,
+        plan.queued,
+        plan.ttl_ms,
+        dumps(message),
+        lists,
+        provisional=plan.provisional if plan.provisional_written else b"",
+        expiring=expiring,
+        expire_ms=expire_ms,
+        force=plan.force,
+    )
+    if isinstance(outcome, Holder):
+        raise Refused(outcome)
+    plan.pushed = outcome
+    return None
+
+
+def _publish_provisionally(
+    channel: Any,
+    plan: PushPlan,
+    message: dict[str, Any],
+    queues: list[str],
+    fanouts: list[tuple[Any, ...]],
+) -> None:
+    logger.debug("%s: no one-step publish here, publishing provisionally", plan.task_id)
+    if not plan.provisional_written:
+        holder = plan.store.enqueue(plan.keys, plan.provisional, plan.provisional_ttl_ms)
+        if holder is not None and not plan.force:
+            raise Refused(holder)
+        plan.provisional_written = holder is None
+    for queue in queues:
+        type(channel)._put(channel, queue, message)
+    for args, kwargs in fanouts:
+        type(channel)._put_fanout(channel, *args, **kwargs)
+    plan.needs_confirm = plan.provisional_written
+
+
+def _same_server(channel: Any, plan: PushPlan) -> bool:
+    """Is the channel's Redis the dedup store's server and database? (Spelled alike: a
+    broker at ``localhost`` and a store at ``127.0.0.1`` count as two.)"""
+    broker = channel.pool.connection_kwargs
+    return _address(broker) == _address(plan.store.client.connection_pool.connection_kwargs)
+
+
+def _address(kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (
+        kwargs.get("path"),
+        kwargs.get("host"),
+        int(kwargs.get("port") or 6379),
+        int(kwargs.get("db") or 0),
+    )
+
+
+@dataclass(eq=False)
+class PendingDecision:
+    """An ``enqueue`` sent and not yet read: the verdict on a provisional record."""
+
+    store: Store
+    keys: CallKeys
+    reply: Reply
+    #: Called when the answer cannot be had (Redis unreachable): raises to refuse the
+    #: publish, or returns to publish without dedup.
+    unavailable: Callable[[RedisUnavailable], None]
+    decided: bool = False
+    holder: Holder | None = None
+
+    def decide(self) -> Holder | None:
+        """The holder that makes the call a duplicate, or None (read once)."""
+        if not self.decided:
+            self.decided = True
+            try:
+                self.holder = self.store.enqueue_result(self.keys, self.reply)
+            except RedisUnavailable as exc:
+                self.unavailable(exc)
+        return self.holder
+
+
+def deciding_at_push(producer: Any, decision: PendingDecision) -> ContextManager[None]:
+    """Read ``decision`` at the push of the publish made in the block, on any transport: a
+    duplicate unwinds as :class:`Refused` before the message reaches the broker."""
+    transport_publish = producer.channel.basic_publish  # the channel class's own
+
+    def basic_publish(message: Any, *args: Any, **kwargs: Any) -> Any:
+        holder = decision.decide()
+        if holder is not None:
+            raise Refused(holder)
+        return transport_publish(message, *args, **kwargs)
+
+    return _shadowing(producer.channel, basic_publish=basic_publish)
