@@ -124,14 +124,21 @@ def is_redis_channel(channel: Any) -> bool:
 
 @contextmanager
 def _shadowing(channel: Any, **methods: Callable[..., Any]) -> Iterator[None]:
-    """Shadow methods on this one channel instance for the block; the class's are back after
-    it (kombu's channels are shared by no other thread while a producer holds them)."""
+    """Shadow methods on this one channel instance for the block; what the instance had before
+    is back after it (kombu's channels are shared by no other thread while a producer holds
+    them). py-amqp puts ``basic_publish_confirm`` on the instance under confirm_publish: a
+    shadow that merely dropped its own attribute would turn publisher confirms off."""
+    missing = object()
+    saved = {name: channel.__dict__.get(name, missing) for name in methods}
     channel.__dict__.update(methods)
     try:
         yield
     finally:
-        for name in methods:
-            channel.__dict__.pop(name, None)
+        for name, before in saved.items():
+            if before is missing:
+                channel.__dict__.pop(name, None)
+            else:
+                channel.__dict__[name] = before
 
 
 def pushing_through(producer: Any, plan: PushPlan) -> ContextManager[None]:
@@ -263,7 +270,7 @@ class PendingDecision:
 def deciding_at_push(producer: Any, decision: PendingDecision) -> ContextManager[None]:
     """Read ``decision`` at the push of the publish made in the block, on any transport: a
     duplicate unwinds as :class:`Refused` before the message reaches the broker."""
-    transport_publish = producer.channel.basic_publish  # the channel class's own
+    transport_publish = producer.channel.basic_publish  # the transport's, confirm mode included
 
     def basic_publish(message: Any, *args: Any, **kwargs: Any) -> Any:
         holder = decision.decide()

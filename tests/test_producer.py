@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import amqp
 import msgpack
 import pytest
 import redis
@@ -127,6 +128,23 @@ def test_a_task_that_is_not_unique_deduplicates_only_when_asked(
     third = tasks.report.apply_async(("2026-11-22",), unique=True)
     assert first.id == second.id == third.id
     assert queue_length(app) == 3
+
+
+def test_a_unique_call_leaves_publisher_confirms_on_for_the_channels_later_publishes(
+    make_app: Callable[..., Celery], rabbitmq_url: str
+) -> None:
+    # The overlap path shadows basic_publish for one publish; py-amqp keeps confirm mode as
+    # an instance attribute, which the shadow must hand back, not drop.
+    app = make_app(broker=rabbitmq_url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def sync_customer(customer_id: int) -> int:
+        return customer_id
+
+    sync_customer.delay(1)
+    with app.producer_or_acquire() as producer:
+        publish = producer.channel.basic_publish
+        assert publish.__func__ is amqp.Channel.basic_publish_confirm
 
 
 def test_unique_false_per_call_opts_out(app: Celery, tasks: Any, queue_length: QueueLength) -> None:
