@@ -18,11 +18,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery import Celery
-from celery.result import AsyncResult
 
 from .errors import RedisUnavailable
 from .producer import Call, PreparedCall, keys_of_call
 from .record import Holder
+from .result import DedupeResult
 from .run import NO_RUN
 from .store import Requeue
 
@@ -30,10 +30,10 @@ __all__ = ["aapply_async", "alookup", "apublish_unique"]
 
 
 # Decisions in flight: asyncio keeps only weak references to tasks.
-_in_flight: set[asyncio.Future[AsyncResult[Any]]] = set()
+_in_flight: set[asyncio.Future[DedupeResult]] = set()
 
 
-async def apublish_unique(call: Call) -> AsyncResult[Any]:
+async def apublish_unique(call: Call) -> DedupeResult:
     """:func:`dedupe.producer.publish_unique`, awaitable.
 
     The decision and the publish run as one task that the caller's cancellation does not
@@ -50,7 +50,7 @@ async def apublish_unique(call: Call) -> AsyncResult[Any]:
     return await asyncio.shield(decided)
 
 
-async def _decide(prepared: PreparedCall) -> AsyncResult[Any]:
+async def _decide(prepared: PreparedCall) -> DedupeResult:
     if prepared.writes_first:
         store = prepared.runtime.async_store()
         outcome: Holder | Requeue | None
@@ -79,7 +79,7 @@ async def aapply_async(
     *,
     app: Celery | None = None,
     **options: Any,
-) -> AsyncResult[Any]:
+) -> DedupeResult:
     """:func:`dedupe.apply_async`, awaitable: the producer guard for async views.
 
     .. code-block:: python

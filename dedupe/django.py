@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from celery.result import AsyncResult
 from django.db import transaction
@@ -37,6 +37,12 @@ except ImportError as exc:  # Celery < 5.4
     ) from exc
 
 __all__ = ["DedupeDjangoTask", "OnCommit", "apply_async_on_commit"]
+
+# Generic for the type checker only: Celery before 5.7 cannot subscript it at run time.
+if TYPE_CHECKING:
+    _DjangoTask: TypeAlias = DjangoTask[Any, Any]
+else:
+    _DjangoTask = DjangoTask
 
 
 class OnCommit:
@@ -74,7 +80,7 @@ def apply_async_on_commit(
     return OnCommit()._schedule(call, using)
 
 
-class DedupeDjangoTask(DedupeTask, DjangoTask[Any, Any]):
+class DedupeDjangoTask(DedupeTask, _DjangoTask):
     """:class:`~dedupe.DedupeTask` and Celery's ``DjangoTask`` in one base class.
 
     ``delay_on_commit`` and ``apply_async_on_commit`` keep Celery's meaning (deduplicated

@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from celery import Celery
 from celery._state import get_current_app
@@ -49,7 +49,7 @@ from .publish_seam import (
     pushing_through,
 )
 from .record import Holder, new_nonce, pack_provisional
-from .result import duplicate_result, mark_result
+from .result import DedupeResult, duplicate_result, mark_result
 from .run import NO_RUN, Run, run_of
 from .runtime import Runtime, runtime_of
 from .store import Requeue, Store
@@ -70,9 +70,9 @@ __all__ = [
 logger = logging.getLogger("dedupe.producer")
 
 #: Publishes a call: ``publish(args, kwargs, options)`` with Celery's apply_async options.
-Publish = Callable[
-    [Sequence[Any] | None, Mapping[str, Any] | None, dict[str, Any]], AsyncResult[Any]
-]
+Publish: TypeAlias = (
+    "Callable[[Sequence[Any] | None, Mapping[str, Any] | None, dict[str, Any]], AsyncResult[Any]]"
+)
 
 # Options that make a call part of a canvas (chain, group, chord, callbacks).
 _CANVAS_OPTIONS = ("chain", "chord", "group_id", "link", "link_error")
@@ -271,7 +271,7 @@ class PreparedCall:
         """The call writes its record before the publish (a provisional one)."""
         return self.kind != "eager" and self.path in ("decide", "confirm")
 
-    def publish(self) -> AsyncResult[Any]:
+    def publish(self) -> DedupeResult:
         """Send the message through Celery, as it is (blocking)."""
         call = self.call
         if self.kind != "eager":
@@ -284,7 +284,7 @@ class PreparedCall:
             return mark_result(sent, deduplicated=False)
         return mark_result(sent, deduplicated=False, keys=self.keys, store=self.store)
 
-    def publish_with_record(self) -> AsyncResult[Any]:
+    def publish_with_record(self) -> DedupeResult:
         """Publish the message, with its record as the path says (blocking: the asyncio
         driver runs it in a thread). A call refused at the push is a duplicate."""
         try:
@@ -305,7 +305,7 @@ class PreparedCall:
             logger.debug("%s[%s] published (%s path)", self.call.task_name, self.task_id, self.path)
         return result
 
-    def _publish_through_seam(self) -> AsyncResult[Any]:
+    def _publish_through_seam(self) -> DedupeResult:
         if self.path == "confirm":
             return self.publish()
         call, plan = self.call, self.plan
@@ -428,7 +428,7 @@ class PreparedCall:
             holder.task_id,
         )
 
-    def duplicate(self, holder: Holder) -> AsyncResult[Any]:
+    def duplicate(self, holder: Holder) -> DedupeResult:
         """The answer to a duplicate call: the holder's result, or AlreadyQueued."""
         call = self.call
         self.runtime.count_call(call.task_name, duplicate=True)
@@ -456,7 +456,7 @@ class PreparedCall:
         plan = self.plan
         return self.keys, self.task_id, token, plan.provisional, plan.provisional_ttl_ms
 
-    def first_write_done(self, outcome: Holder | Requeue | None) -> AsyncResult[Any] | None:
+    def first_write_done(self, outcome: Holder | Requeue | None) -> DedupeResult | None:
         """Read the first write's answer (enqueue's or requeue's): a duplicate's result, or
         None to go on and publish."""
         if isinstance(outcome, Requeue):
@@ -486,7 +486,7 @@ class PreparedCall:
             exc.cause,
         )
 
-    def publish_unrecorded(self) -> AsyncResult[Any]:
+    def publish_unrecorded(self) -> DedupeResult:
         """The publish after a first write of unknown fate: plain, and cancelled on failure
         (the write may have landed after all)."""
         try:
@@ -508,7 +508,7 @@ def _forget_result(app: Celery, task_id: str) -> None:
             logger.debug("could not unsubscribe from %s: %r", task_id, exc)
 
 
-def publish_unique(call: Call) -> AsyncResult[Any]:
+def publish_unique(call: Call) -> DedupeResult:
     """Publish a call unless its key is live: the engine behind every producer entry point."""
     prepared = PreparedCall(call)
     if prepared.kind == "eager":
@@ -613,7 +613,7 @@ def apply_async(
     *,
     app: Celery | None = None,
     **options: Any,
-) -> AsyncResult[Any]:
+) -> DedupeResult:
     """Publish a call of any task unless the same call is already queued or running.
 
     The producer guard: works for a task of any base class and for a task name this

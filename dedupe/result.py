@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.result import AsyncResult
 
+from ._generics import AnyAsyncResult
 from .errors import DedupeError
 from .keys import CallKeys
 
@@ -20,7 +21,7 @@ __all__ = ["DedupeResult", "duplicate_result", "mark_result"]
 logger = logging.getLogger("dedupe.producer")
 
 
-class DedupeResult(AsyncResult[Any]):
+class DedupeResult(AnyAsyncResult):
     """An :class:`~celery.result.AsyncResult` for the task that will do the work.
 
     ``deduplicated`` is False when this call published the task, True when an existing
@@ -63,7 +64,7 @@ def mark_result(
     keys: CallKeys | None = None,
     store: Store | None = None,
     holder: Holder | None = None,
-) -> AsyncResult[Any]:
+) -> DedupeResult:
     """Make ``result`` a :class:`DedupeResult`, in place, and set its dedup attributes.
 
     In place, not wrapped: a dropped AsyncResult unsubscribes from its task's result

@@ -5,20 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
-from celery import Task
 from celery.result import AsyncResult
 
+from ._generics import AnyTask
 from .aio import apublish_unique
 from .errors import ConfigurationError
 from .header import HEADER
 from .options import CALL_OPTIONS
 from .producer import Call, publish_unique
+from .result import DedupeResult, mark_result
 from .worker import guard
 
 __all__ = ["DedupeTask"]
 
 
-class DedupeTask(Task[Any, Any]):
+class DedupeTask(AnyTask):
     """Base class for tasks that must not be queued, or run, twice for the same arguments.
 
     .. code-block:: python
@@ -70,7 +71,7 @@ class DedupeTask(Task[Any, Any]):
         link_error: Any = None,
         shadow: str | None = None,
         **options: Any,
-    ) -> AsyncResult[Any]:
+    ) -> DedupeResult:
         """Celery's apply_async; deduplicated when the task is ``unique`` (or ``unique=True``
         is passed), and then it also takes the call options of :meth:`apply_async_unique`."""
         unique = options.pop("unique", None)
@@ -88,14 +89,18 @@ class DedupeTask(Task[Any, Any]):
                 f"task {self.name!r}: {', '.join(stray)} only apply to deduplicated calls: "
                 f"use apply_async_unique(...), pass unique=True, or declare the task unique=True"
             )
-        return self._dedupe_publish(args, kwargs, options)
+        return mark_result(self._dedupe_publish(args, kwargs, options), deduplicated=False)
+
+    def delay(self, *args: Any, **kwargs: Any) -> DedupeResult:
+        """Celery's ``delay``, typed as what :meth:`apply_async` returns here."""
+        return self.apply_async(args, kwargs)
 
     def apply_async_unique(
         self,
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
         **options: Any,
-    ) -> AsyncResult[Any]:
+    ) -> DedupeResult:
         """Publish unless the same call is queued or running; see :func:`dedupe.apply_async`.
 
         .. code-block:: python
@@ -105,7 +110,7 @@ class DedupeTask(Task[Any, Any]):
         options.pop("unique", None)
         return publish_unique(self._call(args, kwargs, options))
 
-    def delay_unique(self, *args: Any, **kwargs: Any) -> AsyncResult[Any]:
+    def delay_unique(self, *args: Any, **kwargs: Any) -> DedupeResult:
         """``delay`` with dedup: ``report.delay_unique("2026-11-22")``."""
         return self.apply_async_unique(args, kwargs)
 
@@ -114,7 +119,7 @@ class DedupeTask(Task[Any, Any]):
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
         **options: Any,
-    ) -> AsyncResult[Any]:
+    ) -> DedupeResult:
         """:meth:`apply_async_unique` for asyncio code: the Redis round trip is awaited.
 
         .. code-block:: python
@@ -124,7 +129,7 @@ class DedupeTask(Task[Any, Any]):
         options.pop("unique", None)
         return await apublish_unique(self._call(args, kwargs, options))
 
-    async def adelay_unique(self, *args: Any, **kwargs: Any) -> AsyncResult[Any]:
+    async def adelay_unique(self, *args: Any, **kwargs: Any) -> DedupeResult:
         """:meth:`delay_unique` for asyncio code: ``await report.adelay_unique(day)``."""
         return await self.aapply_async_unique(args, kwargs)
 
