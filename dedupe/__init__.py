@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+from . import events
 from .aio import aapply_async, alookup
 from .errors import (
     AlreadyQueued,
@@ -48,6 +49,7 @@ __all__ = [
     "aapply_async",
     "alookup",
     "apply_async",
+    "events",
     "install",
     "lookup",
     "release",

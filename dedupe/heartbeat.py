@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import RedisUnavailable
+from .events import LEASE_LOST, RECREATED, emit
 from .store import Lease, Renewal, Store
 
 __all__ = ["Heartbeat"]
@@ -29,6 +30,7 @@ _IDLE_WAIT = 1.0
 @dataclass(eq=False)
 class _Held:
     lease: Lease
+    task_name: str
     due: float = field(default=0.0)
 
     def schedule(self) -> None:
@@ -54,11 +56,11 @@ class Heartbeat:
         #: When the thread next looks at its leases (monotonic; 0 while it renews).
         self._wake_at = 0.0
 
-    def hold(self, lease: Lease) -> None:
-        """Start renewing ``lease``."""
+    def hold(self, lease: Lease, task_name: str = "") -> None:
+        """Start renewing ``lease`` (of a run of ``task_name``, which events name)."""
         if self._pid != os.getpid():
             self._reset()
-        held = _Held(lease)
+        held = _Held(lease, task_name)
         held.schedule()
         with self._wake:
             self._held[id(lease)] = held
@@ -124,20 +126,10 @@ class Heartbeat:
         for held, renewal in zip(due, codes, strict=True):
             lease = held.lease
             if renewal is Renewal.LOST:
-                logger.warning(
-                    "lost the lease on %s for task %s: another run holds the key now; "
-                    "no longer renewing it",
-                    lease.key,
-                    lease.task_id,
-                )
+                emit(LEASE_LOST, held.task_name, lease.task_id, lease.key)
                 with self._wake:
                     self._held.pop(id(lease), None)
                 continue
             if renewal is Renewal.RECREATED:
-                logger.warning(
-                    "re-created %s for running task %s: the key was gone (Redis restarted, "
-                    "failed over or evicted it)",
-                    lease.key,
-                    lease.task_id,
-                )
+                emit(RECREATED, held.task_name, lease.task_id, lease.key)
             held.schedule()

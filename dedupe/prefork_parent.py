@@ -15,6 +15,7 @@ from celery._state import get_current_app, get_current_worker_task
 from celery.exceptions import TimeLimitExceeded
 
 from .errors import DedupeError, RedisUnavailable
+from .events import RECLAIMED, UNAVAILABLE, emit
 from .header import KeyHeader, is_publishing
 from .liveness import lost_run_token
 from .run import RunSpec
@@ -107,9 +108,10 @@ def _act_for_lost_run(
         else:
             runtime.store.release(spec.keys, task_id, token)
     except RedisUnavailable as exc:
-        logger.warning(
-            "could not free the key of %s[%s] (its lease will): %s", task.name, task_id, exc.cause
-        )
+        action = "was lost and its key was not freed (its lease frees it)"
+        emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
+    else:
+        emit(RECLAIMED, task.name, task_id, spec.keys.run, requeued=requeue)
 
 
 def _spec_of_lost_run(

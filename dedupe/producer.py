@@ -37,6 +37,7 @@ from celery.result import AsyncResult
 from . import defaults
 from .config import SettingReader
 from .errors import AlreadyQueued, RedisUnavailable
+from .events import ACCEPTED, DEDUPLICATED, UNAVAILABLE, emit
 from .header import HEADER, KeyHeader, publishing
 from .keys import CallKeys, keys_for
 from .liveness import lost_run_token
@@ -301,8 +302,7 @@ class PreparedCall:
         if self.path in ("overlap", "confirm"):
             self._confirm()
         self.runtime.count_call(self.call.task_name, duplicate=False)
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("%s[%s] published (%s path)", self.call.task_name, self.task_id, self.path)
+        emit(ACCEPTED, self.call.task_name, self.task_id, self.keys.call, path=self.path)
         return result
 
     def _publish_through_seam(self) -> DedupeResult:
@@ -378,11 +378,8 @@ class PreparedCall:
         try:
             self.store.cancel(self.keys, self.task_id)
         except RedisUnavailable as exc:
-            logger.warning(
-                "publish of %s failed and its key could not be freed (its provisional ttl "
-                "will): %s",
-                self.task_id,
-                exc.cause,
+            self._unavailable(
+                exc, "was not published and its key stays (its provisional ttl frees it)"
             )
 
     def _confirm(self) -> None:
@@ -392,11 +389,9 @@ class PreparedCall:
         try:
             self.store.send_confirm(self.keys, plan.provisional, plan.queued, plan.ttl_ms)
         except RedisUnavailable as exc:
-            logger.warning(
-                "%s is published but its key could not be confirmed (it frees itself within "
-                "the provisional ttl): %s",
-                self.task_id,
-                exc.cause,
+            self._unavailable(
+                exc,
+                "is published but its key is not confirmed (the provisional ttl frees it)",
             )
 
     def _record_after_the_fact(self) -> None:
@@ -414,7 +409,7 @@ class PreparedCall:
                 provisional=plan.provisional if plan.provisional_written else b"",
             )
         except RedisUnavailable as exc:
-            logger.warning("could not write the key of published %s: %s", self.task_id, exc.cause)
+            self._unavailable(exc, "is published without its key")
             return
         if isinstance(outcome, Holder) and self.kind == "enqueue":
             self._warn_second_message(outcome)
@@ -432,13 +427,7 @@ class PreparedCall:
         """The answer to a duplicate call: the holder's result, or AlreadyQueued."""
         call = self.call
         self.runtime.count_call(call.task_name, duplicate=True)
-        logger.debug(
-            "duplicate of %s[%s] (%s; %s path)",
-            call.task_name,
-            holder.task_id,
-            holder.state,
-            self.path,
-        )
+        emit(DEDUPLICATED, call.task_name, self.task_id, self.keys.call, holder)
         if self.on_duplicate == "raise":
             raise AlreadyQueued(call.task_name, holder.task_id, holder.state, holder.key)
         return duplicate_result(
@@ -478,12 +467,18 @@ class PreparedCall:
         """Redis could not be asked: raise, or log and let the caller publish anyway (a
         continuation always goes on). Whatever the write did, if it ran, is provisional."""
         if self.kind == "enqueue" and self.runtime.config.on_redis_error == "raise":
+            self._unavailable(exc, "is refused (dedupe_on_redis_error='raise')")
             raise exc
-        logger.warning(
-            "dedup Redis unavailable, publishing %s[%s] without dedup: %s",
+        self._unavailable(exc, "is published without dedup")
+
+    def _unavailable(self, exc: RedisUnavailable, action: str) -> None:
+        emit(
+            UNAVAILABLE,
             self.call.task_name,
             self.task_id,
-            exc.cause,
+            self.keys.call,
+            action=action,
+            error=exc.cause,
         )
 
     def publish_unrecorded(self) -> DedupeResult:

@@ -34,6 +34,7 @@ from celery.exceptions import Ignore, Retry
 
 from .checks import eviction_risk
 from .errors import KeyDerivationError, RedisUnavailable
+from .events import CLAIMED, DEFERRED, RELEASED, SKIPPED, UNAVAILABLE, emit
 from .header import KeyHeader, is_publishing
 from .keys import CallKeys, keys_for
 from .liveness import HOST
@@ -140,8 +141,8 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
         holder = runtime.store.claim(spec.keys, task_id, token, lease_ms, HOST, pid, int(now))
     except RedisUnavailable as exc:
         # The message is consumed already: running it beats losing it.
-        logger.warning(
-            "%s[%s] runs unguarded, dedup Redis unavailable: %s", task.name, task_id, exc.cause
+        emit(
+            UNAVAILABLE, task.name, task_id, spec.keys.run, action="runs unguarded", error=exc.cause
         )
         return Run(spec, token, "error")
     if holder is not None:
@@ -157,7 +158,8 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
     lease = Lease(
         spec.keys.run, task_id, token, lease_ms, pack_running(task_id, token, HOST, pid, now)
     )
-    runtime.heartbeat.hold(lease)
+    runtime.heartbeat.hold(lease, task.name)
+    emit(CLAIMED, task.name, task_id, spec.keys.run)
     return Run(spec, token, "claimed", lease=lease)
 
 
@@ -181,16 +183,10 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
         # current run, a canvas member must not cut its workflow, a message the producer
         # accepted may be some caller's holder (a skip would leave its .get() hanging), and
         # a copy of the holder's own task id may be the only copy left if the holder died.
-        logger.info(
-            "%s[%s] waits: %s is %s (tries again in %.0fs)",
-            task.name,
-            task_id,
-            holder.task_id,
-            holder.state,
-            spec.running_countdown,
-        )
+        key = spec.keys.run
+        emit(DEFERRED, task.name, task_id, key, holder, countdown=spec.running_countdown)
         _defer(task, request, spec.running_countdown)
-    logger.info("%s[%s] skipped: %s is %s", task.name, task_id, holder.task_id, holder.state)
+    emit(SKIPPED, task.name, task_id, spec.keys.run, holder)
     raise Ignore()
 
 
@@ -238,7 +234,9 @@ def requeue_for_message(
     try:
         requeue_key(runtime, header.keys, ttl, task_id, token, delay)
     except RedisUnavailable as exc:
-        logger.warning("could not requeue the key of %s: %s", task_id, exc.cause)
+        task_name = str(headers.get("task") or "")
+        action = "is sent again without its key (not requeued)"
+        emit(UNAVAILABLE, task_name, task_id, header.keys.call, action=action, error=exc.cause)
 
 
 # -- the run's end -------------------------------------------------------------------------------
@@ -276,12 +274,13 @@ def on_postrun(
             requeue_key(runtime, spec.keys, spec.ttl, task_id, token, 0.0)
         elif run.verdict == "claimed":
             runtime.store.send_release(spec.keys, task_id, token)
+            emit(RELEASED, task.name, task_id, spec.keys.run)
         else:
             runtime.store.cancel(spec.keys, task_id)
+            emit(RELEASED, task.name, task_id, spec.keys.call)
     except RedisUnavailable as exc:
-        logger.warning(
-            "could not free the key of %s[%s] (its lease will): %s", task.name, task_id, exc.cause
-        )
+        action = "ended and its key was not freed (its lease frees it)"
+        emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
 
 
 def requeue_key(

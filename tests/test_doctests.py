@@ -16,6 +16,7 @@ RUNNABLE = [
     "dedupe.canonical",
     "dedupe.config",
     "dedupe.header",
+    "dedupe.inventory",
     "dedupe.keys",
     "dedupe.record",
     "dedupe.timing",

@@ -4,12 +4,12 @@ cycle, and none hides an import of the package inside a function to break one.
 =========  ====================================================================================
 layer      modules
 =========  ====================================================================================
-base       errors, defaults, canonical, timing, config, options, keys, record, header,
-           script_runner, store, async_store, publish_seam, heartbeat, runtime, run,
-           liveness, result, checks, _redis_server
+base       errors, defaults, _generics, canonical, timing, config, options, keys, record,
+           header, events, script_runner, store, async_store, publish_seam, heartbeat,
+           runtime, run, liveness, result, inventory, checks, _redis_server
 producer   producer, aio (never the worker side)
 worker     worker, prefork_parent (never the producer side)
-entry      task, installer, web, cli, django, demo, beat, and the package itself
+entry      task, installer, web, cli, django, demo, prometheus, beat, and the package itself
 =========  ====================================================================================
 """
 
@@ -33,6 +33,7 @@ ENTRY = {
     "dedupe.cli",
     "dedupe.django",
     "dedupe.demo",
+    "dedupe.prometheus",
     "dedupe.beat",
     "dedupe.beat.database",
     "dedupe.beat.redbeat",

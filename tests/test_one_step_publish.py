@@ -210,7 +210,7 @@ def test_a_debug_log_says_which_path_a_call_took(
     def job(x: int) -> int:
         return x
 
-    with caplog.at_level(logging.DEBUG, logger="dedupe.producer"):
+    with caplog.at_level(logging.DEBUG, logger="dedupe.calls"):
         result = job.delay(1)
     expected = "one-step" if str(app.conf.broker_url).startswith("redis") else "overlap"
     assert f"{result.id}] published ({expected} path)" in caplog.text

@@ -307,12 +307,11 @@ def test_redis_down_with_enqueue_publishes_anyway_and_warns(
 
     job.delay(1)
     stoppable_redis.stop()
-    with caplog.at_level(logging.WARNING, logger="dedupe.producer"):
+    with caplog.at_level(logging.WARNING, logger="dedupe.redis"):
         result = job.delay(1)
     assert result.deduplicated is False
     assert queue_length(app) == 2
-    assert "publishing" in caplog.text
-    assert "without dedup" in caplog.text
+    assert f"{result.id}] is published without dedup: dedup Redis unavailable" in caplog.text
 
 
 def test_redis_down_with_raise_raises_and_publishes_nothing(

@@ -191,6 +191,19 @@ def test_the_main_process_frees_a_killed_childs_key_long_before_its_lease(
         result.get(timeout=10)
 
 
+def test_the_parent_sends_key_reclaimed_for_the_key_of_a_killed_child(
+    worker_app: Any, tag: str, redis_client: redis.Redis
+) -> None:
+    task = worker_app.sleepy_long_lease
+    result = task.delay(tag, 30)
+    wait_running(task, tag, 30)
+    os.kill(pid_of(redis_client, tag), signal.SIGKILL)
+    reclaimed = wait_for(
+        lambda: redis_client.lrange(f"reclaimed:{result.id}", 0, -1), message="key_reclaimed"
+    )
+    assert reclaimed == [result.keys.run.encode()]
+
+
 def test_the_main_process_frees_the_key_of_a_run_past_its_hard_time_limit(
     worker_app: Any, tag: str
 ) -> None:

@@ -45,7 +45,19 @@ app.conf.update(
 )
 dedupe.install(app)
 
+if os.environ.get("DEDUPE_TEST_METRICS_PORT"):
+    # A worker of the Prometheus test: its children's counters summed by the main process.
+    import dedupe.prometheus
+
+    dedupe.prometheus.enable(app, port=int(os.environ["DEDUPE_TEST_METRICS_PORT"]))
+
 _events = redis.Redis.from_url(REDIS)
+
+
+@dedupe.events.key_reclaimed.connect(weak=False)
+def _reclaimed(task_id: str = "", key: str = "", **_: Any) -> None:
+    # Tests read what the pool's parent reclaimed, in their own process.
+    _events.rpush(f"reclaimed:{task_id}", key)
 
 
 def runlog(tag: str) -> RunLog:

@@ -1,0 +1,216 @@
+"""What the dedup layer did to a key: a Celery signal per event, and a log line in the
+event's family.
+
+Every signal is sent with the task name as ``sender`` (as Celery's ``before_task_publish``
+is) and these keyword arguments: ``task_name``, ``task_id`` (the id of this call or run),
+``key`` (the Redis key) and ``holder`` (the :class:`~dedupe.Holder` that made a call a
+duplicate or a run wait, else None); some add their own (listed on each). A receiver that
+raises is logged by Celery and never fails the call or the run.
+
+.. code-block:: python
+
+    from dedupe import signals
+
+    @signals.call_deduplicated.connect
+    def count(sender, task_name, holder, **_):
+        metrics.increment("duplicates", tags={"task": task_name, "state": holder.state})
+
+Loggers, one per family, so that each can be silenced or raised on its own:
+
+=====================  ==================================================================
+``dedupe.calls``       accepted (DEBUG), deduplicated (INFO)
+``dedupe.runs``        claimed (DEBUG), deferred and skipped (INFO)
+``dedupe.keys``        released (DEBUG); reclaimed, lease lost, re-created (WARNING)
+``dedupe.redis``       unavailable (WARNING)
+=====================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery.utils.dispatch import Signal
+
+if TYPE_CHECKING:
+    from .record import Holder
+
+__all__ = [
+    "EVENTS",
+    "Event",
+    "call_accepted",
+    "call_deduplicated",
+    "emit",
+    "key_reclaimed",
+    "key_recreated",
+    "key_released",
+    "lease_lost",
+    "redis_unavailable",
+    "run_claimed",
+    "run_deferred",
+    "run_skipped",
+]
+
+
+def _signal(name: str, *extra: str) -> Signal:
+    return Signal(
+        name=f"dedupe.{name}", providing_args=["task_name", "task_id", "key", "holder", *extra]
+    )
+
+
+#: A call published its message and holds the key (``path``: how its record was written).
+call_accepted = _signal("call_accepted", "path")
+#: A call found its key held: nothing was published; ``holder`` is the task that holds it.
+call_deduplicated = _signal("call_deduplicated")
+#: A run claimed its key at start: it now holds it, under a heartbeat lease.
+run_claimed = _signal("run_claimed")
+#: A run found its key held by ``holder`` and was sent again for ``countdown`` seconds later.
+run_deferred = _signal("run_deferred", "countdown")
+#: A run found its key held by ``holder`` and was skipped (``on_running="skip"``).
+run_skipped = _signal("run_skipped")
+#: A run ended and freed its key.
+key_released = _signal("key_released")
+#: The pool's parent freed (or requeued, ``requeued=True``) the key of a run it lost,
+#: revoked or killed.
+key_reclaimed = _signal("key_reclaimed", "requeued")
+#: A running task's heartbeat found another run holding its key: it stopped renewing it.
+lease_lost = _signal("lease_lost")
+#: A running task's heartbeat found its key gone (restart, failover, eviction) and wrote it.
+key_recreated = _signal("key_recreated")
+#: The dedup Redis could not be asked; ``action`` says what happened instead ("published",
+#: "raised", "ran unguarded", "not freed", "not requeued") and ``error`` why.
+redis_unavailable = _signal("redis_unavailable", "action", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One kind of event: its name, signal, family's logger, level and log line."""
+
+    name: str
+    signal: Signal
+    logger: logging.Logger
+    level: int
+    #: %-style with the signal's keyword arguments by name.
+    message: str
+
+
+_calls = logging.getLogger("dedupe.calls")
+_runs = logging.getLogger("dedupe.runs")
+_keys = logging.getLogger("dedupe.keys")
+_redis = logging.getLogger("dedupe.redis")
+
+ACCEPTED = Event(
+    "call_accepted",
+    call_accepted,
+    _calls,
+    logging.DEBUG,
+    "%(task_name)s[%(task_id)s] published (%(path)s path)",
+)
+DEDUPLICATED = Event(
+    "call_deduplicated",
+    call_deduplicated,
+    _calls,
+    logging.INFO,
+    "%(task_name)s: duplicate of %(holder_id)s (%(holder_state)s)",
+)
+CLAIMED = Event(
+    "run_claimed", run_claimed, _runs, logging.DEBUG, "%(task_name)s[%(task_id)s] claimed %(key)s"
+)
+DEFERRED = Event(
+    "run_deferred",
+    run_deferred,
+    _runs,
+    logging.INFO,
+    "%(task_name)s[%(task_id)s] waits: %(holder_id)s is %(holder_state)s "
+    "(tries again in %(countdown).0fs)",
+)
+SKIPPED = Event(
+    "run_skipped",
+    run_skipped,
+    _runs,
+    logging.INFO,
+    "%(task_name)s[%(task_id)s] skipped: %(holder_id)s is %(holder_state)s",
+)
+RELEASED = Event(
+    "key_released", key_released, _keys, logging.DEBUG, "%(task_name)s[%(task_id)s] freed %(key)s"
+)
+RECLAIMED = Event(
+    "key_reclaimed",
+    key_reclaimed,
+    _keys,
+    logging.WARNING,
+    "%(task_name)s[%(task_id)s]: the run was lost, revoked or killed; its key %(key)s was %(what)s",
+)
+LEASE_LOST = Event(
+    "lease_lost",
+    lease_lost,
+    _keys,
+    logging.WARNING,
+    "lost the lease on %(key)s for task %(task_id)s: another run holds the key now; no longer "
+    "renewing it",
+)
+RECREATED = Event(
+    "key_recreated",
+    key_recreated,
+    _keys,
+    logging.WARNING,
+    "re-created %(key)s for running task %(task_id)s: the key was gone (Redis restarted, "
+    "failed over or evicted it)",
+)
+UNAVAILABLE = Event(
+    "redis_unavailable",
+    redis_unavailable,
+    _redis,
+    logging.WARNING,
+    "%(task_name)s[%(task_id)s] %(action)s: dedup Redis unavailable: %(error)s",
+)
+
+#: Every event, by its signal's short name (``"call_accepted"``, ...).
+EVENTS = {
+    event.name: event
+    for event in (
+        ACCEPTED,
+        DEDUPLICATED,
+        CLAIMED,
+        DEFERRED,
+        SKIPPED,
+        RELEASED,
+        RECLAIMED,
+        LEASE_LOST,
+        RECREATED,
+        UNAVAILABLE,
+    )
+}
+
+
+def emit(
+    event: Event,
+    task_name: str,
+    task_id: str,
+    key: str,
+    holder: Holder | None = None,
+    **details: Any,
+) -> None:
+    """Log ``event`` in its family and send its signal (a no-op when nobody listens and the
+    level is off: it runs on every call)."""
+    if event.logger.isEnabledFor(event.level):
+        fields = {
+            "task_name": task_name,
+            "task_id": task_id,
+            "key": key,
+            "holder_id": holder.task_id if holder is not None else None,
+            "holder_state": holder.state if holder is not None else None,
+            "what": "requeued" if details.get("requeued") else "freed",
+            **details,
+        }
+        event.logger.log(event.level, event.message, fields)
+    if event.signal.receivers:
+        event.signal.send(
+            sender=task_name,
+            task_name=task_name,
+            task_id=task_id,
+            key=key,
+            holder=holder,
+            **details,
+        )

@@ -1,0 +1,139 @@
+"""Prometheus metrics for the dedup layer (``pip install 'celery-dedupe[prometheus]'``).
+
+One line where the app is made:
+
+.. code-block:: python
+
+    dedupe.prometheus.enable(app)              # producers: into the default registry
+    dedupe.prometheus.enable(app, port=9808)   # workers: and serve /metrics on 9808
+
+Exported:
+
+- ``dedupe_events_total{event, task}``: a counter per event of :mod:`dedupe.events`
+  (``call_accepted``, ``call_deduplicated``, ``run_claimed``, ... ``redis_unavailable``).
+- ``dedupe_live_keys{task, state}``: the keys live in Redis now, read at scrape time (one
+  SCAN of the app's key prefix), so it tells the truth whichever process wrote them.
+
+Under the prefork pool the events happen in the pool's children. Run the worker with
+``PROMETHEUS_MULTIPROC_DIR`` set to an empty directory (prometheus_client's multiprocess
+mode): the children's counters land in files there (a counter's file outlives its child, so
+sums stay whole across pool restarts), and ``port=`` serves their sum from the worker's main
+process. Empty the directory before the worker starts, as prometheus_client asks.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from celery import Celery, signals
+
+from . import events
+from .inventory import live_key_counts
+from .runtime import runtime_of
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, start_http_server
+    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.multiprocess import MultiProcessCollector
+except ImportError as exc:  # pragma: no cover - the extra is missing
+    raise ImportError(
+        "dedupe.prometheus needs prometheus_client: pip install 'celery-dedupe[prometheus]'"
+    ) from exc
+
+__all__ = ["LiveKeys", "enable"]
+
+_lock = threading.Lock()
+#: The registry that is exported, once set up (the counter lives in the default one).
+_exported: CollectorRegistry | None = None
+_apps: weakref.WeakSet[Celery] = weakref.WeakSet()
+
+
+def _set_up() -> CollectorRegistry:
+    """The counter, its signal receivers and the live-keys collector: once per process."""
+    global _exported
+    with _lock:
+        if _exported is None:
+            counter = Counter(
+                "dedupe_events",
+                "Events of dedup keys (calls accepted and deduplicated, runs claimed, ...)",
+                ["event", "task"],
+            )
+            for name, event in events.EVENTS.items():
+                event.signal.connect(_counting(counter, name), weak=False)
+            _exported = _exported_registry()
+            _exported.register(LiveKeys())
+        return _exported
+
+
+def _counting(counter: Counter, name: str) -> Callable[..., None]:
+    def count(task_name: str = "", **_: Any) -> None:
+        counter.labels(event=name, task=task_name).inc()
+
+    return count
+
+
+class LiveKeys:
+    """The collector of ``dedupe_live_keys{task, state}``: every enabled app's keys, read
+    from Redis at each scrape (apps that share a Redis and a prefix are read once)."""
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "dedupe_live_keys",
+            "Dedup keys live in Redis, by task and state",
+            labels=["task", "state"],
+        )
+        totals: collections.Counter[tuple[str, str]] = collections.Counter()
+        seen: set[tuple[str, str]] = set()
+        for app in list(_apps):
+            runtime = runtime_of(app)
+            where = (str(runtime.config.redis_url), runtime.config.key_prefix)
+            if where not in seen:
+                seen.add(where)
+                totals.update(live_key_counts(app))
+        for (task, state), count in sorted(totals.items()):
+            gauge.add_metric([task, state], count)
+        yield gauge
+
+    def describe(self) -> Iterable[Metric]:
+        # Describing without collecting: registering must not scan Redis.
+        return [GaugeMetricFamily("dedupe_live_keys", "", labels=["task", "state"])]
+
+
+def enable(app: Celery, *, port: int | None = None) -> CollectorRegistry:
+    """Count every event of the dedup layer and export ``app``'s live keys; with ``port``,
+    serve ``/metrics`` from the worker's main process (started at ``worker_init``). Returns
+    the registry that is exported (the default one, or the multiprocess one).
+
+    .. code-block:: python
+
+        app = Celery("proj")
+        dedupe.install(app)
+        dedupe.prometheus.enable(app, port=9808)
+    """
+    registry = _set_up()
+    _apps.add(app)
+    if port is not None:
+        _serve_from_worker(app, port, registry)
+    return registry
+
+
+def _exported_registry() -> CollectorRegistry:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # The counters live in files, one set per process: the exported registry sums them.
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return REGISTRY
+
+
+def _serve_from_worker(app: Celery, port: int, registry: CollectorRegistry) -> None:
+    def serve(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            start_http_server(port, registry=registry)
+
+    signals.worker_init.connect(serve, weak=False)
