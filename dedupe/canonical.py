@@ -16,6 +16,8 @@ from typing import Any
 
 import msgpack
 
+from ._packing import shared_pack
+
 __all__ = ["Unencodable", "canonical_bytes"]
 
 # Ext type codes. They are part of the key format (see keys.KEY_VERSION): never renumber.
@@ -31,7 +33,7 @@ _MODEL = 8
 _INT64_MIN = -(2**63)
 _UINT64_MAX = 2**64 - 1
 
-_pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+_pack = shared_pack(use_bin_type=True)
 
 
 class Unencodable(Exception):

@@ -29,6 +29,7 @@ from typing import Literal
 
 import msgpack
 
+from ._packing import shared_pack
 from .errors import RecordFormatError
 
 __all__ = [
@@ -41,9 +42,7 @@ __all__ = [
     "unpack_owner",
 ]
 
-# One packer for every record (packb would make a new one per call); msgpack packs under
-# the GIL, so threads can share it.
-_pack = msgpack.Packer(use_bin_type=False, autoreset=True).pack
+_pack = shared_pack(use_bin_type=False)
 
 # Leads a packed UUID. The byte 0xFF never occurs in UTF-8, so no other task id's bytes can
 # start with it: the two forms never meet, and no escaping is needed.

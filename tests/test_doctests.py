@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 RUNNABLE = [
+    "dedupe._packing",
     "dedupe.canonical",
     "dedupe.config",
     "dedupe.header",
