@@ -1,6 +1,7 @@
 """``celery -A proj dedupe ...``: see and clear dedup keys.
 
-    celery -A proj dedupe list [--task NAME] [--limit N]
+    celery -A proj dedupe list [--task NAME] [--limit N]     # NAME exactly, never a prefix
+    celery -A proj dedupe stats [--task NAME]                # live keys by task and state
     celery -A proj dedupe show TASK [--args JSON] [--kwargs JSON]
     celery -A proj dedupe clear TASK [--args JSON] [--kwargs JSON]
     celery -A proj dedupe clear --task NAME --yes        # every key of one task
@@ -23,6 +24,7 @@ from celery import Celery
 from .checks import eviction_risk
 from .errors import DedupeError, RecordFormatError
 from .installer import install
+from .inventory import live_key_counts, scan
 from .producer import lookup, release
 from .record import Holder
 from .runtime import installed
@@ -58,31 +60,11 @@ def _json(option: str, text: str | None, kind: type) -> Any:
     return value
 
 
-def _scan(app: Celery, task: str | None) -> Iterator[tuple[str, bytes | None, int]]:
-    """Every key under the prefix (of one task): its name, value (None: gone since) and pttl."""
+def _scan(app: Celery, task: str | None) -> Iterator[tuple[str, bytes, int]]:
+    """Every live key under the prefix (of exactly one task): its name, value and pttl."""
     runtime = installed(app)
     assert runtime is not None
-    prefix = runtime.config.key_prefix
-    pattern = f"{prefix}:{{{task}:*" if task else f"{prefix}:*"
-    client = runtime.store.client
-    batch: list[bytes] = []
-
-    def values(keys: list[bytes]) -> Iterator[tuple[str, bytes | None, int]]:
-        with client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.get(key)
-                pipe.pttl(key)
-            replies = pipe.execute()
-        for index, key in enumerate(keys):
-            yield key.decode(), replies[2 * index], replies[2 * index + 1]
-
-    for key in client.scan_iter(match=pattern, count=1000):
-        batch.append(key)
-        if len(batch) == 500:
-            yield from values(batch)
-            batch = []
-    if batch:
-        yield from values(batch)
+    return scan(runtime.store.client, runtime.config.key_prefix, task)
 
 
 def _line(holder: Holder) -> str:
@@ -109,8 +91,6 @@ def list_keys(ctx: click.Context, task: str | None, limit: int) -> None:
     """List live keys: state, time to live, holder's task id, key."""
     shown = 0
     for name, raw, pttl in _scan(_app(ctx), task):
-        if raw is None:
-            continue
         if shown == limit:
             click.echo("... more (raise --limit)")
             return
@@ -173,21 +153,66 @@ def clear(
         raise click.UsageError("give exactly one of: TASK (one call), --task NAME, --all")
     if task:
         try:
-            cleared = release(**_call(ctx, task, args, kwargs))
+            call = _call(ctx, task, args, kwargs)
+            holder = lookup(**call)
+            cleared = release(**call)
         except DedupeError as exc:
             raise click.ClickException(str(exc)) from None
         click.echo("cleared 1 key" if cleared else "nothing to clear: the key is free")
+        if cleared and holder is not None and holder.state == "running":
+            click.echo(_RUN_GOES_ON.format(count="its run"))
         return
     app = _app(ctx)
     what = f"every key of {every_of_task}" if every_of_task else "every dedup key"
     if not yes:
         click.confirm(f"Clear {what}?", abort=True)
-    keys = [name for name, _, _ in _scan(app, every_of_task)]
+    keys: list[str] = []
+    running = 0
+    for name, raw, pttl in _scan(app, every_of_task):
+        keys.append(name)
+        running += _is_running(name, raw, pttl)
     runtime = installed(app)
     assert runtime is not None
     for start in range(0, len(keys), 500):
         runtime.store.client.delete(*keys[start : start + 500])
     click.echo(f"cleared {len(keys)} key{'s' if len(keys) != 1 else ''}")
+    if running:
+        click.echo(_RUN_GOES_ON.format(count=f"{running} of them held by running tasks"))
+
+
+_RUN_GOES_ON = (
+    "note: {count}: a run goes on after its key is cleared, and its heartbeat writes the "
+    "key again within a third of its lease"
+)
+
+
+def _is_running(key: str, raw: bytes, pttl: int) -> bool:
+    try:
+        return Holder.from_raw(key, raw, pttl).state == "running"
+    except RecordFormatError:
+        return False
+
+
+@dedupe.command()
+@click.option("--task", help="Only the keys of this task name.")
+@click.pass_context
+def stats(ctx: click.Context, task: str | None) -> None:
+    """Count live keys by task and state."""
+    counts = live_key_counts(_app(ctx), task)
+    if not counts:
+        click.echo("no live keys" + (f" for {task}" if task else ""))
+        return
+    states = ("queued", "running", "provisional")
+    tasks = sorted({name for name, _ in counts})
+    width = max(len("task"), *map(len, tasks))
+    click.echo(f"{'task':<{width}}  " + "  ".join(f"{state:>11}" for state in states))
+    for name in tasks:
+        row = "  ".join(f"{counts[name, state]:>11}" for state in states)
+        click.echo(f"{name:<{width}}  {row}")
+    totals = "  ".join(
+        f"{sum(count for (_, st), count in counts.items() if st == state):>11}" for state in states
+    )
+    click.echo(f"{'total':<{width}}  {totals}")
 
 
 @dedupe.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
 import dedupe
+import dedupe.runtime
 from dedupe.cli import dedupe as dedupe_cli
 
 from .helpers import ROOT
@@ -93,6 +95,44 @@ def test_clear_every_key_of_a_task_asks_first(cli: Any, job: Any) -> None:
     assert dedupe.lookup(job, (6,)) is not None
     assert "cleared 2 keys" in cli("clear", "--task", "reports.refresh", "--yes").output
     assert dedupe.lookup(job, (6,)) is None
+
+
+def test_clear_task_leaves_the_keys_of_a_task_whose_name_extends_it(cli: Any, app: Celery) -> None:
+    dedupe.apply_async("reports", args=(1,), app=app)
+    kept = dedupe.apply_async("reports:eu", args=(1,), app=app)
+    result = cli("clear", "--task", "reports", "--yes")
+    assert "cleared 1 key" in result.output
+    assert dedupe.lookup("reports:eu", args=(1,), app=app).task_id == kept.id
+
+
+def test_list_task_takes_glob_characters_literally(cli: Any, app: Celery) -> None:
+    own = dedupe.apply_async("jobs[1]", args=(1,), app=app)
+    other = dedupe.apply_async("jobs1", args=(1,), app=app)
+    result = cli("list", "--task", "jobs[1]")
+    assert own.id in result.output
+    assert other.id not in result.output
+
+
+def test_clearing_a_running_key_says_that_the_run_goes_on(cli: Any, job: Any, app: Celery) -> None:
+    held = job.delay(5)
+    store = dedupe.runtime.runtime_of(app).store
+    assert store.claim(held.keys, held.id, "run-1", 30_000, "host", 1, int(time.time())) is None
+    result = cli("clear", "--task", "reports.refresh", "--yes")
+    assert "cleared 1 key" in result.output
+    assert "1 of them held by running tasks: a run goes on after its key is cleared" in (
+        result.output
+    )
+
+
+def test_stats_counts_live_keys_by_task_and_state(cli: Any, job: Any, app: Celery) -> None:
+    job.delay(1)
+    job.delay(2)
+    dedupe.apply_async("other.task", args=(1,), app=app)
+    lines = cli("stats").output.splitlines()
+    assert lines[0].split() == ["task", "queued", "running", "provisional"]
+    assert lines[1].split() == ["other.task", "1", "0", "0"]
+    assert lines[2].split() == ["reports.refresh", "2", "0", "0"]
+    assert lines[3].split() == ["total", "3", "0", "0"]
 
 
 def test_clear_needs_exactly_one_target(cli: Any) -> None:
