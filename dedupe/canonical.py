@@ -4,6 +4,10 @@ Two values encode to the same bytes exactly when a task would see them as the sa
 after Celery's default JSON round trip: tuples and lists alike, dict keys in a fixed order.
 Values of different types never share an encoding: ``1``, ``1.0``, ``True`` and ``"1"`` all
 differ, and each non-native type Celery's JSON serializer accepts carries its own tag.
+
+A value either encodes or raises :class:`Unencodable` locating the part at fault: no other
+exception escapes (a lone surrogate, a structure that contains itself, a model whose
+``model_dump`` fails).
 """
 
 from __future__ import annotations
@@ -29,19 +33,29 @@ _UUID = 5
 _DECIMAL = 6
 _SET = 7
 _MODEL = 8
+_HUGE_INT = 9
 
 _INT64_MIN = -(2**63)
 _UINT64_MAX = 2**64 - 1
+# Big ints below CPython's default int_max_str_digits (4,300 digits) have been encoded as decimal
+# text from the first key version on, and keep that form; larger ones, which str() refuses by
+# default, are encoded as two's-complement bytes under their own tag: linear in their size,
+# where decimal conversion is quadratic (the reason for CPython's limit).
+_DECIMAL_BOUND = 10**4300
 
 _pack = shared_pack(use_bin_type=True)
 
 
 class Unencodable(Exception):
-    """A value has no canonical encoding. ``path`` locates it inside the top-level value."""
+    """A value has no canonical encoding. ``path`` locates it inside the top-level value.
 
-    def __init__(self, value: Any) -> None:
-        super().__init__(type(value).__name__)
+    ``problem`` says why, or is None when the value's type has no encoding at all.
+    """
+
+    def __init__(self, value: Any, problem: str | None = None) -> None:
+        super().__init__(problem or type(value).__name__)
         self.value = value
+        self.problem = problem
         self.path = ""
 
     def inside(self, segment: str) -> Unencodable:
@@ -57,7 +71,72 @@ def canonical_bytes(value: Any) -> bytes:
     >>> canonical_bytes(1) == canonical_bytes(1.0)
     False
     """
-    return _pack(_canonical(value))
+    try:
+        return _pack(_canonical(value))
+    except Unencodable:
+        raise
+    except _FAULTS as exc:
+        # The slow path, taken only by a value that cannot be encoded: find the part at fault.
+        raise _fault_in(value, exc, depth=0) from None
+
+
+# What encoding a value made of supported types can still raise: UnicodeEncodeError (a lone
+# surrogate; a ValueError), RecursionError (a value that contains itself, or nests deeper than
+# the interpreter's stack), TypeError (a hashable mapping used as a dict key has no hashable
+# canonical form), msgpack's own limits (ValueError).
+_FAULTS = (ValueError, OverflowError, TypeError, RecursionError)
+# How deep the search for the part at fault goes before it names the part it has reached.
+_SEARCH_DEPTH = 64
+
+
+def _fault_in(value: Any, exc: BaseException, depth: int) -> Unencodable:
+    """The innermost part of ``value`` that fails to encode on its own, with its path."""
+    # Too deep is a property of the whole: name the argument (depth 1), not a level inside it.
+    too_deep = isinstance(exc, RecursionError) or "recursion limit" in str(exc)
+    if depth < (1 if too_deep else _SEARCH_DEPTH):
+        for segment, part in _parts(value):
+            try:
+                _pack(_canonical(part))
+            except Unencodable as inner:
+                return inner.inside(segment)
+            except _FAULTS as inner:
+                return _fault_in(part, inner, depth + 1).inside(segment)
+    if too_deep:
+        return Unencodable(value, "it nests too deeply or contains itself")
+    if isinstance(exc, UnicodeEncodeError):
+        bad = exc.object[exc.start : exc.end]
+        return Unencodable(
+            value,
+            f"the text holds {bad!r} at index {exc.start}, a lone surrogate that UTF-8 cannot "
+            f"encode (text decoded with errors='surrogateescape' or 'surrogatepass' keeps them)",
+        )
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    return Unencodable(value, f"a {kind} value cannot be encoded: {exc}")
+
+
+def _parts(value: Any) -> list[tuple[str, Any]]:
+    """The parts ``_canonical`` encodes ``value`` from, each with its path segment."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        return []
+    if isinstance(value, Mapping):
+        parts = []
+        for key, item in value.items():
+            parts.append((f"[{key!r}]", item))
+            parts.append((f" key {key!r}", key))
+        return parts
+    if isinstance(value, (list, tuple)):
+        return [(f"[{index}]", item) for index, item in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        return [(f" member {member!r}", member) for member in value]
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        try:
+            fields = dump(mode="json")
+        except Exception:
+            return []
+        if isinstance(fields, Mapping):
+            return [(f".{name}", item) for name, item in fields.items()]
+    return []
 
 
 def _canonical(value: Any) -> Any:
@@ -117,7 +196,15 @@ def _packed_first(pair: tuple[Any, Any]) -> bytes:
 
 
 def _big_int(value: int) -> msgpack.ExtType:
-    return msgpack.ExtType(_BIG_INT, str(value).encode())
+    if -_DECIMAL_BOUND < value < _DECIMAL_BOUND:
+        try:
+            text = str(value)
+        except ValueError:
+            # This process lowered sys.set_int_max_str_digits: same digits, by another way.
+            text = str(Decimal(value))
+        return msgpack.ExtType(_BIG_INT, text.encode())
+    size = (value.bit_length() + 8) // 8  # room for the sign bit
+    return msgpack.ExtType(_HUGE_INT, value.to_bytes(size, "big", signed=True))
 
 
 def _tagged(code: int, text: str) -> msgpack.ExtType:
@@ -162,5 +249,9 @@ def _other(value: Any) -> Any:
         # A pydantic model (Celery's pydantic=True tasks): its JSON form, tagged with its
         # class so that two models with equal fields but different types stay apart.
         name = f"{type(value).__module__}.{type(value).__qualname__}"
-        return msgpack.ExtType(_MODEL, _pack((name, _canonical(dump(mode="json")))))
+        try:
+            fields = dump(mode="json")
+        except Exception as exc:
+            raise Unencodable(value, f"its model_dump(mode='json') raised {exc!r}") from exc
+        return msgpack.ExtType(_MODEL, _pack((name, _canonical(fields))))
     raise Unencodable(value)

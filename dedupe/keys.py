@@ -279,12 +279,14 @@ def _unencodable(task_name: str, exc: Unencodable) -> KeyDerivationError:
 
 
 def _unencodable_reason(exc: Unencodable) -> str:
-    return (
+    problem = exc.problem or (
         f"a {type(exc.value).__module__}.{type(exc.value).__qualname__} value has no "
         f"canonical encoding (supported: None, bool, int, float, str, bytes, list, tuple, "
-        f"dict, set, datetime, date, time, UUID, Decimal, pydantic models). Pass a "
-        f"serializable value, leave the argument out with unique_on=(...), or compute the "
-        f"key yourself with unique_key=callable"
+        f"dict, set, datetime, date, time, UUID, Decimal, pydantic models)"
+    )
+    return (
+        f"{problem}. Pass a value that encodes, leave the argument out with "
+        f"unique_on=(...), or compute the key yourself with unique_key=callable"
     )
 
 

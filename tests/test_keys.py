@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import sys
 import uuid
 from collections import OrderedDict
 from decimal import Decimal
@@ -179,6 +180,64 @@ def test_an_unencodable_top_level_argument_is_named_plainly() -> None:
     assert caught.value.argument == "full"
 
 
+def test_a_lone_surrogate_raises_naming_the_argument_and_where_in_the_text() -> None:
+    with pytest.raises(KeyDerivationError) as caught:
+        digest({"names": ["ok", "bad \udc80 name"]})
+    error = caught.value
+    assert error.argument == "customer_id['names'][1]"
+    assert "'\\udc80' at index 4" in str(error)
+    assert "lone surrogate" in str(error)
+
+
+def test_a_lone_surrogate_in_a_dict_key_names_the_key() -> None:
+    with pytest.raises(KeyDerivationError) as caught:
+        digest({"\ud800": 1})
+    assert caught.value.argument == "customer_id key '\\ud800'"
+
+
+def test_a_lone_surrogate_in_a_set_member_names_the_member() -> None:
+    with pytest.raises(KeyDerivationError) as caught:
+        digest(1, region=frozenset({"\ud800"}))
+    assert caught.value.argument == "region member '\\ud800'"
+
+
+def test_a_value_that_contains_itself_raises_naming_the_argument() -> None:
+    loop: list[Any] = [1]
+    loop.append(loop)
+    with pytest.raises(KeyDerivationError) as caught:
+        digest(1, region=loop)
+    assert caught.value.argument == "region"
+    assert "contains itself" in str(caught.value)
+
+
+def test_a_model_whose_dump_fails_raises_naming_the_argument() -> None:
+    class Broken:
+        def model_dump(self, mode: str) -> Any:
+            raise RuntimeError("no json form")
+
+    with pytest.raises(KeyDerivationError) as caught:
+        digest(Broken())
+    assert caught.value.argument == "customer_id"
+    assert "no json form" in str(caught.value)
+
+
+def test_an_int_of_more_than_4300_digits_has_a_key_of_its_own() -> None:
+    huge = 10**4300
+    as_bytes = huge.to_bytes(1786, "big", signed=True)
+    assert len({digest(huge), digest(huge + 1), digest(-huge), digest(as_bytes)}) == 4
+    assert digest(huge) == digest(10 * 10**4299)
+
+
+def test_big_int_keys_do_not_depend_on_the_int_max_str_digits_setting() -> None:
+    before = digest(10**1000)
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        assert digest(10**1000) == before
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
 # -- key names ---------------------------------------------------------------------------------
 
 
@@ -222,6 +281,12 @@ GOLDEN: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
     (({1: "int key", "1": "str key"},), {}, "8cfdd75641a4b70c8c00d450e54adb75"),
     ((frozenset({"x", "y"}),), {}, "31b8f2a1d1952be893b48f8ee1c14180"),
     (("ünïcødé ✓",), {"full": False, "region": "eu"}, "3cf4ad9c3f820cfaa68700a023567d76"),
+    # The largest ints CPython's str() takes by default: their keys are those of every version.
+    ((10**4299,), {}, "6073abb199fc34513369e2e276e2f315"),
+    ((-(10**4300 - 1),), {}, "7c1d15a58bf818a1bcfd92a2fec5ed97"),
+    # Beyond that str() refuses; these keys are new in this version.
+    ((10**4300,), {}, "194fab7bc3fd7a5d96bb2d92f7c3f48d"),
+    ((-(10**4300),), {}, "4539e6e623d7379f3a50c6cf9f278197"),
 ]
 
 
@@ -386,3 +451,48 @@ def test_the_fast_binder_binds_exactly_as_inspect_does(
         return
     expected.apply_defaults()
     assert binder.bind(args, kwargs) == dict(expected.arguments)
+
+
+def has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return any(0xD800 <= ord(char) <= 0xDFFF for char in value)
+    if isinstance(value, dict):
+        return any(has_lone_surrogate(k) or has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, (list, tuple, frozenset)):
+        return any(has_lone_surrogate(item) for item in value)
+    return False
+
+
+texts = st.text(st.sampled_from(["a", "é", "✓", "\ud800", "\udfff", "\U0001f600"]), max_size=4)
+anything = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from([64, 70, 4299, 4300, 5000]).map(lambda digits: -(10**digits))
+    | st.floats()
+    | texts
+    | st.binary(max_size=4)
+    | st.datetimes()
+    | st.frozensets(texts, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.tuples(inner, inner)
+        | st.dictionaries(texts | st.integers(), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=500, deadline=None)
+@given(anything)
+def test_a_value_has_a_key_unless_it_holds_a_lone_surrogate_and_then_names_where(
+    value: Any,
+) -> None:
+    if has_lone_surrogate(value):
+        with pytest.raises(KeyDerivationError, match="lone surrogate") as caught:
+            digest(value)
+        assert caught.value.argument is not None
+        assert caught.value.argument.startswith("customer_id")
+    else:
+        assert len(digest(value)) == 32
