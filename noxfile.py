@@ -1,10 +1,14 @@
-"""Sessions: ``tests`` and ``lint`` run by default (and in CI); ``fast``, ``demo`` and ``bench``
-on demand.
+"""Sessions: ``tests`` and ``lint`` run by default (and in CI); ``fast``, ``compat``, ``demo``
+and ``bench`` on demand.
 
 Use ``./noxw`` on a machine without nox: it makes a private virtualenv for nox first.
 """
 
 from __future__ import annotations
+
+import glob
+import os
+import shutil
 
 import nox
 
@@ -16,18 +20,79 @@ nox.options.error_on_missing_interpreters = False
 PYTHONS = nox.project.python_versions(nox.project.load_toml("pyproject.toml"))
 
 
-@nox.session(python=PYTHONS)
+def _find_pyenv_pythons() -> None:
+    """Put pyenv's installed but inactive Pythons on PATH, so that ``fast`` finds them."""
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    for version in PYTHONS:
+        if shutil.which(f"python{version}") and not _is_pyenv_shim(f"python{version}"):
+            continue
+        found = sorted(glob.glob(os.path.join(root, "versions", f"{version}.*", "bin")))
+        if found:
+            os.environ["PATH"] = found[-1] + os.pathsep + os.environ["PATH"]
+
+
+def _is_pyenv_shim(command: str) -> bool:
+    # A shim exists for every Python pyenv has, but runs only the globally selected ones.
+    return os.sep + "shims" + os.sep in (shutil.which(command) or "")
+
+
+_find_pyenv_pythons()
+
+# Each Celery minor with the kombu minor released beside it and the newest redis-py that kombu's
+# `redis` extra admits, then the oldest redis-py admitted at each end. Celery 5.7's kombu asks for
+# redis>=6.4, so no Celery 5.7 install can have redis-py 5 (see the README's tested matrix).
+COMPAT = {
+    "celery5.3-redis5.3": ("5.3.6", "5.3.7", "5.3.1"),
+    "celery5.4-redis5.3": ("5.4.0", "5.4.2", "5.3.1"),
+    "celery5.5-redis5.2": ("5.5.3", "5.5.4", "5.2.1"),
+    "celery5.6-redis6.4": ("5.6.3", "5.6.2", "6.4.0"),
+    "celery5.7-redis8.1": ("5.7.0", "5.7.0", "8.1.0"),
+    "celery5.3-redis5.0": ("5.3.6", "5.3.7", "5.0.0"),
+    "celery5.7-redis6.4": ("5.7.0", "5.7.0", "6.4.0"),
+}
+# What the compat session runs: everything that touches Celery, kombu or redis-py internals
+# (the publish seam, the worker's signals and pool hooks, beat, the script runner).
+COMPAT_TESTS = [
+    "tests/test_imports.py",
+    "tests/test_script_runner.py",
+    "tests/test_store.py",
+    "tests/test_producer.py",
+    "tests/test_one_step_publish.py",
+    "tests/test_unknown_fate.py",
+    "tests/test_async.py",
+    "tests/test_canvas.py",
+    "tests/test_worker_inprocess.py",
+    "tests/test_worker_prefork.py",
+    "tests/test_main_process.py",
+    "tests/test_beat.py",
+    "tests/test_beat_mixin.py",
+]
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite: a private redis-server, real Celery workers, RabbitMQ if present."""
+    """Run the test suite on nox's Python: private redis-servers, real workers, RabbitMQ."""
     session.install("-e", ".[test,examples]")
     session.run("pytest", *session.posargs)
 
 
 @nox.session(python=PYTHONS)
 def fast(session: nox.Session) -> None:
-    """Run the tests not marked slow: no worker, beat or web server process, no long wait."""
+    """Run the tests not marked slow on every supported Python found (pyenv's too)."""
     session.install("-e", ".[test,examples]")
     session.run("pytest", "-m", "not slow", *session.posargs)
+
+
+@nox.session
+@nox.parametrize("stack", list(COMPAT), ids=list(COMPAT))
+def compat(session: nox.Session, stack: str) -> None:
+    """Run the producer, worker and beat tests on an older Celery, kombu and redis-py."""
+    celery, kombu, redis = COMPAT[stack]
+    session.install(
+        "-e", ".[test]", f"celery[redis]=={celery}", f"kombu=={kombu}", f"redis=={redis}"
+    )
+    session.run("pip", "list", "--format=freeze", silent=False)
+    session.run("pytest", "-m", "not soak", *(session.posargs or COMPAT_TESTS))
 
 
 @nox.session

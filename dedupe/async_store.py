@@ -12,7 +12,7 @@ from typing import Any
 
 import redis.asyncio
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import FullJitterBackoff
 
 from . import defaults
 from .keys import CallKeys
@@ -47,7 +47,8 @@ class AsyncStore:
         # asyncio one is given.
         retry = options.get("retry")
         if not isinstance(retry, Retry):
-            backoff = ExponentialWithJitterBackoff(
+            # (Jittered exponential; every redis-py from 5.0 on has this class.)
+            backoff = FullJitterBackoff(
                 base=defaults.RETRY_BACKOFF_BASE, cap=defaults.RETRY_BACKOFF_CAP
             )
             retry = Retry(backoff, retries=defaults.RETRIES)

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from celery._state import get_current_app, get_current_worker_task
+from celery.app.task import Task
 from celery.exceptions import TimeLimitExceeded
 
 from .errors import DedupeError, RedisUnavailable
@@ -45,7 +46,7 @@ def on_failure(
     if sender is None or get_current_worker_task() is not None:
         return
     timed_out = isinstance(exception, TimeLimitExceeded)
-    requeue = timed_out and bool(sender.acks_late) and not _acks_on_timeout(sender)
+    requeue = timed_out and _requeued_on_timeout(sender)
     _act_for_lost_run(sender, task_id, args, kwargs, requeue=requeue, killing=timed_out)
 
 
@@ -76,11 +77,19 @@ def on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None
     requeue_for_message(runtime, header, task_id, token, headers)
 
 
-def _acks_on_timeout(task: Any) -> bool:
+# Celery 5.7 split acks_on_failure_or_timeout and began to requeue a timed-out acks_late
+# message; before, such a message was acked or dropped, and a key kept for it would be stuck.
+_TIMEOUT_CAN_REQUEUE = hasattr(Task, "acks_on_timeout")
+
+
+def _requeued_on_timeout(task: Any) -> bool:
+    """Whether Celery requeues the message of a run killed by its hard time limit."""
+    if not task.acks_late or not _TIMEOUT_CAN_REQUEUE:
+        return False
     value = getattr(task, "acks_on_timeout", None)
     if value is None:
         value = getattr(task, "acks_on_failure_or_timeout", True)
-    return bool(value)
+    return not value
 
 
 def _act_for_lost_run(

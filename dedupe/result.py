@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from celery.backends.asynchronous import AsyncBackendMixin
 from celery.result import AsyncResult
 
 from ._generics import AnyAsyncResult
@@ -55,6 +57,34 @@ class DedupeResult(AnyAsyncResult):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.id} deduplicated={self.deduplicated}>"
+
+    def __del__(self) -> None:
+        # Before Celery 5.7 (celery/celery#4925) a dropped AsyncResult stops the result
+        # consumer for its id even while another result object of that id waits in .get():
+        # that .get() then never returns. Plain Celery seldom has two results of one id;
+        # dedup makes it the rule (every duplicate is the holder's id).
+        if _OLD_PENDING and _another_waits(self):
+            return
+        super().__del__()
+
+
+# Celery 5.7 counts the result objects waiting on an id (its _remove_pending_result takes the
+# result); before, one was tracked per id (it takes the task id).
+_OLD_PENDING = (
+    "task_id"
+    in inspect.signature(
+        getattr(AsyncBackendMixin, "_remove_pending_result", lambda result: None)
+    ).parameters
+)
+
+
+def _another_waits(result: AsyncResult[Any]) -> bool:
+    pending = getattr(result.backend, "_pending_results", None) or ()
+    for waiting in pending:
+        other = waiting.get(result.id)
+        if other is not None and other is not result:
+            return True
+    return False
 
 
 def mark_result(

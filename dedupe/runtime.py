@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import FullJitterBackoff
 from redis.retry import Retry
 
 from . import defaults
@@ -79,7 +79,8 @@ class Runtime:
             config = self.config
             with self._lock:
                 if self._store is None:
-                    backoff = ExponentialWithJitterBackoff(
+                    # (Jittered exponential; every redis-py from 5.0 on has this class.)
+                    backoff = FullJitterBackoff(
                         base=defaults.RETRY_BACKOFF_BASE, cap=defaults.RETRY_BACKOFF_CAP
                     )
                     options = {

@@ -349,7 +349,17 @@ class ScriptRunner:
             local.pending.clear()
             local.unsent.clear()
             local.forks = _forks
-        connection = self._pool.connection_class(**self._pool.connection_kwargs)
+        # One try per connect, no health check: the Retry policy above is the only one that
+        # retries. redis-py's own would nest inside it (its connect retries, and before
+        # redis-py 6 its handshake health-checked itself, recursively: on a frozen Redis a
+        # call then blocked for minutes instead of its few timeouts). This socket is read and
+        # written here, so redis-py never checks it after the handshake anyway.
+        settings = {
+            **self._pool.connection_kwargs,
+            "health_check_interval": 0,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        connection = self._pool.connection_class(**settings)
         connection.connect()  # the handshake: TLS, AUTH, HELLO, SELECT, client name
         opened: socket.socket | None = getattr(connection, "_sock", None)
         if opened is None:

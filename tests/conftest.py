@@ -19,6 +19,7 @@ import redis
 from amqp.exceptions import NotFound
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from kombu.asynchronous import set_event_loop
 
 import dedupe
 from dedupe._redis_server import RedisServer, find_redis_server
@@ -250,6 +251,11 @@ def in_process_worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
     kwargs.setdefault("pool", "solo")
     kwargs.setdefault("perform_ping_check", False)
     kwargs.setdefault("shutdown_timeout", 30)
+    # A worker takes kombu's process-wide event loop if one is set, and before kombu 5.7 that
+    # loop keeps the timer of the worker that made it: a second in-process worker then never
+    # fires an ETA or countdown (plain Celery 5.4: a self.retry(countdown=0.1) never runs
+    # again). Not ours: a worker process starts without a loop; so does each worker here.
+    set_event_loop(None)
     with start_worker(app, **kwargs) as worker:
         if worker.hub is not None:
             # The event loop checks for shutdown only between polls, and with RabbitMQ an

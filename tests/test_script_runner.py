@@ -152,6 +152,51 @@ def test_a_reply_slower_than_the_socket_timeout_raises_redis_timeout_error(
     client.close()
 
 
+class SilentServer:
+    """Accepts connections and never answers: a frozen Redis, as its clients see it (the
+    kernel still completes their connects). Counts the connections it was offered."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.accepted.append(self.listener.accept()[0])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[SilentServer]:
+    server = SilentServer()
+    yield server
+    server.close()
+
+
+def test_a_frozen_redis_is_tried_once_per_try_of_the_retry_policy(silent: SilentServer) -> None:
+    # redis-py's connect retries and health checks must not nest inside the runner's policy:
+    # each nesting multiplies the time a call blocks on a frozen Redis.
+    client = redis.Redis.from_url(
+        silent.url,
+        socket_timeout=0.1,
+        socket_connect_timeout=0.1,
+        health_check_interval=30,
+        retry=Retry(NoBackoff(), 2),
+    )
+    with pytest.raises(redis.TimeoutError):
+        run(ScriptRunner(client), client, ECHO, "lost")
+    assert len(silent.accepted) == 3
+
+
 def test_scripts_run_over_a_resp3_connection(own_url: str) -> None:
     client = redis.Redis.from_url(own_url, protocol=3)
     runner = ScriptRunner(client)

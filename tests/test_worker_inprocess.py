@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -615,3 +616,31 @@ def test_replace_with_the_same_call_keeps_the_key_for_the_replacement(app: Celer
         assert result.get(timeout=15) == "second round"
     assert rounds == [3, 3]
     wait_for(lambda: dedupe.lookup(again, (3,)) is None, message="freed at the end")
+
+
+def test_a_dropped_duplicate_result_does_not_stop_the_holders_get(
+    redis_app: Celery, gate: threading.Event
+) -> None:
+    # Every duplicate is a second result object of the holder's id; before Celery 5.7 a
+    # dropped one stopped the result consumer for that id under another object's .get().
+    @redis_app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def gated(x: int) -> int:
+        gate.wait(10)
+        return x
+
+    with in_process_worker(redis_app, pool="threads"):
+        first = gated.delay(1)
+        got: list[int] = []
+        getter = threading.Thread(target=lambda: got.append(first.get(timeout=15)))
+        getter.start()
+        wait_for(
+            lambda: any(first.id in waiting for waiting in first.backend._pending_results),
+            message="the getter waits",
+        )
+        duplicate = gated.delay(1)
+        assert duplicate.deduplicated
+        del duplicate
+        gc.collect()
+        gate.set()
+        getter.join(20)
+    assert got == [1]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery.app.task import Task
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 
 import dedupe
@@ -154,6 +155,15 @@ def test_a_soft_time_limit_frees_the_key(worker_app: Any, tag: str) -> None:
         worker_app.soft_limited.delay(tag).get(timeout=10)
 
 
+# Celery 5.7 requeues a timed-out acks_late message (acks_on_timeout off) and can retry a run
+# lost with its child (retry_on_worker_lost); before, the message is gone.
+CELERY_REQUEUES_TIMEOUTS = hasattr(Task, "acks_on_timeout")
+CELERY_RETRIES_LOST_RUNS = hasattr(Task, "retry_on_worker_lost")
+
+
+@pytest.mark.skipif(
+    not CELERY_REQUEUES_TIMEOUTS, reason="this Celery drops a timed-out acks_late message"
+)
 def test_a_hard_time_limit_under_acks_late_keeps_the_key_for_the_redelivery(
     worker_app: Any, tag: str
 ) -> None:
@@ -166,6 +176,20 @@ def test_a_hard_time_limit_under_acks_late_keeps_the_key_for_the_redelivery(
     )
     assert [run[0] for run in worker_app.runlog(tag).runs()] == [result.id, result.id]
     assert len(runs) == 1  # the first delivery was killed: only the redelivery ended
+
+
+@pytest.mark.skipif(
+    CELERY_REQUEUES_TIMEOUTS, reason="this Celery requeues a timed-out acks_late message"
+)
+def test_a_hard_time_limit_under_acks_late_frees_the_key_when_celery_drops_the_message(
+    worker_app: Any, tag: str
+) -> None:
+    task = worker_app.hard_limited_redelivered
+    result = task.delay(tag)
+    with pytest.raises(TimeLimitExceeded):
+        result.get(timeout=15)
+    wait_for(lambda: holder(task, tag) is None, timeout=5, message="freed by the parent")
+    assert [run[0] for run in worker_app.runlog(tag).runs()] == [result.id]
 
 
 def test_a_killed_child_frees_its_key_within_one_lease(
@@ -243,6 +267,7 @@ def test_the_parent_alone_frees_the_key_of_a_run_killed_at_its_hard_time_limit(
     wait_for(lambda: holder(task, tag) is None, timeout=5, message="freed by the parent")
 
 
+@pytest.mark.skipif(not CELERY_RETRIES_LOST_RUNS, reason="retry_on_worker_lost is Celery 5.7's")
 def test_retry_on_worker_lost_keeps_the_key_for_the_retry(
     worker_app: Any, tag: str, redis_client: redis.Redis
 ) -> None:
