@@ -24,6 +24,7 @@ from .errors import (
     KeyDerivationError,
     NotInstalled,
     RecordFormatError,
+    RedisCommandError,
     RedisUnavailable,
     UnexpectedReply,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "KeyDerivationError",
     "NotInstalled",
     "RecordFormatError",
+    "RedisCommandError",
     "RedisUnavailable",
     "UnexpectedReply",
     "aapply_async",

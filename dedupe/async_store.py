@@ -62,27 +62,27 @@ class AsyncStore:
         return cls(redis.asyncio.Redis(connection_pool=pool))
 
     async def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
-        with reraise_unavailable("enqueue"):
+        with reraise_unavailable("enqueue", keys.call):
             reply = await self._enqueue(keys=[keys.call], args=[record, ttl_ms])
         return read_enqueue(keys.call, reply)
 
     async def requeue(
         self, keys: CallKeys, task_id: str, token: str, record: bytes, ttl_ms: int
     ) -> Requeue:
-        with reraise_unavailable("requeue"):
+        with reraise_unavailable("requeue", keys.call):
             reply = await self._requeue(
                 keys=[keys.call, keys.run], args=[pack_owner(task_id), token, record, ttl_ms]
             )
         return read_requeue(reply)
 
     async def cancel(self, keys: CallKeys, task_id: str) -> bool:
-        with reraise_unavailable("cancel"):
+        with reraise_unavailable("cancel", keys.call):
             reply = await self._cancel(keys=[keys.call], args=[pack_owner(task_id)])
         return read_cancel(reply)
 
     async def lookup(self, keys: CallKeys) -> Holder | None:
         names = keys.names
-        with reraise_unavailable("lookup"):
+        with reraise_unavailable("lookup", keys.call):
             async with self.client.pipeline(transaction=False) as pipe:
                 for name in names:
                     pipe.get(name)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
+from urllib.parse import parse_qs, urlsplit
 
 from celery import Celery
 from celery.utils.collections import ConfigurationView
@@ -70,6 +71,7 @@ class DedupeConfig:
                 f"dedupe_redis_options must be a mapping of redis.Redis.from_url arguments; "
                 f"got {options!r}"
             )
+        _refuse_decoding(redis_url, options)
         on_error = _setting(conf, "dedupe_on_redis_error", defaults.ON_REDIS_ERROR)
         if on_error not in _ON_REDIS_ERROR:
             raise ConfigurationError(
@@ -109,6 +111,20 @@ def _busy_poll(micros: Any) -> float:
             f"poll); got {micros!r}"
         )
     return float(micros) / 1e6
+
+
+def _refuse_decoding(url: str, options: Mapping[str, Any]) -> None:
+    # Records and keys are binary (msgpack): a client that decodes replies as text fails on
+    # every read (lookups, the CLI, the pool parent's revoke handler) long after start-up.
+    query = parse_qs(urlsplit(url).query)
+    in_url = query.get("decode_responses", ["false"])[-1].lower() not in ("", "0", "false", "no")
+    if options.get("decode_responses") or in_url:
+        where = "dedupe_redis_options" if options.get("decode_responses") else "the Redis URL"
+        raise ConfigurationError(
+            f"decode_responses=True in {where} cannot work for the dedup store: its records "
+            f"are binary, and every read would fail. Leave it out: the dedup client is "
+            f"celery-dedupe's own, and your other Redis clients keep their settings"
+        )
 
 
 def _setting(conf: Any, name: str, default: Any = None) -> Any:

@@ -9,6 +9,7 @@ __all__ = [
     "KeyDerivationError",
     "NotInstalled",
     "RecordFormatError",
+    "RedisCommandError",
     "RedisUnavailable",
     "UnexpectedReply",
 ]
@@ -65,7 +66,24 @@ class RedisUnavailable(DedupeError):
     def __init__(self, operation: str, cause: BaseException) -> None:
         self.operation = operation
         self.cause = cause
-        super().__init__(f"dedup Redis unavailable during {operation}: {cause!r}")
+        super().__init__(
+            f"dedup Redis unavailable during {operation}: {type(cause).__name__}: {cause}"
+        )
+
+
+class RedisCommandError(DedupeError):
+    """The dedup Redis refused a command for a reason that waiting does not fix (a script
+    error, a wrong type under a dedup key, an ACL that forbids the command). Raised whatever
+    ``dedupe_on_redis_error`` says: publishing past it would hide a broken deployment."""
+
+    def __init__(self, operation: str, key: str | None, cause: BaseException) -> None:
+        self.operation = operation
+        self.key = key
+        self.cause = cause
+        where = f" of {key}" if key else ""
+        super().__init__(
+            f"the dedup Redis refused the {operation}{where}: {type(cause).__name__}: {cause}"
+        )
 
 
 class RecordFormatError(DedupeError, ValueError):

@@ -11,6 +11,7 @@ exception, for the sync :class:`Store` and the asyncio store alike.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -21,7 +22,7 @@ import redis
 from redis.commands.core import Script
 
 from . import defaults
-from .errors import RedisUnavailable, UnexpectedReply
+from .errors import RedisCommandError, RedisUnavailable, UnexpectedReply
 from .keys import CallKeys
 from .record import Holder, pack_owner
 from .script_runner import Reply, ScriptRunner
@@ -58,6 +59,12 @@ redis_errors: tuple[type[BaseException], ...] = (
     redis.exceptions.ReadOnlyError,
     redis.exceptions.ClusterDownError,
     redis.exceptions.OutOfMemoryError,
+    # (Not in every redis-py 5: a missing one is an ordinary ResponseError, matched by text.)
+    *(
+        getattr(redis.exceptions, name)
+        for name in ("TryAgainError", "MasterDownError")
+        if hasattr(redis.exceptions, name)
+    ),
 )
 
 
@@ -234,21 +241,21 @@ class Store:
 
     def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
         """Create the queued record of a call. None: accepted; a Holder: a duplicate of it."""
-        with reraise_unavailable("enqueue"):
+        with reraise_unavailable("enqueue", keys.call):
             reply = self._run(self._enqueue, [keys.call], [record, ttl_ms])
         return read_enqueue(keys.call, reply)
 
     def start_enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Reply:
         """:meth:`enqueue`, sent now and read later (:meth:`enqueue_result`, same thread):
         the caller does its other work while Redis decides."""
-        with reraise_unavailable("enqueue"):
+        with reraise_unavailable("enqueue", keys.call):
             slot = self._run.send(self._enqueue, [keys.call], [record, ttl_ms], reply=True)
         assert slot is not None
         return slot
 
     def enqueue_result(self, keys: CallKeys, slot: Reply) -> Holder | None:
         """The answer to :meth:`start_enqueue`: None accepted, else the holder."""
-        with reraise_unavailable("enqueue"):
+        with reraise_unavailable("enqueue", keys.call):
             reply = self._run.result(slot)
         return read_enqueue(keys.call, reply)
 
@@ -267,7 +274,7 @@ class Store:
     ) -> Push | Holder:
         """Create the queued record of a call and push its message to ``lists``, in one step;
         or answer with the holder and push nothing (unless ``force``)."""
-        with reraise_unavailable("publish"):
+        with reraise_unavailable("publish", keys.call):
             reply = self._run(
                 self._publish,
                 [keys.call, *lists, *expiring],
@@ -285,7 +292,7 @@ class Store:
 
     def confirm(self, keys: CallKeys, provisional: bytes, queued: bytes, ttl_ms: int) -> bool:
         """Make a published call's provisional record durable."""
-        with reraise_unavailable("confirm"):
+        with reraise_unavailable("confirm", keys.call):
             reply = self._run(self._confirm, [keys.call], [provisional, queued, ttl_ms])
         return read_confirm(reply)
 
@@ -293,7 +300,7 @@ class Store:
         """:meth:`confirm`, without waiting for the reply: the caller has its result already.
         The connection was checked by this call's enqueue a moment ago; the reply is read
         before this thread's next call, and a lost connection sends the command again."""
-        with reraise_unavailable("confirm"):
+        with reraise_unavailable("confirm", keys.call):
             self._run.send(self._confirm, [keys.call], [provisional, queued, ttl_ms])
 
     def claim(
@@ -307,7 +314,7 @@ class Store:
         now: int,
     ) -> Holder | None:
         """Start a run. None: claimed; a Holder: another run is live on the key."""
-        with reraise_unavailable("claim"):
+        with reraise_unavailable("claim", keys.call):
             reply = self._run(
                 self._claim,
                 [keys.call, keys.run],
@@ -330,7 +337,7 @@ class Store:
         self, keys: CallKeys, task_id: str, token: str, record: bytes, ttl_ms: int
     ) -> Requeue:
         """Put a continuing task id back to queued (or leave the key to its holder)."""
-        with reraise_unavailable("requeue"):
+        with reraise_unavailable("requeue", keys.call):
             reply = self._run(
                 self._requeue, [keys.call, keys.run], [pack_owner(task_id), token, record, ttl_ms]
             )
@@ -338,26 +345,29 @@ class Store:
 
     def release(self, keys: CallKeys, task_id: str, token: str = "") -> int:
         """Delete what this task id (and run, when a token is given) holds; returns the count."""
-        with reraise_unavailable("release"):
+        with reraise_unavailable("release", keys.call):
             reply = self._run(self._release, [keys.call, keys.run], [pack_owner(task_id), token])
         return read_release(reply)
 
     def send_release(self, keys: CallKeys, task_id: str, token: str) -> None:
         """:meth:`release`, without waiting for the reply: the end of a run, whose worker
         goes on to its next task at once (the reply is read before that thread's next call)."""
-        with reraise_unavailable("release"):
+        with reraise_unavailable("release", keys.call):
             self._run.send(self._release, [keys.call, keys.run], [pack_owner(task_id), token])
 
     def cancel(self, keys: CallKeys, task_id: str) -> bool:
         """Delete this task id's record if it is still queued (never a running one)."""
-        with reraise_unavailable("cancel"):
+        with reraise_unavailable("cancel", keys.call):
             reply = self._run(self._cancel, [keys.call], [pack_owner(task_id)])
         return read_cancel(reply)
 
     def lookup(self, keys: CallKeys) -> Holder | None:
         """The holder of a call's keys: the queued record first, else the running one."""
         names = keys.names
-        with reraise_unavailable("lookup"), self.client.pipeline(transaction=False) as pipe:
+        with (
+            reraise_unavailable("lookup", keys.call),
+            self.client.pipeline(transaction=False) as pipe,
+        ):
             for name in names:
                 pipe.get(name)
                 pipe.pttl(name)
@@ -365,12 +375,17 @@ class Store:
 
     def clear(self, keys: CallKeys) -> bool:
         """Delete a call's keys whoever holds them. True if anything was deleted."""
-        with reraise_unavailable("clear"):
+        with reraise_unavailable("clear", keys.call):
             return bool(self.client.delete(*keys.names))
 
 
-# Redis 6 reports a write refused inside a script as a script error carrying this text.
-_OOM = "OOM command not allowed"
+# Replies that mean "not now" rather than "never": a script over its time limit (BUSY), a
+# server that cannot persist (MISCONF) or is out of memory, loading, a replica after a
+# failover, a cluster in flux. Inside a script Redis may wrap them in a script error, so they
+# are matched in the text too.
+_NOT_NOW = re.compile(
+    r"(?:^|[\s:-])(BUSY|MISCONF|OOM|LOADING|READONLY|NOREPLICAS|MASTERDOWN|TRYAGAIN|CLUSTERDOWN)\s"
+)
 
 
 class reraise_unavailable:
@@ -380,10 +395,11 @@ class reraise_unavailable:
     fraction of one.
     """
 
-    __slots__ = ("operation",)
+    __slots__ = ("key", "operation")
 
-    def __init__(self, operation: str) -> None:
+    def __init__(self, operation: str, key: str | None = None) -> None:
         self.operation = operation
+        self.key = key
 
     def __enter__(self) -> None:
         return None
@@ -397,6 +413,8 @@ class reraise_unavailable:
         if exc is None:
             return
         if isinstance(exc, redis_errors) or (
-            isinstance(exc, redis.ResponseError) and _OOM in str(exc)
+            isinstance(exc, redis.ResponseError) and _NOT_NOW.search(str(exc))
         ):
             raise RedisUnavailable(self.operation, exc) from exc
+        if isinstance(exc, redis.RedisError):
+            raise RedisCommandError(self.operation, self.key, exc) from exc

@@ -90,6 +90,25 @@ def test_a_bad_setting_is_a_configuration_error_naming_it(
     assert hint in str(caught.value)
 
 
+def test_decode_responses_in_the_redis_options_is_refused_naming_it() -> None:
+    app = bare_app("redis://cache//", dedupe_redis_options={"decode_responses": True})
+    with pytest.raises(dedupe.ConfigurationError, match="decode_responses=True in dedupe_redis"):
+        DedupeConfig.from_app(app)
+
+
+def test_decode_responses_in_the_redis_url_is_refused_naming_it() -> None:
+    app = bare_app("redis://cache//", dedupe_redis_url="redis://cache/0?decode_responses=True")
+    with pytest.raises(dedupe.ConfigurationError, match="decode_responses=True in the Redis URL"):
+        DedupeConfig.from_app(app)
+
+
+def test_decode_responses_off_is_accepted() -> None:
+    app = bare_app(
+        "redis://cache//?decode_responses=false", dedupe_redis_options={"decode_responses": False}
+    )
+    assert DedupeConfig.from_app(app).redis_options == {"decode_responses": False}
+
+
 def test_dedupe_busy_poll_us_zero_turns_polling_off() -> None:
     config = DedupeConfig.from_app(bare_app("redis://cache//", dedupe_busy_poll_us=0))
     assert config.busy_poll == 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -23,7 +25,7 @@ from dedupe.header import HEADER, KeyHeader
 from dedupe.record import pack_owner
 
 from .conftest import RedisFactory
-from .helpers import keys_with_prefix
+from .helpers import keys_with_prefix, wait_for
 
 QueueLength = Callable[[Celery], int]
 
@@ -361,6 +363,115 @@ def test_redis_refusing_writes_at_its_memory_limit_counts_as_unavailable(
     finally:
         client.config_set("maxmemory", 0)
         client.close()
+
+
+@pytest.mark.parametrize("on_error", ["enqueue", "raise"])
+def test_redis_refusing_writes_it_cannot_persist_counts_as_unavailable(
+    make_app: Callable[..., Celery],
+    stoppable_redis: RedisServer,
+    queue_length: QueueLength,
+    on_error: str,
+) -> None:
+    # A failed snapshot with save points set makes Redis answer MISCONF to every write.
+    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error=on_error)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    client = redis.Redis.from_url(stoppable_redis.url)
+    client.config_set("save", "3600 1")
+    shutil.rmtree(stoppable_redis._dir)  # the snapshot cannot be written
+    client.bgsave()
+    wait_for(
+        lambda: client.info("persistence")["rdb_last_bgsave_status"] == "err",
+        message="the snapshot failed",
+    )
+    try:
+        if on_error == "raise":
+            with pytest.raises(dedupe.RedisUnavailable, match="MISCONF"):
+                job.delay(1)
+            assert queue_length(app) == 0
+        else:
+            assert job.delay(1).deduplicated is False
+            assert queue_length(app) == 1
+    finally:
+        client.config_set("stop-writes-on-bgsave-error", "no")
+        client.close()
+
+
+@pytest.mark.parametrize("on_error", ["enqueue", "raise"])
+def test_redis_busy_running_a_long_script_counts_as_unavailable(
+    make_app: Callable[..., Celery],
+    stoppable_redis: RedisServer,
+    queue_length: QueueLength,
+    on_error: str,
+) -> None:
+    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error=on_error)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    job.delay(0)  # connected, scripts loaded
+    client = redis.Redis.from_url(stoppable_redis.url)
+    client.config_set("lua-time-limit", 50)
+    spin = (
+        "local stop = redis.call('TIME')[1] + 3 while tonumber(redis.call('TIME')[1]) < stop do end"
+    )
+    spinner = threading.Thread(
+        target=lambda: redis.Redis.from_url(stoppable_redis.url).eval(spin, 0)
+    )
+    spinner.start()
+    try:
+        wait_for(lambda: _answers_busy(stoppable_redis.url), message="Redis answers BUSY")
+        if on_error == "raise":
+            with pytest.raises(dedupe.RedisUnavailable, match="BUSY"):
+                job.delay(1)
+            assert queue_length(app) == 1
+        else:
+            assert job.delay(1).deduplicated is False
+            assert queue_length(app) == 2
+    finally:
+        spinner.join()
+        client.close()
+
+
+def _answers_busy(url: str) -> bool:
+    probe = redis.Redis.from_url(url)
+    try:
+        probe.ping()
+    except redis.ResponseError as exc:
+        return str(exc).startswith("BUSY")
+    finally:
+        probe.close()
+    return False
+
+
+@pytest.mark.parametrize("on_error", ["enqueue", "raise"])
+def test_a_refusal_that_waiting_cannot_fix_raises_naming_the_operation_and_the_key(
+    make_app: Callable[..., Celery],
+    stoppable_redis: RedisServer,
+    queue_length: QueueLength,
+    on_error: str,
+) -> None:
+    # An ACL without EVALSHA: publishing past it under "enqueue" would hide the broken setup.
+    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error=on_error)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    client = redis.Redis.from_url(stoppable_redis.url)
+    client.acl_setuser("default", enabled=True, commands=["-evalsha", "-eval"])
+    try:
+        with pytest.raises(dedupe.RedisCommandError) as caught:
+            job.delay(1)
+    finally:
+        client.acl_setuser("default", enabled=True, commands=["+@all"])
+        client.close()
+    assert caught.value.operation == "enqueue"
+    assert caught.value.key is not None
+    assert caught.value.key.startswith(f"{app.conf.dedupe_key_prefix}:{{{job.name}:")
+    assert "no permissions to run the 'evalsha' command" in str(caught.value)
+    assert queue_length(app) == 0
 
 
 def test_dedup_resumes_when_redis_comes_back(
