@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from celery import Celery
 from redis import Redis
 
-from .keys import RUN_SUFFIX
+from .keys import RUN_SUFFIX, tag_safe, task_name_of_tag
 from .record import Holder
 from .runtime import runtime_of
 
@@ -35,7 +35,7 @@ def task_of_key(prefix: str, key: str) -> str | None:
     name, colon, digest = body[:-1].rpartition(":")
     if not colon or len(digest) != 32:
         return None
-    return name
+    return task_name_of_tag(name)
 
 
 def glob_escaped(text: str) -> str:
@@ -51,7 +51,7 @@ def scan(client: Redis, prefix: str, task: str | None = None) -> Iterator[tuple[
     """Every live key of ``prefix`` (of exactly the task named ``task``, when given): its
     name, value and pttl. Keys that vanish between the SCAN and the GET are passed over."""
     head = f"{glob_escaped(prefix)}:"
-    pattern = f"{head}{{{glob_escaped(task)}:*" if task is not None else f"{head}*"
+    pattern = f"{head}{{{glob_escaped(tag_safe(task))}:*" if task is not None else f"{head}*"
     batch: list[bytes] = []
     for key in client.scan_iter(match=pattern, count=1000):
         # The pattern's "*" also matches the rest of a longer name ("reports:eu" for

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,8 @@ __all__ = [
     "call_digest",
     "call_keys",
     "keys_for",
+    "tag_safe",
+    "task_name_of_tag",
 ]
 
 #: Personalises BLAKE2b, so that digests of a future key format never equal today's.
@@ -69,7 +72,30 @@ class CallKeys:
 
 def call_keys(prefix: str, task_name: str, digest: str, *, separate_run_lock: bool) -> CallKeys:
     """Name the keys of a call from its digest."""
-    return CallKeys.of(f"{prefix}:{{{task_name}:{digest}}}", separate_run_lock=separate_run_lock)
+    name = tag_safe(task_name)
+    return CallKeys.of(f"{prefix}:{{{name}:{digest}}}", separate_run_lock=separate_run_lock)
+
+
+def tag_safe(task_name: str) -> str:
+    """A task name as keys spell it: ``}`` (which would end the Redis Cluster hash tag early,
+    or leave it empty, and part a call's keys across slots) and ``%`` percent-escaped.
+
+    >>> tag_safe("reports}eu")
+    'reports%7Deu'
+    """
+    if "}" not in task_name and "%" not in task_name:
+        return task_name
+    return task_name.replace("%", "%25").replace("}", "%7D")
+
+
+def task_name_of_tag(text: str) -> str:
+    """The task name :func:`tag_safe` spelled as ``text``."""
+    if "%" not in text:
+        return text
+    return _ESCAPE.sub(lambda match: "%" if match.group(1) == "25" else "}", text)
+
+
+_ESCAPE = re.compile(r"%(25|7D)")
 
 
 def keys_for(

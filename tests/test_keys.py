@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from redis.crc import key_slot
 
 from dedupe import KeyDerivationError
 from dedupe.canonical import canonical_bytes
+from dedupe.inventory import task_of_key
 from dedupe.keys import Binder, call_digest, call_keys
 
 
@@ -246,6 +248,28 @@ def test_keys_carry_a_cluster_hash_tag_shared_by_the_run_lock() -> None:
     assert keys.call == "dedupe:{proj.sync:" + "ab" * 16 + "}"
     assert keys.run == keys.call + ":run"
     assert call_keys("dedupe", "t", "00", separate_run_lock=False).run == "dedupe:{t:00}"
+
+
+@pytest.mark.parametrize("name", ["}x", "a}b", "{}", "}", "a{b", "x%7Dy", "%", "sync"])
+def test_a_calls_keys_share_one_cluster_slot_whatever_the_task_name(name: str) -> None:
+    keys = call_keys("dedupe", name, "ab" * 16, separate_run_lock=True)
+    assert key_slot(keys.call.encode()) == key_slot(keys.run.encode())
+    assert task_of_key("dedupe", keys.run) == name
+
+
+def test_names_without_braces_or_percent_signs_keep_their_keys() -> None:
+    keys = call_keys("dedupe", "proj.sync:eu{1}", "ab" * 16, separate_run_lock=False)
+    assert keys.call == "dedupe:{proj.sync:eu{1%7D:" + "ab" * 16 + "}"
+    assert call_keys("dedupe", "proj.sync", "00", separate_run_lock=False).call == (
+        "dedupe:{proj.sync:00}"
+    )
+
+
+@given(st.text(st.sampled_from(["a", "}", "{", "%", "7", "D", "2", "5", ":"]), max_size=8))
+def test_distinct_task_names_never_share_keys_and_read_back(name: str) -> None:
+    keys = call_keys("dedupe", name, "ab" * 16, separate_run_lock=True)
+    assert task_of_key("dedupe", keys.call) == name
+    assert key_slot(keys.call.encode()) == key_slot(keys.run.encode())
 
 
 def test_digest_is_128_bit_hex() -> None:
