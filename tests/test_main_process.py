@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from celery import Celery, signals
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 import dedupe
+
+from .helpers import CELERY_REQUEUES_TIMEOUTS
 
 
 def _task(app: Celery, **options: Any) -> Any:
@@ -39,6 +42,9 @@ def test_a_hard_time_limit_frees_the_key(app: Celery) -> None:
     assert dedupe.lookup(job, (2,)) is None
 
 
+@pytest.mark.skipif(
+    not CELERY_REQUEUES_TIMEOUTS, reason="this Celery drops a timed-out acks_late message"
+)
 def test_a_hard_time_limit_that_celery_requeues_keeps_the_key_queued(app: Celery) -> None:
     job = _task(app, acks_late=True, acks_on_failure_or_timeout=False)
     result = job.delay(3)
@@ -48,6 +54,20 @@ def test_a_hard_time_limit_that_celery_requeues_keeps_the_key_queued(app: Celery
     holder = dedupe.lookup(job, (3,))
     assert holder is not None
     assert (holder.task_id, holder.state) == (result.id, "queued")
+
+
+@pytest.mark.skipif(
+    CELERY_REQUEUES_TIMEOUTS, reason="this Celery requeues a timed-out acks_late message"
+)
+def test_a_hard_time_limit_under_acks_late_frees_the_key_when_celery_drops_the_message(
+    app: Celery,
+) -> None:
+    job = _task(app, acks_late=True, acks_on_failure_or_timeout=False)
+    result = job.delay(5)
+    signals.task_failure.send(
+        sender=job, task_id=result.id, exception=TimeLimitExceeded(1), args=(5,), kwargs={}
+    )
+    assert dedupe.lookup(job, (5,)) is None
 
 
 def test_the_main_process_never_frees_a_key_another_task_holds(app: Celery) -> None:

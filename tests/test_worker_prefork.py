@@ -14,12 +14,17 @@ from typing import Any
 
 import pytest
 import redis
-from celery.app.task import Task
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 
 import dedupe
 
-from .helpers import WorkerProcess, keys_with_prefix, wait_for
+from .helpers import (
+    CELERY_REQUEUES_TIMEOUTS,
+    CELERY_RETRIES_LOST_RUNS,
+    WorkerProcess,
+    keys_with_prefix,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefork_worker")]
 
@@ -153,12 +158,6 @@ def test_an_expired_message_frees_its_key_and_never_runs(worker_app: Any, tag: s
 def test_a_soft_time_limit_frees_the_key(worker_app: Any, tag: str) -> None:
     with pytest.raises(SoftTimeLimitExceeded):
         worker_app.soft_limited.delay(tag).get(timeout=10)
-
-
-# Celery 5.7 requeues a timed-out acks_late message (acks_on_timeout off) and can retry a run
-# lost with its child (retry_on_worker_lost); before, the message is gone.
-CELERY_REQUEUES_TIMEOUTS = hasattr(Task, "acks_on_timeout")
-CELERY_RETRIES_LOST_RUNS = hasattr(Task, "retry_on_worker_lost")
 
 
 @pytest.mark.skipif(
