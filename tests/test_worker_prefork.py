@@ -414,27 +414,30 @@ def test_a_paused_worker_past_its_lease_cannot_release_or_renew_the_new_holders_
     sleepy = worker_app.sleepy
 
     def by_tag(seconds: float) -> dedupe.Holder | None:
+        # (unique_on: the key is the tag's, whatever the seconds)
         return dedupe.lookup(sleepy, (tag, seconds), unique_on=("tag",))
 
-    stale = sleepy.apply_async((tag, 1.5), unique_on=("tag",))
+    # The stale run outlives the pause (its sleep counts paused time too): resumed, it runs
+    # on for seconds, so that its heartbeat meets the new holder before the run ends.
+    stale = sleepy.apply_async((tag, worker_app.LEASE + 4), unique_on=("tag",))
     stale_holder = wait_for(
-        lambda: (h := by_tag(1.5)) and h.state == "running" and h, message="stale run running"
+        lambda: (h := by_tag(0)) and h.state == "running" and h, message="stale run running"
     )
     pid = pid_of(redis_client, tag)
     os.kill(pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: by_tag(1.5) is None, timeout=worker_app.LEASE + 2, message="lease lapsed")
-        fresh = sleepy.apply_async((tag, 6), unique_on=("tag",))
+        wait_for(lambda: by_tag(0) is None, timeout=worker_app.LEASE + 2, message="lease lapsed")
+        fresh = sleepy.apply_async((tag, worker_app.LEASE + 10), unique_on=("tag",))
         assert fresh.deduplicated is False
         running = wait_for(
-            lambda: (h := by_tag(6)) and h.task_id == fresh.id and h.state == "running" and h,
+            lambda: (h := by_tag(0)) and h.task_id == fresh.id and h.state == "running" and h,
             message="new holder running",
         )
         deletes = watch_deletes(redis_client, running.key)
     finally:
         os.kill(pid, signal.SIGCONT)
     try:
-        stale.get(timeout=10)
+        stale.get(timeout=15)
         # The result is stored before the run's release: give a wrongful release time to
         # happen, and the new holder's heartbeat time to notice it.
         time.sleep(worker_app.LEASE)
@@ -443,7 +446,7 @@ def test_a_paused_worker_past_its_lease_cannot_release_or_renew_the_new_holders_
         assert deletes() == 0
     finally:
         redis_client.config_set("notify-keyspace-events", "")
-    current = by_tag(6)
+    current = by_tag(0)
     assert current is not None
     assert current.task_id == fresh.id
     log = prefork_worker.tail(50000)
@@ -451,7 +454,7 @@ def test_a_paused_worker_past_its_lease_cannot_release_or_renew_the_new_holders_
     # The stale run's heartbeat found another owner and stopped renewing.
     assert f"lost the lease on {current.key} for task {stale.id}" in log
     assert stale_holder.task_id == stale.id != fresh.id
-    fresh.get(timeout=15)
+    fresh.get(timeout=20)
 
 
 def test_a_send_task_that_bypassed_the_producer_is_skipped_by_the_guard(
