@@ -8,7 +8,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import amqp
@@ -336,103 +336,88 @@ def test_redis_down_with_raise_raises_and_publishes_nothing(
     assert queue_length(app) == 0
 
 
-@pytest.mark.parametrize("on_error", ["enqueue", "raise"])
-def test_redis_refusing_writes_at_its_memory_limit_counts_as_unavailable(
+class Guarded:
+    """A unique task whose dedup Redis is a private server, under one dedupe_on_redis_error."""
+
+    def __init__(self, app: Celery, server: RedisServer, queue_length: QueueLength) -> None:
+        self.app = app
+        self.server = server
+        self.client = redis.Redis.from_url(server.url)
+        self.queue_length = queue_length
+
+        @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+        def job(x: int) -> None: ...
+
+        self.job = job
+
+    def assert_policy_followed(self, cause: str) -> None:
+        """A call under the refusal: raises (publishing nothing), or publishes without dedup."""
+        before = self.queue_length(self.app)
+        if self.app.conf.dedupe_on_redis_error == "raise":
+            with pytest.raises(dedupe.RedisUnavailable, match=cause):
+                self.job.delay(1)
+            assert self.queue_length(self.app) == before
+        else:
+            assert self.job.delay(1).deduplicated is False
+            assert self.queue_length(self.app) == before + 1
+
+
+@pytest.fixture(params=["enqueue", "raise"])
+def guarded(
+    request: pytest.FixtureRequest,
     make_app: Callable[..., Celery],
     stoppable_redis: RedisServer,
     queue_length: QueueLength,
-    on_error: str,
+) -> Iterator[Guarded]:
+    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error=request.param)
+    guarded = Guarded(app, stoppable_redis, queue_length)
+    yield guarded
+    guarded.client.close()
+
+
+def test_redis_refusing_writes_at_its_memory_limit_counts_as_unavailable(
+    guarded: Guarded,
 ) -> None:
     # noeviction at maxmemory answers OOM to every write: dedupe_on_redis_error decides.
-    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error=on_error)
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> None: ...
-
-    client = redis.Redis.from_url(stoppable_redis.url)
-    client.config_set("maxmemory-policy", "noeviction")
-    client.config_set("maxmemory", 1)
+    guarded.client.config_set("maxmemory-policy", "noeviction")
+    guarded.client.config_set("maxmemory", 1)
     try:
-        if on_error == "raise":
-            with pytest.raises(dedupe.RedisUnavailable):
-                job.delay(1)
-            assert queue_length(app) == 0
-        else:
-            job.delay(1)
-            assert queue_length(app) == 1
+        guarded.assert_policy_followed("OutOfMemoryError")
     finally:
-        client.config_set("maxmemory", 0)
-        client.close()
+        guarded.client.config_set("maxmemory", 0)
 
 
-@pytest.mark.parametrize("on_error", ["enqueue", "raise"])
-def test_redis_refusing_writes_it_cannot_persist_counts_as_unavailable(
-    make_app: Callable[..., Celery],
-    stoppable_redis: RedisServer,
-    queue_length: QueueLength,
-    on_error: str,
-) -> None:
+def test_redis_refusing_writes_it_cannot_persist_counts_as_unavailable(guarded: Guarded) -> None:
     # A failed snapshot with save points set makes Redis answer MISCONF to every write.
-    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error=on_error)
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> None: ...
-
-    client = redis.Redis.from_url(stoppable_redis.url)
+    client = guarded.client
     client.config_set("save", "3600 1")
-    shutil.rmtree(stoppable_redis._dir)  # the snapshot cannot be written
+    shutil.rmtree(guarded.server._dir)  # the snapshot cannot be written
     client.bgsave()
     wait_for(
         lambda: client.info("persistence")["rdb_last_bgsave_status"] == "err",
         message="the snapshot failed",
     )
     try:
-        if on_error == "raise":
-            with pytest.raises(dedupe.RedisUnavailable, match="MISCONF"):
-                job.delay(1)
-            assert queue_length(app) == 0
-        else:
-            assert job.delay(1).deduplicated is False
-            assert queue_length(app) == 1
+        guarded.assert_policy_followed("MISCONF")
     finally:
         client.config_set("stop-writes-on-bgsave-error", "no")
-        client.close()
 
 
-@pytest.mark.parametrize("on_error", ["enqueue", "raise"])
-def test_redis_busy_running_a_long_script_counts_as_unavailable(
-    make_app: Callable[..., Celery],
-    stoppable_redis: RedisServer,
-    queue_length: QueueLength,
-    on_error: str,
-) -> None:
-    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error=on_error)
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> None: ...
-
-    job.delay(0)  # connected, scripts loaded
-    client = redis.Redis.from_url(stoppable_redis.url)
-    client.config_set("lua-time-limit", 50)
+def test_redis_busy_running_a_long_script_counts_as_unavailable(guarded: Guarded) -> None:
+    guarded.job.delay(0)  # connected, scripts loaded
+    guarded.client.config_set("lua-time-limit", 50)
     spin = (
         "local stop = redis.call('TIME')[1] + 3 while tonumber(redis.call('TIME')[1]) < stop do end"
     )
     spinner = threading.Thread(
-        target=lambda: redis.Redis.from_url(stoppable_redis.url).eval(spin, 0)
+        target=lambda: redis.Redis.from_url(guarded.server.url).eval(spin, 0)
     )
     spinner.start()
     try:
-        wait_for(lambda: _answers_busy(stoppable_redis.url), message="Redis answers BUSY")
-        if on_error == "raise":
-            with pytest.raises(dedupe.RedisUnavailable, match="BUSY"):
-                job.delay(1)
-            assert queue_length(app) == 1
-        else:
-            assert job.delay(1).deduplicated is False
-            assert queue_length(app) == 2
+        wait_for(lambda: _answers_busy(guarded.server.url), message="Redis answers BUSY")
+        guarded.assert_policy_followed("BUSY")
     finally:
         spinner.join()
-        client.close()
 
 
 def _answers_busy(url: str) -> bool:
@@ -446,32 +431,22 @@ def _answers_busy(url: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("on_error", ["enqueue", "raise"])
 def test_a_refusal_that_waiting_cannot_fix_raises_naming_the_operation_and_the_key(
-    make_app: Callable[..., Celery],
-    stoppable_redis: RedisServer,
-    queue_length: QueueLength,
-    on_error: str,
+    guarded: Guarded,
 ) -> None:
     # An ACL without EVALSHA: publishing past it under "enqueue" would hide the broken setup.
-    app = make_app(dedupe_redis_url=stoppable_redis.url, dedupe_on_redis_error=on_error)
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> None: ...
-
-    client = redis.Redis.from_url(stoppable_redis.url)
+    client, job = guarded.client, guarded.job
     client.acl_setuser("default", enabled=True, commands=["-evalsha", "-eval"])
     try:
         with pytest.raises(dedupe.RedisCommandError) as caught:
             job.delay(1)
     finally:
         client.acl_setuser("default", enabled=True, commands=["+@all"])
-        client.close()
     assert caught.value.operation == "enqueue"
     assert caught.value.key is not None
-    assert caught.value.key.startswith(f"{app.conf.dedupe_key_prefix}:{{{job.name}:")
+    assert caught.value.key.startswith(f"{guarded.app.conf.dedupe_key_prefix}:{{{job.name}:")
     assert "no permissions to run the 'evalsha' command" in str(caught.value)
-    assert queue_length(app) == 0
+    assert guarded.queue_length(guarded.app) == 0
 
 
 def test_dedup_resumes_when_redis_comes_back(
