@@ -54,7 +54,7 @@ from .result import DedupeResult, duplicate_result, mark_result
 from .run import NO_RUN, Run, run_of
 from .runtime import Runtime, runtime_of
 from .store import Requeue, Store
-from .timing import delay_seconds, milliseconds
+from .timing import delay_seconds, milliseconds, seconds_to_expiry
 
 __all__ = [
     "Call",
@@ -77,6 +77,9 @@ Publish: TypeAlias = (
 
 # Options that make a call part of a canvas (chain, group, chord, callbacks).
 _CANVAS_OPTIONS = ("chain", "chord", "group_id", "link", "link_error")
+# The record of a message sent already expired: the first worker that meets it drops it and
+# frees the key; until then, a duplicate is still a duplicate.
+_EXPIRED_TTL = 1.0
 
 _always_eager = SettingReader("task_always_eager")
 _enable_utc = SettingReader("enable_utc")
@@ -222,7 +225,14 @@ class PreparedCall:
         self.path = self._path(runtime)
         self._nonce = new_nonce()
         self._enqueued_at, self._eta = now, (now + delay if delay else None)
-        self._ttl = ttl + delay
+        # A message that expires lives until it runs or expires, whatever unique_ttl says:
+        # its key lives as long (an expired message met by a worker frees it sooner).
+        expiry = seconds_to_expiry(
+            options.get("expires", getattr(call.task, "expires", None)),
+            now,
+            enable_utc=_enable_utc(app),
+        )
+        self._ttl = ttl + delay if expiry is None else max(expiry, _EXPIRED_TTL)
         self._plan: PushPlan | None = None
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-__all__ = ["delay_seconds", "milliseconds", "seconds_until"]
+__all__ = ["delay_seconds", "milliseconds", "seconds_to_expiry", "seconds_until"]
 
 
 def delay_seconds(countdown: Any, eta: Any, now: float, *, enable_utc: bool = True) -> float:
@@ -48,6 +48,27 @@ def seconds_until(eta: Any, now: float, *, enable_utc: bool = True) -> float:
     if eta.tzinfo is None:
         eta = eta.replace(tzinfo=dt.timezone.utc) if enable_utc else eta.astimezone()
     return max(float(eta.timestamp()) - now, 0.0)
+
+
+def seconds_to_expiry(expires: Any, now: float, *, enable_utc: bool = True) -> float | None:
+    """Seconds from ``now`` until a message with Celery's ``expires`` option expires (0 if it
+    has), or None when it never does.
+
+    >>> seconds_to_expiry(500, 0.0), seconds_to_expiry(None, 0.0)
+    (500.0, None)
+    >>> seconds_to_expiry("1970-01-01T00:01:00+00:00", 0.0)
+    60.0
+    """
+    if expires is None:
+        return None
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        return max(float(expires), 0.0)
+    if isinstance(expires, str):
+        try:
+            dt.datetime.fromisoformat(expires)
+        except ValueError:
+            return None  # not a time Celery can read either
+    return seconds_until(expires, now, enable_utc=enable_utc)
 
 
 def milliseconds(seconds: float) -> int:

@@ -208,6 +208,40 @@ def test_an_eta_extends_the_records_life_too(tasks: Any) -> None:
     assert 228 < holder.ttl <= 230
 
 
+def test_a_message_that_expires_after_unique_ttl_keeps_its_key_until_it_expires(
+    tasks: Any,
+) -> None:
+    tasks.sync_customer.apply_async((14,), expires=500, unique_ttl=10)
+    holder = dedupe.lookup(tasks.sync_customer, (14,))
+    assert holder is not None
+    assert holder.ttl is not None
+    assert 499 < holder.ttl <= 500
+
+
+def test_a_message_that_expires_before_unique_ttl_frees_its_key_when_it_expires(
+    tasks: Any,
+) -> None:
+    import datetime as dt
+
+    expires = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=60)
+    tasks.sync_customer.apply_async((15,), countdown=30, expires=expires)
+    holder = dedupe.lookup(tasks.sync_customer, (15,))
+    assert holder is not None
+    assert holder.ttl is not None
+    assert 58 < holder.ttl <= 60  # not unique_ttl (3600) plus the countdown
+
+
+def test_a_tasks_own_expires_counts_too(app: Celery) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, expires=45)
+    def short_lived(x: int) -> None: ...
+
+    short_lived.delay(1)
+    holder = dedupe.lookup(short_lived, (1,))
+    assert holder is not None
+    assert holder.ttl is not None
+    assert 44 < holder.ttl <= 45
+
+
 def test_arguments_are_never_stored_in_redis(
     app: Celery, tasks: Any, redis_client: redis.Redis
 ) -> None:
