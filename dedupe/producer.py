@@ -234,6 +234,10 @@ class PreparedCall:
         )
         self._ttl = ttl + delay if expiry is None else max(expiry, _EXPIRED_TTL)
         self._plan: PushPlan | None = None
+        #: The call's first write failed as unavailable: later writes of this call are not
+        #: tried (each would wait out the retry policy again, for a record whose fate is
+        #: unknown and which the provisional ttl frees anyway).
+        self._redis_down = False
 
     @property
     def plan(self) -> PushPlan:
@@ -385,6 +389,8 @@ class PreparedCall:
     def _cancel(self) -> None:
         if not self.plan.provisional_written:
             return  # nothing was written
+        if self._redis_down:
+            return  # perhaps written: the provisional ttl frees it
         try:
             self.store.cancel(self.keys, self.task_id)
         except RedisUnavailable as exc:
@@ -394,7 +400,7 @@ class PreparedCall:
 
     def _confirm(self) -> None:
         plan = self.plan
-        if not plan.provisional_written:
+        if not plan.provisional_written or self._redis_down:
             return
         try:
             self.store.send_confirm(self.keys, plan.provisional, plan.queued, plan.ttl_ms)
@@ -476,6 +482,7 @@ class PreparedCall:
     def first_write_failed(self, exc: RedisUnavailable) -> None:
         """Redis could not be asked: raise, or log and let the caller publish anyway (a
         continuation always goes on). Whatever the write did, if it ran, is provisional."""
+        self._redis_down = True
         if self.kind == "enqueue" and self.runtime.config.on_redis_error == "raise":
             self._unavailable(exc, "is refused (dedupe_on_redis_error='raise')")
             raise exc
