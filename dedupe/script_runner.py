@@ -17,9 +17,11 @@ so a command sent twice is harmless).
 :meth:`ScriptRunner.send` sends a call whose reply nobody waits for (a run's release: the
 worker moves on to its next task at once). Only a script the server is known to hold goes
 that way (else the call waits, and loads it): a NOSCRIPT reply read late would leave the
-call undone until then. Replies are read, in order, before the next call on that connection;
-a call refused with NOSCRIPT after all (a restart in between) is loaded and run then, and a
-connection lost with calls in flight sends them again on its successor.
+call undone until then. Nor does a send on a connection idle for a while (a run's own, at its
+release): the server or a proxy may have closed it meanwhile, and the send would vanish.
+Replies are read, in order, before the next call on that connection; a call refused with
+NOSCRIPT after all (a restart in between) is loaded and run then, and a connection lost with
+calls in flight sends them again on its successor.
 
 Waiting for a reply polls the socket for a short while (``busy_poll``) before it sleeps in
 ``recv``. A loopback or same-rack round trip takes a few tens of microseconds, but a thread
@@ -94,6 +96,11 @@ def _other_part(part: Any, encoding: str) -> bytes:
 #: before polling again: a stray slow reply costs one call, a Redis out of reach of the budget
 #: one poll in this many.
 _RETRY_POLL_AFTER = 63
+# A connection idle this long may have been closed by the server (its `timeout`), a proxy or
+# a restart, and a send nobody reads the reply of is lost on it without a trace: such a send
+# waits for its reply instead (one round trip, once per idle spell: a release after a run
+# longer than this). Redis's shortest idle timeout is 1 s.
+_TRUSTED_IDLE = 0.5
 
 # A fork leaves the child its parent's sockets: the first call after a fork opens its own.
 # (Counting forks costs nothing per call; asking os.getpid() is a system call each time.)
@@ -132,6 +139,8 @@ class _Local(threading.local):
     poll_skips: int = 0
     #: Polls in a row that ran out of budget.
     poll_misses: int = 0
+    #: When this thread last used its connection (time.monotonic()).
+    used_at: float = 0.0
 
     def __init__(self) -> None:
         #: Bytes received and not parsed yet (the start of the next reply).
@@ -185,7 +194,9 @@ class ScriptRunner:
         """Run a script without waiting for its reply (read before the next call). With
         ``reply``, the reply is kept: :meth:`result` waits for it, later, on this thread."""
         slot = Reply() if reply else None
-        if script.sha not in self._known:
+        # (A send whose reply is kept is read later, and sent again if the connection died.)
+        idle = time.monotonic() - self._local.used_at if slot is None else 0.0
+        if script.sha not in self._known or idle > _TRUSTED_IDLE:
             value = self(script, keys, args)
             if slot is not None:
                 slot.settle(value, None)
@@ -338,6 +349,7 @@ class ScriptRunner:
 
     def _socket(self) -> socket.socket:
         local = self._local
+        local.used_at = time.monotonic()
         sock = local.sock
         if sock is not None and local.forks == _forks:
             return sock

@@ -644,3 +644,24 @@ def test_a_dropped_duplicate_result_does_not_stop_the_holders_get(
         gate.set()
         getter.join(20)
     assert got == [1]
+
+
+def test_a_release_after_a_run_longer_than_the_servers_idle_timeout_is_not_lost(
+    make_app: Any, redis_factory: RedisFactory
+) -> None:
+    # Redis (or a proxy) closes connections idle past its timeout: the run's own connection,
+    # idle while the task works, is dead by the release. A release sent blind on it was lost,
+    # and the finished run kept its key for a whole lease.
+    dedup = redis_factory()
+    redis.Redis.from_url(dedup.url).config_set("timeout", 1)
+    app = make_app(dedupe_redis_url=dedup.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, unique_lease=60)
+    def slow(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    with in_process_worker(app):
+        assert slow.delay(0).get(timeout=15) == 0  # a first run: its release script is known
+        assert slow.delay(2.5).get(timeout=15) == 2.5
+        wait_for(lambda: dedupe.lookup(slow, (2.5,)) is None, timeout=5, message="key freed")
