@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
+from celery import signals
 from celery.result import AsyncResult
 
 from ._generics import AnyTask
@@ -14,9 +16,12 @@ from .header import HEADER
 from .options import CALL_OPTIONS
 from .producer import Call, publish_unique
 from .result import DedupeResult, mark_result
-from .worker import guard
+from .runtime import installed
+from .worker import guard, refuse_uninstalled
 
 __all__ = ["DedupeTask"]
+
+logger = logging.getLogger("dedupe.worker")
 
 
 class DedupeTask(AnyTask):
@@ -149,4 +154,23 @@ class DedupeTask(AnyTask):
 
     def before_start(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The execution guard: skip or defer this run if another run of its key is live."""
+        refuse_uninstalled(self, task_id)
         guard(self, task_id)
+
+
+@signals.worker_init.connect
+def _say_when_not_installed(sender: Any = None, **_: Any) -> None:
+    # Connected for every worker that imports DedupeTask, installed or not: the one place
+    # that can say at start what every run of these tasks will fail on.
+    app = getattr(sender, "app", None)
+    if app is None or installed(app) is not None:
+        return
+    names = sorted(name for name, task in app.tasks.items() if isinstance(task, DedupeTask))
+    if names:
+        logger.error(
+            "celery-dedupe is not installed on Celery app %r, which has DedupeTask tasks "
+            "(%s): each of their runs fails with NotInstalled (and frees its key) until "
+            "dedupe.install(app) is called where the app is created",
+            app.main,
+            ", ".join(names),
+        )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any, NoReturn, cast
 
@@ -33,7 +34,7 @@ from celery._state import get_current_worker_task
 from celery.exceptions import Ignore, Retry
 
 from .checks import eviction_risk
-from .errors import KeyDerivationError, RedisUnavailable
+from .errors import DedupeError, KeyDerivationError, NotInstalled, RedisUnavailable
 from .events import CLAIMED, DEFERRED, RELEASED, SKIPPED, UNAVAILABLE, emit
 from .header import KeyHeader, is_publishing
 from .keys import CallKeys, keys_for
@@ -52,6 +53,7 @@ __all__ = [
     "on_postrun",
     "on_prerun",
     "on_worker_ready",
+    "refuse_uninstalled",
     "requeue_for_message",
     "requeue_key",
     "spec_for_request",
@@ -161,6 +163,38 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
     runtime.heartbeat.hold(lease, task.name)
     emit(CLAIMED, task.name, task_id, spec.keys.run)
     return Run(spec, token, "claimed", lease=lease)
+
+
+def refuse_uninstalled(task: Task[Any, Any], task_id: str) -> None:
+    """Fail a guarded task's run in a worker whose app ``dedupe.install`` was never called
+    for, loudly and with the fix, after freeing its message's key: without install no
+    claim, no release and no guard runs, and the key would name a finished task for its
+    whole ttl."""
+    app = task.app
+    if installed(app) is not None or task.request.is_eager:
+        return  # (eager: the caller's own process, no message, no key)
+    header = KeyHeader.read(getattr(task.request, "headers", None))
+    outcome = "it carried no key"
+    if header is not None:
+        try:
+            _bare_runtime(app).store.cancel(header.keys, task_id)
+            outcome = f"its key {header.keys.call} is freed"
+        except DedupeError as exc:
+            outcome = f"its key {header.keys.call} could not be freed ({exc}): its ttl frees it"
+    error = NotInstalled(str(app.main))
+    logger.error("%s[%s] is refused, and %s: %s", task.name, task_id, outcome, error)
+    raise error
+
+
+# Only to free the keys of refused runs: settings and a Redis client, no signal handlers.
+_bare_runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+
+
+def _bare_runtime(app: Any) -> Runtime:
+    runtime = _bare_runtimes.get(app)
+    if runtime is None:
+        runtime = _bare_runtimes[app] = Runtime(app)
+    return runtime
 
 
 def guard(task: Task[Any, Any], task_id: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -665,3 +666,51 @@ def test_a_release_after_a_run_longer_than_the_servers_idle_timeout_is_not_lost(
         assert slow.delay(0).get(timeout=15) == 0  # a first run: its release script is known
         assert slow.delay(2.5).get(timeout=15) == 2.5
         wait_for(lambda: dedupe.lookup(slow, (2.5,)) is None, timeout=5, message="key freed")
+
+
+class Lines(logging.Handler):
+    """The lines of one logger, held on the logger itself: an in-process worker sets up
+    Celery's logging, which takes the root logger's handlers (pytest's caplog) away."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.logger = logging.getLogger(name)
+        self.text = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.text += record.getMessage() + "\n"
+
+    def __enter__(self) -> Lines:
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.logger.removeHandler(self)
+
+
+def test_a_worker_whose_app_was_never_installed_refuses_the_run_and_frees_its_key(
+    redis_app: Celery,
+) -> None:
+    # The producer's app is installed; the worker's (same broker, queue and settings) is not.
+    worker_app = Celery("uninstalled", set_as_current=False)
+    worker_app.conf.update(redis_app.conf.changes)
+    worker_app.conf.broker_url = redis_app.conf.broker_url
+    worker_app.conf.result_backend = redis_app.conf.result_backend
+
+    for app in (redis_app, worker_app):
+
+        @app.task(shared=False, base=dedupe.DedupeTask, unique=True, name="jobs.uninstalled")
+        def job(x: int) -> int:
+            return x
+
+    producer_job = redis_app.tasks["jobs.uninstalled"]
+    result = producer_job.delay(1)
+    assert dedupe.lookup(producer_job, (1,)) is not None
+    with Lines("dedupe.worker") as log, in_process_worker(worker_app):
+        # Said at start, before any run, naming the tasks:
+        assert "is not installed on Celery app 'uninstalled'" in log.text
+        assert "(jobs.uninstalled)" in log.text
+        with pytest.raises(dedupe.NotInstalled, match=r"dedupe\.install\(app\)"):
+            result.get(timeout=15)
+    assert dedupe.lookup(producer_job, (1,)) is None
+    assert f"jobs.uninstalled[{result.id}] is refused, and its key" in log.text
