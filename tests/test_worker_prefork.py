@@ -374,7 +374,7 @@ def test_a_message_from_an_app_without_dedupe_installed_is_skipped_by_the_guard(
     bare = Celery("bare", broker=worker_app.BROKER, set_as_current=False)
     try:
 
-        @bare.task(name=worker_app.sleepy.name)
+        @bare.task(name=worker_app.sleepy.name, shared=False)  # (shared: every later app gets it)
         def sleepy(tag: str, seconds: float) -> None: ...
 
         stray = sleepy.apply_async((tag, 2), queue=worker_app.QUEUE)
