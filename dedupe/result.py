@@ -59,13 +59,23 @@ class DedupeResult(AnyAsyncResult):
         return f"<{type(self).__name__}: {self.id} deduplicated={self.deduplicated}>"
 
     def __del__(self) -> None:
-        # Before Celery 5.7 (celery/celery#4925) a dropped AsyncResult stops the result
-        # consumer for its id even while another result object of that id waits in .get():
-        # that .get() then never returns. Plain Celery seldom has two results of one id;
-        # dedup makes it the rule (every duplicate is the holder's id).
-        if _OLD_PENDING and _another_waits(self):
+        if not _OLD_PENDING:
+            super().__del__()
             return
-        super().__del__()
+        # Before Celery 5.7 a dropped result stops the result consumer for its id at once:
+        # (1) also while another result object of that id waits in .get(), which then never
+        # returns (celery/celery#4925; dedup makes two results of one id the rule: every
+        # duplicate is the holder's id); (2) with an UNSUBSCRIBE on the result connection,
+        # also when the cyclic collector runs this inside a SUBSCRIBE on that connection,
+        # which then waits on redis-py's pubsub lock for good. So: never while another
+        # waits, and never here: the next dedup call of this thread unsubscribes.
+        backend = self.backend
+        if backend is None or _another_waits(self):
+            return
+        for waiting in getattr(backend, "_pending_results", None) or ():
+            waiting.pop(self.id, None)
+        if getattr(backend, "result_consumer", None) is not None:
+            _unsubscribe_later.setdefault(backend, []).append(self.id)
 
 
 # Celery 5.7 counts the result objects waiting on an id (its _remove_pending_result takes the
@@ -76,6 +86,23 @@ _OLD_PENDING = (
         getattr(AsyncBackendMixin, "_remove_pending_result", lambda result: None)
     ).parameters
 )
+
+
+# Per result backend (one per app and thread): ids whose results were dropped before
+# Celery 5.7, unsubscribed at the backend's next dedup call.
+_unsubscribe_later: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
+
+
+def _unsubscribe_dropped(backend: Any) -> None:
+    dropped = _unsubscribe_later.get(backend)
+    while dropped:
+        task_id = dropped.pop()
+        if any(task_id in waiting for waiting in backend._pending_results):
+            continue  # waited on again meanwhile
+        try:
+            backend.result_consumer.cancel_for(task_id)
+        except Exception as exc:  # a result subscription is Celery's: never fail a call on it
+            logger.debug("could not unsubscribe from the result of %s: %r", task_id, exc)
 
 
 def _another_waits(result: AsyncResult[Any]) -> bool:
@@ -100,6 +127,8 @@ def mark_result(
     In place, not wrapped: a dropped AsyncResult unsubscribes from its task's result
     channel when garbage-collected, so a wrapper would cost the caller a resubscription.
     """
+    if _OLD_PENDING and _unsubscribe_later and result.backend is not None:
+        _unsubscribe_dropped(result.backend)
     if not isinstance(result, DedupeResult):
         result.__class__ = _dedupe_class(type(result))
     marked: DedupeResult = result  # type: ignore[assignment]

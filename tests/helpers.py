@@ -16,11 +16,14 @@ from typing import Any
 import pytest
 import redis
 from celery.app.task import Task
+from celery.backends.redis import ResultConsumer
 
 # Celery 5.7 requeues a timed-out acks_late message (acks_on_timeout off) and can retry a run
 # lost with its child (retry_on_worker_lost); before, such a message is gone.
 CELERY_REQUEUES_TIMEOUTS = hasattr(Task, "acks_on_timeout")
 CELERY_RETRIES_LOST_RUNS = hasattr(Task, "retry_on_worker_lost")
+# Before Celery 5.7 a result's __del__ unsubscribes at once (5.7 never blocks there).
+OLD_RESULT_CONSUMER = not hasattr(ResultConsumer, "_flush_pending_unsubscribe")
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

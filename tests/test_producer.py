@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shutil
@@ -25,7 +26,7 @@ from dedupe.header import HEADER, KeyHeader
 from dedupe.record import pack_owner
 
 from .conftest import RedisFactory
-from .helpers import keys_with_prefix, wait_for
+from .helpers import OLD_RESULT_CONSUMER, keys_with_prefix, wait_for
 
 QueueLength = Callable[[Celery], int]
 
@@ -742,3 +743,31 @@ def test_a_naive_eta_is_read_as_utc_when_the_app_is_utc(
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+@pytest.mark.skipif(not OLD_RESULT_CONSUMER, reason="this Celery never blocks in __del__")
+def test_a_dropped_result_does_no_redis_io_in_its_del_on_celery_before_5_7(
+    tasks: Any, redis_client: redis.Redis
+) -> None:
+    # Before 5.7 a result's __del__ unsubscribed on the result connection at once, also when
+    # the cyclic collector ran it inside a subscribe on that same connection: the call then
+    # hung on redis-py's pubsub lock, for good (seen in a test run). Ours waits for the next
+    # call instead.
+    dropped = tasks.sync_customer.delay(70)
+    channel = f"celery-task-meta-{dropped.id}".encode()
+    del dropped
+    gc.collect()
+    assert redis_client.pubsub_channels(channel) == [channel]
+    tasks.sync_customer.delay(71)
+    assert redis_client.pubsub_channels(channel) == []
+
+
+def test_a_dropped_results_channel_is_unsubscribed_by_the_next_call(
+    tasks: Any, redis_client: redis.Redis
+) -> None:
+    dropped = tasks.sync_customer.delay(72)
+    channel = f"celery-task-meta-{dropped.id}".encode()
+    del dropped
+    gc.collect()
+    tasks.sync_customer.delay(73)
+    assert redis_client.pubsub_channels(channel) == []
