@@ -34,6 +34,7 @@ __all__ = [
     "keys_for",
     "tag_safe",
     "task_name_of_tag",
+    "tick_key",
 ]
 
 #: Personalises BLAKE2b, so that digests of a future key format never equal today's.
@@ -74,6 +75,15 @@ def call_keys(prefix: str, task_name: str, digest: str, *, separate_run_lock: bo
     """Name the keys of a call from its digest."""
     name = tag_safe(task_name)
     return CallKeys.of(f"{prefix}:{{{name}:{digest}}}", separate_run_lock=separate_run_lock)
+
+
+def tick_key(prefix: str, entry_name: str, tick: int) -> str:
+    """The key of one tick of a beat entry: the beat that creates it sends that tick.
+
+    >>> tick_key("dedupe", "nightly-report", 20431)
+    'dedupe:beat:{nightly-report}:20431'
+    """
+    return f"{prefix}:beat:{{{tag_safe(entry_name)}}}:{tick}"
 
 
 def tag_safe(task_name: str) -> str:

@@ -373,6 +373,18 @@ class Store:
                 pipe.pttl(name)
             return first_holder(names, pipe.execute())
 
+    def claim_tick(self, key: str, claimant: bytes, ttl_ms: int) -> bool:
+        """Claim one tick of a beat entry (:func:`dedupe.keys.tick_key`). True: this beat
+        sends the tick; False: another beat claimed it first."""
+        with reraise_unavailable("claim_tick", key):
+            return bool(self.client.set(key, claimant, nx=True, px=ttl_ms))
+
+    def tick_claimant(self, key: str) -> bytes | None:
+        """Who claimed a tick of a beat entry (None: nobody, or the claim expired)."""
+        with reraise_unavailable("claim_tick", key):
+            claimant = self.client.get(key)
+        return claimant if isinstance(claimant, bytes) else None
+
     def clear(self, keys: CallKeys) -> bool:
         """Delete a call's keys whoever holds them. True if anything was deleted."""
         with reraise_unavailable("clear", keys.call):

@@ -115,6 +115,38 @@ def test_two_beats_side_by_side_do_not_double_the_work(
     assert all("Sending due task sleepy-every-second" in beat.tail() for beat in beats)
 
 
+TICKS = 15  # an entry firing every second, watched this many seconds
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_beats_side_by_side_send_each_tick_of_a_short_task_once(
+    tmp_path: Path, worker_app: Any, tag: str, count: int
+) -> None:
+    # A 0.1 s task frees its key long before the next tick: only the tick claim keeps
+    # beats at different phases from each sending every tick.
+    env = {"DEDUPE_BEAT_TAG": tag, "DEDUPE_BEAT_TASK_SECONDS": "0.1"}
+    beats = [BeatProcess("dedupe.beat:DedupeScheduler", env, tmp_path) for _ in range(count)]
+    try:
+        for beat in beats:
+            beat.start()
+        began = time.time()
+        time.sleep(TICKS)
+        ended = time.time()
+    finally:
+        for beat in beats:
+            beat.stop()
+    wait_for(
+        lambda: all(run[2] is not None for run in worker_app.runlog(tag).runs()),
+        timeout=10,
+        message="the last run ended",
+    )
+    runs = [run for run in worker_app.runlog(tag).runs() if began <= run[1] <= ended + 0.5]
+    ticks = ended - began
+    assert ticks - 1 <= len(runs) <= ticks + 1, (len(runs), ticks)
+    skipped = sum(beat.tail().count("another beat sent this tick") for beat in beats)
+    assert skipped >= (count - 1) * (TICKS - 2)
+
+
 def test_an_entry_whose_task_beat_does_not_import_is_deduplicated(
     run_beats: Any, worker_app: Any, tag: str
 ) -> None:

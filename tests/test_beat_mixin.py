@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.beat import ScheduleEntry, SchedulingError
+from celery.schedules import crontab, schedule
 
 import dedupe
 from dedupe.beat import DedupeScheduler
@@ -17,16 +19,65 @@ from dedupe.beat import DedupeScheduler
 from .conftest import RedisFactory
 
 
+class Clock:
+    """The clock of an entry's schedule, moved by the test."""
+
+    def __init__(self) -> None:
+        self.at = dt.datetime(2026, 11, 24, 9, 0, 0, 500_000, tzinfo=dt.timezone.utc)
+
+    def __call__(self) -> dt.datetime:
+        return self.at
+
+    def advance(self, seconds: float) -> None:
+        self.at += dt.timedelta(seconds=seconds)
+
+
+class NextTickScheduler(DedupeScheduler):
+    """Each send is the entry's next tick: its clock moves one interval first."""
+
+    clock: Clock
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **kw: Any) -> Any:
+        self.clock.advance(60.0)
+        return super().apply_async(entry, producer, advance, **kw)
+
+
 @pytest.fixture
 def beat(app: Celery, tmp_path: Path) -> Callable[..., Any]:
-    """Make a scheduler for ``app`` and an entry for it."""
+    """Make a scheduler for ``app`` and an entry for it that fires every minute; each of
+    the scheduler's sends is a tick of its own."""
 
     def make(task: str, args: tuple[Any, ...] = (), **options: Any) -> tuple[DedupeScheduler, Any]:
-        scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "schedule"))
+        scheduler = NextTickScheduler(app=app, schedule_filename=str(tmp_path / "schedule"))
+        scheduler.clock = Clock()
+        every_minute = schedule(60.0, nowfun=scheduler.clock, app=app)
         entry = ScheduleEntry(
-            name="every-minute", task=task, schedule=60.0, args=args, options=options, app=app
+            name="every-minute",
+            task=task,
+            schedule=every_minute,
+            args=args,
+            options=options,
+            app=app,
         )
         return scheduler, entry
+
+    return make
+
+
+@pytest.fixture
+def beats(app: Celery, tmp_path: Path) -> Callable[..., Any]:
+    """Make ``count`` schedulers for ``app`` (beat processes side by side, each with its
+    own schedule file) and one entry on ``every`` they share, on a clock the test moves."""
+
+    def make(task: str, every: Any, count: int = 2, **options: Any) -> tuple[list[Any], Any]:
+        schedulers = [
+            DedupeScheduler(app=app, schedule_filename=str(tmp_path / f"schedule-{n}"))
+            for n in range(count)
+        ]
+        entry = ScheduleEntry(
+            name="shared", task=task, schedule=every, args=(1,), options=options, app=app
+        )
+        return schedulers, entry
 
     return make
 
@@ -214,3 +265,98 @@ def test_redis_down_with_raise_is_a_scheduling_error_beat_survives(
     entry = ScheduleEntry(name="e", task="x.y", schedule=60.0, args=(1,), app=app)
     with pytest.raises(SchedulingError, match="Couldn't apply scheduled task e"):
         scheduler.apply_async(entry)
+
+
+def test_beats_side_by_side_send_one_tick_once(
+    app: Celery, beats: Any, queue_length: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    (first, second), entry = beats("jobs.refresh", schedule(60.0, nowfun=clock, app=app))
+    sent = first.apply_async(entry)
+    clock.advance(20.0)  # the second beat fires later in the same minute
+    with caplog.at_level(logging.INFO, logger="dedupe.beat"):
+        skipped = second.apply_async(entry)
+    assert sent is not None
+    assert not sent.deduplicated
+    assert skipped is None
+    assert queue_length(app) == 1
+    assert second.dedupe_ticks_skipped["shared"] == 1
+    assert "not sending shared (jobs.refresh): another beat sent this tick" in caplog.text
+
+
+def test_the_next_tick_is_sent_by_whichever_beat_fires_first(
+    app: Celery, beats: Any, queue_length: Any
+) -> None:
+    clock = Clock()
+    (first, second), entry = beats(
+        "jobs.refresh", schedule(60.0, nowfun=clock, app=app), unique=False
+    )
+    first.apply_async(entry)
+    clock.advance(60.0)
+    assert second.apply_async(entry) is not None
+    assert first.apply_async(entry) is None
+    assert queue_length(app) == 2
+
+
+def test_an_opted_out_entry_still_sends_each_tick_once(
+    app: Celery, beats: Any, queue_length: Any
+) -> None:
+    clock = Clock()
+    schedulers, entry = beats(
+        "jobs.refresh", schedule(60.0, nowfun=clock, app=app), count=3, unique=False
+    )
+    results = [scheduler.apply_async(entry) for scheduler in schedulers]
+    assert sum(result is not None for result in results) == 1
+    assert queue_length(app) == 1
+
+
+def test_beats_side_by_side_send_one_crontab_occurrence_once(
+    app: Celery, beats: Any, queue_length: Any
+) -> None:
+    clock = Clock()
+    schedulers, entry = beats(
+        "jobs.refresh", crontab(minute="*/5", nowfun=clock, app=app), count=3, unique=False
+    )
+    sends = []
+    for scheduler in schedulers:
+        sends.append(scheduler.apply_async(entry))
+        clock.advance(0.4)
+    clock.advance(300.0)
+    sends.append(schedulers[2].apply_async(entry))
+    assert [send is not None for send in sends] == [True, False, False, True]
+    assert queue_length(app) == 2
+
+
+def test_a_tick_claim_redis_cannot_answer_sends_unclaimed_under_enqueue(
+    make_app: Callable[..., Celery],
+    redis_factory: RedisFactory,
+    tmp_path: Path,
+    queue_length: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    down = redis_factory(start=False)
+    app = make_app(dedupe_redis_url=down.url)
+    scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "s"))
+    entry = ScheduleEntry(name="e", task="x.y", schedule=60.0, args=(1,), app=app)
+    with caplog.at_level(logging.WARNING, logger="dedupe.redis"):
+        assert scheduler.apply_async(entry) is not None
+    assert queue_length(app) == 1
+    assert "x.y[] is sent unclaimed: dedup Redis unavailable" in caplog.text
+
+
+def test_a_beat_due_again_inside_the_slot_it_claimed_sends_the_next_tick(
+    app: Celery, beats: Any, queue_length: Any
+) -> None:
+    # Celery finds the entry due an interval after its last send; when that lands a hair
+    # inside the same slot, the beat's own claim must not cost it the tick.
+    clock = Clock()
+    clock.at = clock.at.replace(second=0, microsecond=100)
+    (first, second), entry = beats(
+        "jobs.refresh", schedule(60.0, nowfun=clock, app=app), unique=False
+    )
+    assert first.apply_async(entry) is not None
+    clock.advance(59.9999)
+    assert first.apply_async(entry) is not None
+    clock.advance(10.0)  # the other beat, in the next slot: that tick is sent already
+    assert second.apply_async(entry) is None
+    assert queue_length(app) == 2

@@ -14,6 +14,7 @@ import pytest
 
 RUNNABLE = [
     "dedupe._packing",
+    "dedupe.beat.ticks",
     "dedupe.canonical",
     "dedupe.config",
     "dedupe.header",

@@ -1,5 +1,6 @@
 """Deduplicating beat schedulers: a periodic task is not sent while its previous run is still
-queued or running, and two beat processes side by side do not double the work.
+queued or running, and any number of beat processes side by side send each tick of an entry
+once (the first to claim the tick sends it; see :mod:`dedupe.beat.ticks`).
 
 Switch schedulers with one flag::
 
@@ -16,12 +17,15 @@ Per entry, ``options`` may carry ``unique=False`` (opt out), ``unique_on``, ``un
 put them in a ``dedupe`` header: ``headers={"dedupe": {"unique_on": ["report_id"]}}``.
 
 Keys follow the rule of every call (task + arguments), so a manual ``delay_unique`` of the
-same call and the entry deduplicate against each other.
+same call and the entry deduplicate against each other. Tick claims hold for every entry,
+``unique=False`` ones too: that option turns off the check of the previous run only.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import sys
 from collections import Counter
 from collections.abc import Mapping
@@ -30,9 +34,16 @@ from typing import TYPE_CHECKING, Any
 from celery.beat import PersistentScheduler, Scheduler, SchedulingError
 from celery.exceptions import reraise
 
+from dedupe.errors import RedisUnavailable
+from dedupe.events import UNAVAILABLE, emit
 from dedupe.header import HEADER
+from dedupe.keys import tick_key
+from dedupe.liveness import HOST
 from dedupe.options import pop_call_options
 from dedupe.producer import Call, publish_unique, publisher_for
+from dedupe.runtime import installed
+
+from .ticks import tick_of
 
 if TYPE_CHECKING:
     _SchedulerBase = Scheduler
@@ -74,6 +85,10 @@ class DedupeSchedulerMixin(_SchedulerBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         #: Sends skipped per entry name because the previous run was still live.
         self.dedupe_skipped: Counter[str] = Counter()
+        #: Sends skipped per entry name because another beat sent that tick.
+        self.dedupe_ticks_skipped: Counter[str] = Counter()
+        # Names this scheduler in its tick claims (two may share a process, or a pid).
+        self._claimant = f"{HOST}:{os.getpid()}:{secrets.token_hex(4)}".encode()
         super().__init__(*args, **kwargs)
 
     def apply_async(
@@ -83,6 +98,8 @@ class DedupeSchedulerMixin(_SchedulerBase):
         name, task_name = str(entry.name), str(entry.task)
         task = self.app.tasks.get(task_name)
         try:
+            if not self._claim_tick(entry, name, task_name):
+                return None
             unique, options = entry_options(entry)
             args = _evaluate_entry_args(entry.args)
             call_kwargs = _evaluate_entry_kwargs(entry.kwargs)
@@ -117,6 +134,35 @@ class DedupeSchedulerMixin(_SchedulerBase):
                 self.dedupe_skipped[name],
             )
         return result
+
+    def _claim_tick(self, entry: Any, name: str, task_name: str) -> bool:
+        """Whether this beat sends this tick of ``entry``: it claimed it, or cannot ask."""
+        runtime = installed(self.app)
+        tick = tick_of(entry.schedule)
+        if runtime is None or tick is None:
+            return True
+        store, prefix = runtime.store, runtime.config.key_prefix
+        key = tick_key(prefix, name, tick.number)
+        try:
+            claimed = store.claim_tick(key, self._claimant, tick.ttl_ms)
+            mine = not claimed and store.tick_claimant(key) == self._claimant
+            if mine and tick.following is not None:
+                key = tick_key(prefix, name, tick.following)
+                claimed = store.claim_tick(key, self._claimant, tick.ttl_ms)
+        except RedisUnavailable as exc:
+            if runtime.config.on_redis_error == "raise":
+                raise
+            emit(UNAVAILABLE, task_name, "", key, action="is sent unclaimed", error=exc.cause)
+            return True
+        if not claimed:
+            self.dedupe_ticks_skipped[name] += 1
+            logger.info(
+                "beat: not sending %s (%s): another beat sent this tick (skipped %d times)",
+                name,
+                task_name,
+                self.dedupe_ticks_skipped[name],
+            )
+        return claimed
 
     def _count_send(self) -> None:
         # Scheduler.apply_async's own bookkeeping: sync the schedule every few sends.
