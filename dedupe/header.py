@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from .keys import CallKeys
+from .options import SEPARATE_RUN_LOCK, Until, until_of
 
 __all__ = ["HEADER", "KeyHeader", "is_publishing", "publishing"]
 
@@ -42,7 +43,7 @@ class KeyHeader:
     """
 
     keys: CallKeys
-    until: Literal["finished", "started"]
+    until: Until
     #: Seconds a queued record of the call lives (None: the reader's default).
     ttl: float | None
 
@@ -69,10 +70,10 @@ class KeyHeader:
             return None
         if not key:
             return None
-        started = until == "started"
+        mode = until_of(until)
         return cls(
-            CallKeys.of(key, separate_run_lock=started),
-            "started" if started else "finished",
+            CallKeys.of(key, separate_run_lock=mode in SEPARATE_RUN_LOCK),
+            mode,
             float(ttl) if isinstance(ttl, (int, float)) else None,
         )
 

@@ -4,7 +4,7 @@ name the keys.
 Key format, versioned by :data:`KEY_VERSION` (a change of any rule here must bump it)::
 
     <prefix>:{<task name>:<32 hex digits>}        the record of a call
-    <prefix>:{<task name>:<32 hex digits>}:run    the run lock (unique_until="started" only)
+    <prefix>:{<task name>:<32 hex digits>}:run    the run lock (unique_until "started", "window")
 
 The braces are a Redis Cluster hash tag: every key of one call lands in one slot, so one
 Lua script may touch them all.
@@ -21,7 +21,7 @@ from typing import Any
 
 from .canonical import Unencodable, canonical_bytes
 from .errors import KeyDerivationError
-from .options import UniqueOptions
+from .options import SEPARATE_RUN_LOCK, UniqueOptions
 
 __all__ = [
     "KEY_VERSION",
@@ -121,7 +121,8 @@ def keys_for(
     digest = call_digest(
         task_name, binder, args, kwargs, unique_on=options.on, unique_key=options.key
     )
-    return call_keys(prefix, task_name, digest, separate_run_lock=options.until == "started")
+    separate = options.until in SEPARATE_RUN_LOCK
+    return call_keys(prefix, task_name, digest, separate_run_lock=separate)
 
 
 class Binder:

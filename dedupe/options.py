@@ -15,13 +15,28 @@ from . import defaults
 from .config import DedupeConfig, positive_seconds
 from .errors import ConfigurationError
 
-__all__ = ["CALL_OPTIONS", "UniqueOptions", "options_for", "pop_call_options", "resolve"]
+__all__ = [
+    "CALL_OPTIONS",
+    "SEPARATE_RUN_LOCK",
+    "UniqueOptions",
+    "Until",
+    "options_for",
+    "pop_call_options",
+    "resolve",
+    "until_of",
+]
 
 #: Options a call may pass, next to Celery's own.
 CALL_OPTIONS = ("unique_on", "unique_key", "unique_ttl", "unique_until", "on_duplicate")
 
+#: How long a call's key lives: until its run finished, until it started, or for its whole
+#: ``unique_ttl`` from acceptance whether or not it ran (a throttle window).
+Until = Literal["finished", "started", "window"]
+#: The modes whose run holds a key of its own (``<call key>:run``) beside the call's record.
+SEPARATE_RUN_LOCK = frozenset({"started", "window"})
+
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "unique_until": ("finished", "started"),
+    "unique_until": ("finished", "started", "window"),
     "on_duplicate": ("return", "raise"),
     "on_running": ("skip", "retry"),
 }
@@ -34,11 +49,19 @@ class UniqueOptions:
     on: tuple[str, ...] | None = None
     key: Callable[..., Any] | None = None
     ttl: float = defaults.TTL
-    until: Literal["finished", "started"] = "finished"
+    until: Until = "finished"
     lease: float = defaults.LEASE
     on_duplicate: Literal["return", "raise"] = "return"
     on_running: Literal["skip", "retry"] = "skip"
     running_countdown: float = defaults.RUNNING_COUNTDOWN
+
+
+def until_of(value: Any) -> Until:
+    """A ``unique_until`` value as the modes name it ("finished" for anything unknown, as a
+    message from a newer producer may carry)."""
+    if value == "started" or value == "window":
+        return cast("Until", value)
+    return "finished"
 
 
 def pop_call_options(options: MutableMapping[str, Any]) -> dict[str, Any] | None:
@@ -85,7 +108,7 @@ def resolve(
         on=_names(task_name, pick("unique_on")),
         key=_callable(task_name, pick("unique_key")),
         ttl=seconds("unique_ttl", config.default_ttl),
-        until=cast('Literal["finished", "started"]', until),
+        until=until_of(until),
         lease=seconds("unique_lease", config.default_lease),
         on_duplicate=cast('Literal["return", "raise"]', choice("on_duplicate", "return")),
         # until="started" promises that a call made during a run runs after it: a queued

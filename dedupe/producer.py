@@ -232,7 +232,10 @@ class PreparedCall:
             now,
             enable_utc=_enable_utc(app),
         )
-        self._ttl = ttl + delay if expiry is None else max(expiry, _EXPIRED_TTL)
+        if expiry is None or header.until == "window":
+            self._ttl = ttl + delay  # (a throttle window lives its ttl, run or not)
+        else:
+            self._ttl = max(expiry, _EXPIRED_TTL)
         self._plan: PushPlan | None = None
         #: The call's first write failed as unavailable: later writes of this call are not
         #: tried (each would wait out the retry policy again, for a record whose fate is

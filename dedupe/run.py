@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from .heartbeat import Heartbeat
 from .keys import CallKeys
-from .options import UniqueOptions
+from .options import UniqueOptions, Until, until_of
 from .record import Holder
 from .store import Lease
 
@@ -52,7 +52,7 @@ class RunSpec:
     """What the worker needs to guard one run: from the header, or derived for a bypass."""
 
     keys: CallKeys
-    until: Literal["finished", "started"]
+    until: Until
     #: Seconds a record re-queued by a retry lives (plus the retry's countdown).
     ttl: float
     lease: float
@@ -78,7 +78,7 @@ class RunSpec:
     ) -> RunSpec:
         return cls(
             keys=keys,
-            until="started" if until == "started" else "finished",
+            until=until_of(until),
             ttl=ttl,
             lease=options.lease,
             on_running=options.on_running,

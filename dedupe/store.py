@@ -312,13 +312,16 @@ class Store:
         host: str,
         pid: int,
         now: int,
+        *,
+        keep_record: bool = False,
     ) -> Holder | None:
-        """Start a run. None: claimed; a Holder: another run is live on the key."""
+        """Start a run. None: claimed; a Holder: another run is live on the key.
+        ``keep_record``: leave the call's queued record in place (a throttle window)."""
         with reraise_unavailable("claim", keys.call):
             reply = self._run(
                 self._claim,
                 [keys.call, keys.run],
-                [pack_owner(task_id), token, lease_ms, host, pid, now],
+                [pack_owner(task_id), token, lease_ms, host, pid, now, 1 if keep_record else 0],
             )
         return read_claim(keys.run, reply)
 

@@ -52,7 +52,9 @@ class DedupeTask(AnyTask):
     unique_ttl: ClassVar[float | None] = None
     #: ``"finished"``: a call is a duplicate while another is queued or running.
     #: ``"started"``: only while another is queued; a call during a run queues behind it.
-    unique_until: ClassVar[Literal["finished", "started"] | None] = None
+    #: ``"window"``: for ``unique_ttl`` after it was accepted, whether or not it ran (a
+    #: throttle: "at most once an hour"); runs still never overlap.
+    unique_until: ClassVar[Literal["finished", "started", "window"] | None] = None
     #: Seconds a run holds its key between heartbeats. Default: ``dedupe_default_lease`` (60).
     unique_lease: ClassVar[float | None] = None
     #: ``"return"`` the holder's result, or ``"raise"`` :class:`~dedupe.AlreadyQueued`.

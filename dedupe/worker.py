@@ -139,8 +139,11 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
     lease_ms = milliseconds(spec.lease)
     pid = os.getpid()
     now = time.time()
+    window = spec.until == "window"
     try:
-        holder = runtime.store.claim(spec.keys, task_id, token, lease_ms, HOST, pid, int(now))
+        holder = runtime.store.claim(
+            spec.keys, task_id, token, lease_ms, HOST, pid, int(now), keep_record=window
+        )
     except RedisUnavailable as exc:
         # The message is consumed already: running it beats losing it.
         emit(
@@ -207,14 +210,14 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
     assert holder is not None
     spec = run.spec
     if (
-        spec.until == "started"
+        spec.until != "finished"
         or spec.canvas
         or spec.carried
         or spec.on_running == "retry"
         or holder.task_id == task_id
     ):
-        # Retrying is the only safe move for these: a started-mode call must run after the
-        # current run, a canvas member must not cut its workflow, a message the producer
+        # Retrying is the only safe move for these: a started- or window-mode call must run
+        # after the current run, a canvas member must not cut its workflow, a message the producer
         # accepted may be some caller's holder (a skip would leave its .get() hanging), and
         # a copy of the holder's own task id may be the only copy left if the holder died.
         key = spec.keys.run
@@ -309,6 +312,8 @@ def on_postrun(
         elif run.verdict == "claimed":
             runtime.store.send_release(spec.keys, task_id, token)
             emit(RELEASED, task.name, task_id, spec.keys.run)
+        elif spec.until == "window":
+            return  # the call's record is its throttle window: it lives out its ttl
         else:
             runtime.store.cancel(spec.keys, task_id)
             emit(RELEASED, task.name, task_id, spec.keys.call)

@@ -274,6 +274,24 @@ def test_the_key_travels_in_a_namespaced_message_header(
     assert message["headers"]["id"] == result.id
 
 
+def test_a_window_calls_header_names_its_mode_and_its_run_lock(
+    redis_app: Celery, redis_client: redis.Redis
+) -> None:
+    @redis_app.task(shared=False, base=dedupe.DedupeTask, unique=True, unique_until="window")
+    def remind(user: int) -> None: ...
+
+    result = remind.apply_async((1,), unique_ttl=60, expires=5)
+    (message,) = broker_messages(redis_client, redis_app)
+    header = KeyHeader.read(message["headers"])
+    assert header is not None
+    assert header.until == "window"
+    assert header.keys.run == result.keys.call + ":run"
+    holder = dedupe.lookup(remind, (1,), unique_until="window")
+    assert holder is not None
+    assert holder.ttl is not None
+    assert 59 < holder.ttl <= 60  # a window is not shortened by expires
+
+
 def test_an_unencodable_argument_raises_before_anything_is_written_or_sent(
     app: Celery, tasks: Any, redis_client: redis.Redis, queue_length: QueueLength
 ) -> None:

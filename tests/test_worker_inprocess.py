@@ -153,6 +153,72 @@ def test_until_started_accepts_a_call_during_a_run_and_runs_it_after(
     assert two[1] >= one[2]  # the call made during the first run ran after it
 
 
+def test_until_window_a_call_after_the_run_ended_is_a_duplicate_within_the_window(
+    app: Celery,
+) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, unique_until="window")
+    def remind(user: int) -> str:
+        return f"reminded {user}"
+
+    with in_process_worker(app):
+        first = remind.apply_async((1,), unique_ttl=30)
+        assert first.get(timeout=10) == "reminded 1"
+        again = remind.delay(1)
+    assert again.deduplicated is True
+    assert again.id == first.id
+    holder = dedupe.lookup(remind, (1,), unique_until="window")
+    assert holder is not None
+    assert holder.task_id == first.id
+    assert holder.ttl is not None
+    assert 20 < holder.ttl <= 30
+
+
+def test_until_window_a_call_after_the_window_is_accepted(app: Celery) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, unique_until="window")
+    def remind(user: int) -> None: ...
+
+    with in_process_worker(app):
+        first = remind.apply_async((2,), unique_ttl=1)
+        first.get(timeout=10)
+        wait_for(
+            lambda: dedupe.lookup(remind, (2,), unique_until="window") is None,
+            message="the window passed",
+        )
+        later = remind.delay(2)
+        assert later.deduplicated is False
+        later.get(timeout=10)
+
+
+def test_until_window_runs_never_overlap_when_a_run_outlasts_its_window(
+    app: Celery, runlog: RunLog, gate: threading.Event
+) -> None:
+    @app.task(
+        shared=False,
+        base=dedupe.DedupeTask,
+        unique=True,
+        unique_until="window",
+        unique_ttl=0.5,
+        on_running_countdown=0.2,
+        bind=True,
+    )
+    def remind(self: Any, user: int) -> None:
+        runlog.started(self.request.id)
+        gate.wait(10)
+        runlog.ended(self.request.id)
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        first = remind.delay(3)
+        wait_for(lambda: runlog.runs(), message="first run")
+        wait_for(
+            lambda: not remind.delay(3).deduplicated, message="a call after the window accepted"
+        )
+        time.sleep(0.5)  # the second message meets the running first one, and waits
+        gate.set()
+        first.get(timeout=10)
+        wait_for(lambda: len(runlog.runs()) == 2, message="the second run")
+    assert runlog.overlaps() == []
+
+
 def test_an_exclusive_task_queues_every_call_but_never_overlaps_runs(
     app: Celery, runlog: RunLog, queue_length: Any
 ) -> None:

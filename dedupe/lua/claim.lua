@@ -9,6 +9,8 @@
 -- ARGV[4]  worker host
 -- ARGV[5]  worker pid
 -- ARGV[6]  now, whole unix seconds
+-- ARGV[7]  "1": keep this task id's queued record (unique_until="window": the record is the
+--          throttle window, which outlives the run); else it is released as the run starts
 --
 -- Returns
 --   1                    claimed (also when this very run claimed already: a re-sent command)
@@ -25,7 +27,7 @@ if run then
     return held(KEYS[2], raw)
   end
 end
-if KEYS[1] ~= KEYS[2] then
+if KEYS[1] ~= KEYS[2] and ARGV[7] ~= '1' then
   local queued = load_record(KEYS[1])
   if queued and queued[1] == id then
     redis.call('DEL', KEYS[1])
