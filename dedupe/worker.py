@@ -312,11 +312,15 @@ def on_postrun(
         elif run.verdict == "claimed":
             runtime.store.send_release(spec.keys, task_id, token)
             emit(RELEASED, task.name, task_id, spec.keys.run)
-        elif spec.until == "window":
-            return  # the call's record is its throttle window: it lives out its ttl
         else:
-            runtime.store.cancel(spec.keys, task_id)
-            emit(RELEASED, task.name, task_id, spec.keys.call)
+            # The claim's fate is unknown (Redis did not answer in time): it may have landed
+            # after the worker gave up, as a running record of this run's token that no
+            # heartbeat renews. Free it, and the queued record the claim would have replaced
+            # (not a throttle window's: it lives out its ttl).
+            runtime.store.release(spec.keys, task_id, run.token)
+            if spec.until != "window":
+                runtime.store.cancel(spec.keys, task_id)
+            emit(RELEASED, task.name, task_id, spec.keys.run)
     except RedisUnavailable as exc:
         action = "ended and its key was not freed (its lease frees it)"
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)

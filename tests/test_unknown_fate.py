@@ -9,6 +9,7 @@ its timeouts and retries, and the server runs the buffered commands when it is r
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,7 @@ from kombu.exceptions import OperationalError
 import dedupe
 from dedupe._redis_server import RedisServer
 
-from .conftest import RedisFactory
+from .conftest import RedisFactory, in_process_worker
 from .helpers import keys_with_prefix, wait_for
 
 pytestmark = pytest.mark.slow
@@ -177,3 +178,41 @@ def test_a_one_step_publish_of_unknown_fate_leaves_its_record_and_message_or_nei
     assert holder is not None
     assert len(queued) == 2  # ... and pushed the message it names
     assert holder.task_id.encode() in queued[0]
+
+
+def test_a_claim_that_lands_after_the_worker_gave_up_is_freed_when_the_run_ends(
+    make_app: Callable[..., Celery], broker: str, freezable: RedisServer
+) -> None:
+    app = make_app(
+        broker=broker,
+        dedupe_redis_url=freezable.url,
+        dedupe_redis_options=FAST_FAILING,
+        dedupe_default_lease=60,
+    )
+    gate, started = threading.Event(), threading.Event()
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None:
+        started.set()
+        gate.wait(20)
+
+    client = redis.Redis.from_url(freezable.url)
+    with in_process_worker(app):
+        gate.set()
+        job.delay(0).get(timeout=10)  # loads the claim and release scripts
+        gate.clear()
+        started.clear()
+        job.apply_async((1,), countdown=1)  # reaches the worker now, claims in a second
+        freezable.pause()
+        assert started.wait(15), "the run never started"  # unguarded, the claim timed out
+        freezable.resume()
+        client.ping()  # answered after the buffered claims ran
+        holder = dedupe.lookup(job, (1,))
+        assert holder is not None
+        assert holder.state == "running"  # the claim the worker gave up on landed
+        gate.set()
+        wait_for(
+            lambda: dedupe.lookup(job, (1,)) is None,
+            timeout=5,
+            message="the landed claim freed when the run ended (not held for its lease)",
+        )
