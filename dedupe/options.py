@@ -112,8 +112,12 @@ def resolve(
         lease=seconds("unique_lease", config.default_lease),
         on_duplicate=cast('Literal["return", "raise"]', choice("on_duplicate", "return")),
         # until="started" promises that a call made during a run runs after it: a queued
-        # copy that meets the run lock always waits, whatever on_running says.
-        on_running=cast('Literal["skip", "retry"]', choice("on_running", "skip")),
+        # copy that meets the run lock always waits, whatever on_running says. An exclusive
+        # task's calls are all published (nothing deduplicates them): each waits its turn.
+        on_running=cast(
+            'Literal["skip", "retry"]',
+            choice("on_running", "retry" if _exclusive_only(task) else "skip"),
+        ),
         running_countdown=seconds("on_running_countdown", defaults.RUNNING_COUNTDOWN),
     )
 
@@ -136,6 +140,10 @@ def options_for(
     options = resolve(task, task_name, config)
     setattr(task, _CACHE_ATTRIBUTE, (config, options))
     return options
+
+
+def _exclusive_only(task: Any) -> bool:
+    return bool(getattr(task, "exclusive", False)) and not getattr(task, "unique", False)
 
 
 def _names(task_name: str, value: Any) -> tuple[str, ...] | None:

@@ -59,8 +59,10 @@ class DedupeTask(AnyTask):
     unique_lease: ClassVar[float | None] = None
     #: ``"return"`` the holder's result, or ``"raise"`` :class:`~dedupe.AlreadyQueued`.
     on_duplicate: ClassVar[Literal["return", "raise"] | None] = None
-    #: When a run finds another run of its key live: ``"skip"`` it (recorded as ignored)
-    #: or ``"retry"`` it later. Canvas members and ``unique_until="started"`` always retry.
+    #: When a run finds another run of its key live: ``"skip"`` it (its result is stored as
+    #: REVOKED, naming the holder: ``.get()`` raises ``TaskRevokedError``) or ``"retry"`` it
+    #: later. Canvas members, messages the producer accepted and ``unique_until`` "started"
+    #: or "window" always retry; an ``exclusive`` task retries unless told to skip.
     on_running: ClassVar[Literal["skip", "retry"] | None] = None
     #: Seconds before a run that met a live run is tried again.
     on_running_countdown: ClassVar[float | None] = None

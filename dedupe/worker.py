@@ -40,7 +40,7 @@ from .header import KeyHeader, is_publishing
 from .keys import CallKeys, keys_for
 from .liveness import HOST
 from .options import options_for
-from .record import pack_queued, pack_running
+from .record import Holder, pack_queued, pack_running
 from .run import GUARDS_RUNS, NO_RUN, Run, RunSpec, attach, detach, new_token, run_of
 from .runtime import Runtime, installed
 from .store import Lease, Requeue
@@ -224,7 +224,25 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
         emit(DEFERRED, task.name, task_id, key, holder, countdown=spec.running_countdown)
         _defer(task, request, spec.running_countdown)
     emit(SKIPPED, task.name, task_id, spec.keys.run, holder)
+    _store_skipped(task, request, task_id, holder)
     raise Ignore()
+
+
+def _store_skipped(task: Task[Any, Any], request: Any, task_id: str, holder: Holder) -> None:
+    # A skip stores its end, so the caller's .get() raises (TaskRevokedError naming the
+    # holder) instead of waiting on PENDING forever.
+    if request.ignore_result or getattr(task, "ignore_result", False):
+        return
+    reason = (
+        f"skipped: {task.name}[{holder.task_id}] is {holder.state} with the same key "
+        "(on_running='skip')"
+    )
+    try:
+        task.backend.mark_as_revoked(task_id, reason, request=request)
+    except Exception as exc:  # a result store that fails is no reason to run the task
+        logger.warning(
+            "%s[%s] skipped; its result could not be stored: %r", task.name, task_id, exc
+        )
 
 
 def _defer(task: Task[Any, Any], request: Any, countdown: float) -> NoReturn:

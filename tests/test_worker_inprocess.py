@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, signals
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject, Retry, TaskRevokedError
 
 import dedupe
 
@@ -262,6 +262,42 @@ def test_a_message_that_bypassed_the_producer_is_skipped_while_a_run_holds_the_k
         gate.set()
         first.get(timeout=10)
     assert [run[0] for run in runlog.runs()] == [first.id]
+
+
+def test_a_skipped_run_ends_revoked_naming_its_holder_so_get_never_hangs(
+    app: Celery, gated: Any, runlog: RunLog, gate: threading.Event
+) -> None:
+    with in_process_worker(app, pool="threads", concurrency=2):
+        first = gated.delay(2)
+        wait_for(lambda: runlog.runs(), message="first run")
+        bypass = app.send_task(gated.name, args=(2,))
+        with pytest.raises(TaskRevokedError, match=f"skipped: .*{first.id}.* is running"):
+            bypass.get(timeout=10)
+        assert bypass.state == "REVOKED"
+        gate.set()
+        first.get(timeout=10)
+
+
+def test_an_exclusive_tasks_call_made_during_a_run_waits_its_turn(
+    app: Celery, runlog: RunLog, gate: threading.Event
+) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, exclusive=True, bind=True)
+    def nightly(self: Any, x: int) -> str:
+        runlog.started(self.request.id)
+        gate.wait(10)
+        runlog.ended(self.request.id)
+        return str(self.request.id)
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        first = nightly.delay(1)
+        wait_for(lambda: runlog.runs(), message="first run")
+        second = nightly.delay(1)
+        time.sleep(0.5)  # it meets the running first one
+        gate.set()
+        assert first.get(timeout=10) == first.id
+        assert second.get(timeout=20) == second.id
+    assert [run[0] for run in runlog.runs()] == [first.id, second.id]
+    assert runlog.overlaps() == []
 
 
 def test_a_bypass_that_starts_while_a_call_is_queued_is_skipped_and_the_call_runs(
