@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from . import events
 from .aio import aapply_async, alookup
+from .bulk import aapply_many, apply_many
 from .errors import (
     AlreadyQueued,
     ConfigurationError,
@@ -49,8 +50,10 @@ __all__ = [
     "RedisUnavailable",
     "UnexpectedReply",
     "aapply_async",
+    "aapply_many",
     "alookup",
     "apply_async",
+    "apply_many",
     "events",
     "install",
     "lookup",

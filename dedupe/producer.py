@@ -61,8 +61,10 @@ __all__ = [
     "PreparedCall",
     "Publish",
     "apply_async",
+    "forget_result",
     "lookup",
     "new_task_id",
+    "publish_prepared",
     "publish_unique",
     "publisher_for",
     "release",
@@ -178,8 +180,11 @@ class PreparedCall:
     #: The run token a continuation speaks for; None when made outside any run.
     token: str | None
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, *, decide_first: bool = False) -> None:
+        """``decide_first``: take the decide or confirm path whatever the task's recent
+        calls were (a batch decides all its calls in one round trip first)."""
         self.call = call
+        self._decide_first = decide_first
         app, options = call.app, call.options
         runtime = self.runtime = runtime_of(app)
         overrides = pop_call_options(options)
@@ -272,7 +277,8 @@ class PreparedCall:
         one_step = runtime.broker_is_store
         # A continuation requeues first (it acts on a record that may be running).
         decide_first = (
-            self.kind == "continuation"
+            self._decide_first
+            or self.kind == "continuation"
             or runtime.duplicate_share.get(self.call.task_name, 0.0) > defaults.DECIDE_FIRST_ABOVE
         )
         if one_step:
@@ -314,13 +320,17 @@ class PreparedCall:
             # Never after publish.lua was sent: its fate is unknown, and if it ran, the
             # record has its message.
             if not self.plan.attempted:
-                self._cancel()
+                self.cancel_record()
             raise
         if self.path in ("overlap", "confirm"):
-            self._confirm()
-        self.runtime.count_call(self.call.task_name, duplicate=False)
-        emit(ACCEPTED, self.call.task_name, self.task_id, self.keys.call, path=self.path)
+            self.confirm_record()
+        self.note_accepted(self.path)
         return result
+
+    def note_accepted(self, path: str) -> None:
+        """Count the call as accepted, and say so (event ``call_accepted``)."""
+        self.runtime.count_call(self.call.task_name, duplicate=False)
+        emit(ACCEPTED, self.call.task_name, self.task_id, self.keys.call, path=path)
 
     def _publish_through_seam(self) -> DedupeResult:
         if self.path == "confirm":
@@ -345,16 +355,16 @@ class PreparedCall:
                 raise
         if refused is not None:
             # Celery subscribed to the result of a task id that will never exist.
-            _forget_result(call.app, self.task_id)
+            forget_result(call.app, self.task_id)
             raise refused
         if self.path == "overlap":
             # Its record is the decision's (none when the enqueue could not even be sent):
             # what follows is the Redis-broker seam's bookkeeping.
             self._decided(decision)
         elif plan.unroutable:
-            self._cancel()
+            self.cancel_record()
         elif plan.needs_confirm:
-            self._confirm()
+            self.confirm_record()
         elif plan.pushed is None:
             self._record_after_the_fact()
         return result
@@ -389,7 +399,7 @@ class PreparedCall:
         if holder is not None and not decided_at_push:
             self._warn_second_message(holder)
 
-    def _cancel(self) -> None:
+    def cancel_record(self) -> None:
         if not self.plan.provisional_written:
             return  # nothing was written
         if self._redis_down:
@@ -401,7 +411,7 @@ class PreparedCall:
                 exc, "was not published and its key stays (its provisional ttl frees it)"
             )
 
-    def _confirm(self) -> None:
+    def confirm_record(self) -> None:
         plan = self.plan
         if not plan.provisional_written or self._redis_down:
             return
@@ -508,11 +518,11 @@ class PreparedCall:
             return self.publish()
         except BaseException:
             self.plan.provisional_written = True  # perhaps: cancel is owner-checked
-            self._cancel()
+            self.cancel_record()
             raise
 
 
-def _forget_result(app: Celery, task_id: str) -> None:
+def forget_result(app: Celery, task_id: str) -> None:
     """Undo the result backend's subscription to a task id that was never published."""
     consumer = getattr(app.backend, "result_consumer", None)
     cancel_for = getattr(consumer, "cancel_for", None)
@@ -525,7 +535,11 @@ def _forget_result(app: Celery, task_id: str) -> None:
 
 def publish_unique(call: Call) -> DedupeResult:
     """Publish a call unless its key is live: the engine behind every producer entry point."""
-    prepared = PreparedCall(call)
+    return publish_prepared(PreparedCall(call))
+
+
+def publish_prepared(prepared: PreparedCall) -> DedupeResult:
+    """:func:`publish_unique` of a call prepared already."""
     if prepared.kind == "eager":
         return prepared.publish()
     if prepared.writes_first:

@@ -46,7 +46,7 @@ from .errors import RedisUnavailable
 from .keys import CallKeys
 from .record import Holder, pack_provisional, pack_queued
 from .script_runner import Reply
-from .store import Push, Store
+from .store import PendingPush, Push, Store
 
 __all__ = [
     "PendingDecision",
@@ -55,6 +55,7 @@ __all__ = [
     "deciding_at_push",
     "is_redis_channel",
     "pushing_through",
+    "pushing_through_many",
 ]
 
 logger = logging.getLogger("dedupe.producer")
@@ -95,6 +96,10 @@ class PushPlan:
     #: publish.lua was sent: if it fails, its fate is unknown (record and message, or
     #: neither), so nothing may be cancelled after it.
     attempted: bool = False
+    #: Hold the push back (a batch sends all of its pushes in one round trip): the seam
+    #: leaves it in :attr:`pending` instead of sending it.
+    deferred: bool = False
+    pending: PendingPush | None = None
 
     # Packed on first use (a duplicate needs the provisional record only, and only a publish
     # needs the queued one); plain attributes, not functools.cached_property, which takes a
@@ -153,6 +158,23 @@ def pushing_through(producer: Any, plan: PushPlan) -> ContextManager[None]:
     return _shadowing(channel, basic_publish=basic_publish)
 
 
+def pushing_through_many(producer: Any, plans: Mapping[str, PushPlan]) -> ContextManager[None]:
+    """:func:`pushing_through` for every publish of the block, each with the plan of its task
+    id (``plans``; a message of another id goes out through kombu as it would)."""
+    channel = producer.channel
+    if not is_redis_channel(channel):
+        return nullcontext()
+    kombu_publish = type(channel).basic_publish
+
+    def basic_publish(message: dict[str, Any], exchange: str, routing_key: str, **kw: Any) -> Any:
+        plan = plans.get(str((message.get("headers") or {}).get("id")))
+        if plan is None:
+            return kombu_publish(channel, message, exchange, routing_key, **kw)
+        return _publish(channel, plan, message, exchange, routing_key, kw)
+
+    return _shadowing(channel, basic_publish=basic_publish)
+
+
 def _publish(
     channel: Any,
     plan: PushPlan,
@@ -189,8 +211,7 @@ def _publish(
         if expire_ms
         else []
     )
-    plan.attempted = True
-    outcome = plan.store.publish(
+    push = PendingPush(
         plan.keys,
         plan.queued,
         plan.ttl_ms,
@@ -201,6 +222,11 @@ def _publish(
         expire_ms=expire_ms,
         force=plan.force,
     )
+    if plan.deferred:
+        plan.pending = push
+        return None
+    plan.attempted = True
+    outcome = plan.store.push(push)
     if isinstance(outcome, Holder):
         raise Refused(outcome)
     plan.pushed = outcome

@@ -188,6 +188,51 @@ class ScriptRunner:
 
             return self._retry.call_with_retry(again, self._drop_connection)
 
+    def call_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+    ) -> list[Any]:
+        """Run ``script`` once per ``(keys, args)``, pipelined: one round trip for them all.
+        The replies in order, an error reply as its exception in its place. A lost
+        connection sends them all again (under the Retry policy): the scripts answer a
+        resent command as its first sending did."""
+        replies: list[Any] = []
+        if calls and script.sha not in self._known:
+            # The first alone loads the script if the server lacks it (NOSCRIPT).
+            replies.append(self._replied(script, calls[0]))
+            calls = calls[1:]
+        if not calls:
+            return replies
+        command = b"".join([self._pack(script, keys, args) for keys, args in calls])
+
+        def attempt() -> list[Any]:
+            sock = self._socket()
+            if self._local.pending or self._local.unsent:
+                self._catch_up(sock)
+            self._send(sock, command)
+            got: list[Any] = []
+            try:
+                for _ in calls:
+                    try:
+                        got.append(self._read(sock))
+                    except ResponseError as exc:  # read whole: the stream is in step
+                        got.append(exc)
+            except BaseException:
+                self._drop_connection()
+                raise
+            return got
+
+        rest = self._retry.call_with_retry(attempt, self._drop_connection)
+        for index, reply in enumerate(rest):
+            if isinstance(reply, NoScriptError):  # flushed between the first and the rest
+                rest[index] = self._replied(script, calls[index])
+        return replies + rest
+
+    def _replied(self, script: Script, call: tuple[Sequence[Any], Sequence[Any]]) -> Any:
+        try:
+            return self(script, *call)
+        except ResponseError as exc:
+            return exc
+
     def send(
         self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
     ) -> Reply | None:

@@ -245,6 +245,19 @@ class Store:
             reply = self._run(self._enqueue, [keys.call], [record, ttl_ms])
         return read_enqueue(keys.call, reply)
 
+    def enqueue_many(self, calls: Sequence[tuple[CallKeys, bytes, int]]) -> list[Holder | None]:
+        """:meth:`enqueue` for many calls in one round trip; the answers in order."""
+        key = calls[0][0].call if calls else None
+        with reraise_unavailable("enqueue", key):
+            replies = self._run.call_many(
+                self._enqueue, [([keys.call], [record, ttl_ms]) for keys, record, ttl_ms in calls]
+            )
+            _raise_first_error(replies)
+        return [
+            read_enqueue(keys.call, reply)
+            for (keys, _, _), reply in zip(calls, replies, strict=True)
+        ]
+
     def start_enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Reply:
         """:meth:`enqueue`, sent now and read later (:meth:`enqueue_result`, same thread):
         the caller does its other work while Redis decides."""
@@ -274,21 +287,27 @@ class Store:
     ) -> Push | Holder:
         """Create the queued record of a call and push its message to ``lists``, in one step;
         or answer with the holder and push nothing (unless ``force``)."""
-        with reraise_unavailable("publish", keys.call):
-            reply = self._run(
-                self._publish,
-                [keys.call, *lists, *expiring],
-                [
-                    queued,
-                    ttl_ms,
-                    provisional,
-                    message,
-                    len(lists),
-                    "force" if force else "",
-                    expire_ms,
-                ],
+        return self.push(
+            PendingPush(
+                keys, queued, ttl_ms, message, lists, provisional, expiring, expire_ms, force
             )
-        return read_publish(keys.call, reply)
+        )
+
+    def push(self, push: PendingPush) -> Push | Holder:
+        """:meth:`publish`, its arguments held in one value."""
+        with reraise_unavailable("publish", push.keys.call):
+            reply = self._run(self._publish, *push.script_call())
+        return read_publish(push.keys.call, reply)
+
+    def publish_many(self, pushes: Sequence[PendingPush]) -> list[Push | Holder]:
+        """:meth:`publish` for many calls in one round trip; the outcomes in order."""
+        key = pushes[0].keys.call if pushes else None
+        with reraise_unavailable("publish", key):
+            replies = self._run.call_many(self._publish, [push.script_call() for push in pushes])
+            _raise_first_error(replies)
+        return [
+            read_publish(push.keys.call, reply) for push, reply in zip(pushes, replies, strict=True)
+        ]
 
     def confirm(self, keys: CallKeys, provisional: bytes, queued: bytes, ttl_ms: int) -> bool:
         """Make a published call's provisional record durable."""
@@ -392,6 +411,45 @@ class Store:
         """Delete a call's keys whoever holds them. True if anything was deleted."""
         with reraise_unavailable("clear", keys.call):
             return bool(self.client.delete(*keys.names))
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPush:
+    """One call's :meth:`Store.publish`, held back to be sent with others."""
+
+    keys: CallKeys
+    queued: bytes
+    ttl_ms: int
+    message: str | bytes
+    lists: Sequence[str]
+    provisional: bytes = b""
+    expiring: Sequence[str] = ()
+    expire_ms: int = 0
+    force: bool = False
+
+    def script_call(self) -> tuple[list[Any], list[Any]]:
+        """The keys and arguments of publish.lua for this push."""
+        return (
+            [self.keys.call, *self.lists, *self.expiring],
+            [
+                self.queued,
+                self.ttl_ms,
+                self.provisional,
+                self.message,
+                len(self.lists),
+                "force" if self.force else "",
+                self.expire_ms,
+            ],
+        )
+
+
+def _raise_first_error(replies: Sequence[Any]) -> None:
+    # Inside reraise_unavailable: "not now" refusals become RedisUnavailable, others
+    # RedisCommandError. (A batch is written whole or refused whole: Redis refuses writes
+    # for a reason that holds for every call of it.)
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
 
 
 # Replies that mean "not now" rather than "never": a script over its time limit (BUSY), a

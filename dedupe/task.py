@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from celery import signals
@@ -11,6 +11,7 @@ from celery.result import AsyncResult
 
 from ._generics import AnyTask
 from .aio import apublish_unique
+from .bulk import aapply_many, apply_many
 from .errors import ConfigurationError
 from .header import HEADER
 from .options import CALL_OPTIONS
@@ -122,6 +123,24 @@ class DedupeTask(AnyTask):
     def delay_unique(self, *args: Any, **kwargs: Any) -> DedupeResult:
         """``delay`` with dedup: ``report.delay_unique("2026-11-22")``."""
         return self.apply_async_unique(args, kwargs)
+
+    def map_unique(self, arguments: Iterable[Sequence[Any]], **options: Any) -> list[DedupeResult]:
+        """One call per tuple of positional arguments, all decided in one round trip; see
+        :func:`dedupe.apply_many`.
+
+        .. code-block:: python
+
+            results = report.map_unique([("2026-11-22",), ("2026-11-23",)], queue="reports")
+        """
+        options.pop("unique", None)
+        return apply_many(self, [(args, {}) for args in arguments], **options)
+
+    async def amap_unique(
+        self, arguments: Iterable[Sequence[Any]], **options: Any
+    ) -> list[DedupeResult]:
+        """:meth:`map_unique` for asyncio code."""
+        options.pop("unique", None)
+        return await aapply_many(self, [(args, {}) for args in arguments], **options)
 
     async def aapply_async_unique(
         self,

@@ -7,7 +7,7 @@ layer      modules
 base       errors, defaults, _generics, canonical, timing, config, options, keys, record,
            header, events, script_runner, store, async_store, publish_seam, heartbeat,
            runtime, run, liveness, result, inventory, checks, _redis_server
-producer   producer, aio (never the worker side)
+producer   producer, aio, bulk (never the worker side)
 worker     worker, prefork_parent (never the producer side)
 entry      task, installer, web, cli, django, demo, prometheus, beat, and the package itself
 =========  ====================================================================================
@@ -23,7 +23,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dedupe"
 
-PRODUCER = {"dedupe.producer", "dedupe.aio"}
+PRODUCER = {"dedupe.producer", "dedupe.aio", "dedupe.bulk"}
 WORKER = {"dedupe.worker", "dedupe.prefork_parent"}
 ENTRY = {
     "dedupe",
