@@ -20,6 +20,8 @@ import dedupe
 from ._env import Timings, Variant, interleaved, make_app
 
 PLAIN = "plain apply_async"
+#: Calls per batch of the bulk variants (each is timed per call).
+BATCH = 100
 #: One round trip to the same Redis through redis-py (a PING), timed in the same rounds.
 ROUND_TRIP = "redis-py PING"
 
@@ -48,8 +50,15 @@ def run(url: str, rounds: int, calls: int) -> Timings:
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def unique(x: int) -> None: ...
 
+    held = [(-1 - n,) for n in range(BATCH)]
+
     def hold() -> None:
-        unique.delay(-1)  # the duplicate variant's holder
+        unique.delay(-1)  # the duplicate variants' holders
+        unique.map_unique(held)
+
+    def bulk(arguments: Callable[[int], list[tuple[int]]]) -> Callable[[int], Any]:
+        # One batch per BATCH timed calls: each call's time is its share of a batch.
+        return lambda i: unique.map_unique(arguments(i)) if i % BATCH == 0 else None
 
     hold()
     prefix = app.conf.dedupe_key_prefix
@@ -60,6 +69,11 @@ def run(url: str, rounds: int, calls: int) -> Timings:
             clearer(app, f"{prefix}:*", hold=hold),
         ),
         "dedupe duplicate": (lambda i: unique.apply_async((-1,)), None),
+        "dedupe bulk accepted": (
+            bulk(lambda i: [(j,) for j in range(i, i + BATCH)]),
+            clearer(app, f"{prefix}:*", hold=hold),
+        ),
+        "dedupe bulk duplicate": (bulk(lambda i: held), None),
         # The scale of a round trip: every dedup call waits for one.
         ROUND_TRIP: (lambda i: client.ping(), None),
     }

@@ -232,10 +232,11 @@ class PreparedCall:
         self._enqueued_at, self._eta = now, (now + delay if delay else None)
         # A message that expires lives until it runs or expires, whatever unique_ttl says:
         # its key lives as long (an expired message met by a worker frees it sooner).
-        expiry = seconds_to_expiry(
-            options.get("expires", getattr(call.task, "expires", None)),
-            now,
-            enable_utc=_enable_utc(app),
+        expires = options.get("expires", getattr(call.task, "expires", None))
+        expiry = (
+            None
+            if expires is None
+            else seconds_to_expiry(expires, now, enable_utc=_enable_utc(app))
         )
         if expiry is None or header.until == "window":
             self._ttl = ttl + delay  # (a throttle window lives its ttl, run or not)
