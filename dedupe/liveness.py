@@ -13,10 +13,11 @@ import os
 import socket
 
 from .keys import CallKeys
+from .record import Holder
 from .run import ANY_RUN, NO_RUN
 from .store import Store
 
-__all__ = ["HOST", "lost_run_token"]
+__all__ = ["HOST", "lost_run_token", "run_is_dead"]
 
 #: This machine's host name, as running records name it.
 HOST = socket.gethostname()
@@ -33,10 +34,20 @@ def lost_run_token(store: Store, keys: CallKeys, *, killing: bool = False) -> st
     holder = store.lookup(keys)
     if holder is None or holder.state == "queued":
         return ANY_RUN
-    host, _, pid = (holder.worker or "").rpartition(":")
-    if host == HOST and pid.isdigit() and (killing or not _alive(int(pid))):
+    if killing and _pid_here(holder) is not None:
         return ANY_RUN
-    return NO_RUN
+    return ANY_RUN if run_is_dead(holder) else NO_RUN
+
+
+def run_is_dead(holder: Holder) -> bool:
+    """True when ``holder`` is a run of this host whose process is gone."""
+    pid = _pid_here(holder)
+    return pid is not None and not _alive(pid)
+
+
+def _pid_here(holder: Holder) -> int | None:
+    host, _, pid = (holder.worker or "").rpartition(":")
+    return int(pid) if host == HOST and pid.isdigit() else None
 
 
 def _alive(pid: int) -> bool:

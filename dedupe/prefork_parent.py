@@ -9,6 +9,9 @@ task, in another child or on another host, is never touched.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+import time
 from typing import Any
 
 from celery._state import get_current_app, get_current_worker_task
@@ -18,8 +21,8 @@ from celery.exceptions import TimeLimitExceeded
 from .errors import DedupeError, RedisUnavailable
 from .events import RECLAIMED, UNAVAILABLE, emit
 from .header import KeyHeader, is_publishing
-from .liveness import lost_run_token
-from .run import RunSpec
+from .liveness import lost_run_token, run_is_dead
+from .run import ANY_RUN, RunSpec
 from .runtime import Runtime, installed
 from .worker import derived_spec, requeue_for_message, requeue_key, spec_for_request
 
@@ -50,9 +53,21 @@ def on_failure(
     _act_for_lost_run(sender, task_id, args, kwargs, requeue=requeue, killing=timed_out)
 
 
-def on_revoked(sender: Any = None, request: Any = None, terminated: bool = False, **_: Any) -> None:
+def on_revoked(
+    sender: Any = None,
+    request: Any = None,
+    terminated: bool = False,
+    signum: Any = None,
+    **_: Any,
+) -> None:
     """``task_revoked``: a message revoked before it ran, expired, or terminated."""
     if sender is None or request is None:
+        return
+    if terminated and signum != signal.SIGKILL:
+        # Celery announces the terminate as it sends the signal. A run may handle it (SIGUSR1
+        # raises SoftTimeLimitExceeded, SIGTERM may be caught) and go on cleaning up: its key
+        # goes when the run is over, never while it may still run beside a new one.
+        _free_when_over(sender, request)
         return
     _act_for_lost_run(
         sender, request.id, request.args, request.kwargs, request, killing=bool(terminated)
@@ -121,6 +136,41 @@ def _act_for_lost_run(
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
     else:
         emit(RECLAIMED, task.name, task_id, spec.keys.run, requeued=requeue)
+
+
+#: Seconds between two looks at a terminated run's key.
+_WATCH_EVERY = 0.2
+
+
+def _free_when_over(task: Any, request: Any) -> None:
+    """Free a terminated run's key once its process is gone (when the run ends by itself,
+    its own task_postrun frees or hands over the key, and there is nothing left to do)."""
+    runtime = installed(task.app)
+    task_id = request.id
+    if runtime is None or not task_id:
+        return
+    spec = _spec_of_lost_run(runtime, task, request.args, request.kwargs, request, task_id)
+    if spec is None:
+        return
+    store, keys = runtime.store, spec.keys
+    # Past its lease, the key of a run nobody renews frees itself.
+    deadline = time.monotonic() + spec.lease + 1
+
+    def watch() -> None:
+        while time.monotonic() < deadline:
+            try:
+                holder = store.lookup(keys)
+                if holder is None or holder.task_id != task_id or holder.state != "running":
+                    return  # the run ended and freed its key (or handed it over)
+                if run_is_dead(holder):
+                    store.release(keys, task_id, ANY_RUN)
+                    emit(RECLAIMED, task.name, task_id, keys.run, requeued=False)
+                    return
+            except RedisUnavailable:
+                pass  # look again
+            time.sleep(_WATCH_EVERY)
+
+    threading.Thread(target=watch, name=f"dedupe-terminated-{task_id}", daemon=True).start()
 
 
 def _spec_of_lost_run(

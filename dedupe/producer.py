@@ -221,7 +221,9 @@ class PreparedCall:
         )
         if continuation is not None:
             self.kind = "continuation"
-            self.token = _token_of(runtime, continuation, self.keys)
+            self.token = _token_of(
+                runtime, continuation, self.keys, ttl, now + delay if delay else None
+            )
         else:
             self.kind = "canvas" if _in_canvas(options) else "enqueue"
             if not task_id:
@@ -572,6 +574,8 @@ class _Continuation:
     run: Run | None
     #: The header its message carried, when this call is the same call again.
     header: KeyHeader | None
+    #: The task whose run continues (None outside any run).
+    task: Any = None
 
 
 def _continuation_of(call: Call, task_id: str) -> _Continuation | None:
@@ -594,7 +598,7 @@ def _continuation_of(call: Call, task_id: str) -> _Continuation | None:
                 if run is not None
                 else KeyHeader.read(headers)
             )
-        return _Continuation(True, run, header)
+        return _Continuation(True, run, header, current)
     header = KeyHeader.read(headers)
     if header is not None:
         # Our own message sent again outside its run: retry_on_worker_lost in the worker's
@@ -603,15 +607,22 @@ def _continuation_of(call: Call, task_id: str) -> _Continuation | None:
     return None
 
 
-def _token_of(runtime: Runtime, continuation: _Continuation, keys: CallKeys) -> str | None:
+def _token_of(
+    runtime: Runtime,
+    continuation: _Continuation,
+    keys: CallKeys,
+    ttl: float,
+    eta: float | None,
+) -> str | None:
     """The run token a continuation speaks for (NO_RUN: none). None outside any run (the
     worker's main process after its child died): the sync driver then asks Redis whether
     the run in the record is dead (liveness.lost_run_token)."""
     if not continuation.in_run:
         return None
-    if continuation.run is None:
-        return NO_RUN
-    return continuation.run.hand_over(keys, runtime.heartbeat)
+    run = continuation.run
+    if run is None or run.hand_over_at_end(continuation.task, keys, ttl, eta):
+        return NO_RUN  # (the run's end hands its key over: worker.on_postrun)
+    return run.hand_over(keys, runtime.heartbeat)
 
 
 def _in_canvas(options: Mapping[str, Any]) -> bool:

@@ -101,6 +101,26 @@ class Run:
     #: A continuation to another key (new arguments, another task) leaves it False, and
     #: the run's own key is released at the end.
     requeued: bool = False
+    #: A continuation of this task id was published during the run: the key goes back to
+    #: queued for it when the run ends, ``(ttl, eta)`` of its record.
+    handover: tuple[float, float | None] | None = None
+
+    def hand_over_at_end(self, task: Any, keys: CallKeys, ttl: float, eta: float | None) -> bool:
+        """Keep the key until this run ends, then hand it to a continuation of its task id
+        published now (``retry(throw=False)`` goes on running after it; a raised retry ends
+        at once). Before that, the continuation would start beside this run; as it is, it
+        meets this run's record and waits. False: this run holds nothing to hand over at
+        its end, or its task's runs are not kept apart, so a continuation that started
+        early would run anyway (:meth:`hand_over` hands the key over now)."""
+        if (
+            self.verdict != "claimed"
+            or self.spec.keys != keys
+            or self.requeued
+            or not getattr(task, GUARDS_RUNS, False)
+        ):
+            return False
+        self.handover = (ttl, eta)
+        return True
 
     def hand_over(self, keys: CallKeys, heartbeat: Heartbeat) -> str:
         """Let a continuation of this run's task id take the key ``keys`` back to queued.

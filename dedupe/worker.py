@@ -273,6 +273,10 @@ def on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None
     runtime = installed(current.app)
     if run is None or run.requeued or runtime is None:
         return
+    eta = seconds_until(headers.get("eta"), time.time(), enable_utc=_utc(runtime))
+    ttl = header.ttl if header.ttl is not None else runtime.config.default_ttl
+    if run.hand_over_at_end(current, header.keys, ttl, time.time() + eta if eta else None):
+        return  # on_postrun hands the key over
     token = run.hand_over(header.keys, runtime.heartbeat)
     if token != NO_RUN:
         requeue_for_message(runtime, header, task_id, token, headers)
@@ -282,9 +286,7 @@ def requeue_for_message(
     runtime: Runtime, header: KeyHeader, task_id: str, token: str, headers: Mapping[str, Any]
 ) -> None:
     """Requeue a key for the message about to be published with ``headers``."""
-    delay = seconds_until(
-        headers.get("eta"), time.time(), enable_utc=bool(runtime.app.conf.enable_utc)
-    )
+    delay = seconds_until(headers.get("eta"), time.time(), enable_utc=_utc(runtime))
     ttl = header.ttl if header.ttl is not None else runtime.config.default_ttl
     try:
         requeue_key(runtime, header.keys, ttl, task_id, token, delay)
@@ -292,6 +294,10 @@ def requeue_for_message(
         task_name = str(headers.get("task") or "")
         action = "is sent again without its key (not requeued)"
         emit(UNAVAILABLE, task_name, task_id, header.keys.call, action=action, error=exc.cause)
+
+
+def _utc(runtime: Runtime) -> bool:
+    return bool(runtime.app.conf.enable_utc)
 
 
 # -- the run's end -------------------------------------------------------------------------------
@@ -318,6 +324,9 @@ def on_postrun(
         # to queued before its message was published; that message owns it now. (A RETRY
         # without one, a bare `raise Retry()`, publishes nothing and is released below.)
         return
+    if run.handover is not None:
+        _hand_over(runtime, task, task_id, run)
+        return
     # A run whose claim failed (Redis was unreachable) holds no run: it speaks for its
     # queued record only, never for a copy of its task id that claimed since.
     token = run.token if run.verdict == "claimed" else NO_RUN
@@ -342,6 +351,19 @@ def on_postrun(
     except RedisUnavailable as exc:
         action = "ended and its key was not freed (its lease frees it)"
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
+
+
+def _hand_over(runtime: Runtime, task: Any, task_id: str, run: Run) -> None:
+    """The run is over: its key goes back to queued for the continuation it published."""
+    ttl, eta = run.handover or (run.spec.ttl, None)
+    delay = max(0.0, eta - time.time()) if eta is not None else 0.0
+    try:
+        requeue_key(runtime, run.spec.keys, ttl, task_id, run.token, delay)
+    except RedisUnavailable as exc:
+        action = "ended and its key was not handed to its retry (its lease frees it)"
+        emit(UNAVAILABLE, task.name, task_id, run.spec.keys.run, action=action, error=exc.cause)
+    else:
+        emit(RELEASED, task.name, task_id, run.spec.keys.run, requeued=True)
 
 
 def requeue_key(

@@ -485,3 +485,34 @@ def test_until_started_accepts_a_call_during_a_run_and_runs_it_after(
     second.get(timeout=15)
     one, two = worker_app.runlog(tag).runs()
     assert two[1] >= one[2]
+
+
+def test_a_terminate_with_a_signal_the_run_handles_frees_the_key_only_when_it_ended(
+    worker_app: Any, tag: str
+) -> None:
+    task = worker_app.cleans_up_when_told_to_stop
+    result = task.delay(tag, 2.0)
+    wait_running(task, tag, 2.0)
+    result.revoke(terminate=True, signal="SIGUSR1")
+    time.sleep(1.0)  # the run is cleaning up
+    still = holder(task, tag, 2.0)
+    assert still is not None, "the key was freed while the run still cleaned up"
+    assert still.state == "running"
+    wait_for(lambda: holder(task, tag, 2.0) is None, timeout=10, message="freed at the end")
+    ((_, _, ended),) = worker_app.runlog(tag).runs()
+    assert ended is not None  # the run ended by itself, and only then was its key freed
+
+
+def test_a_retry_sent_without_raising_starts_only_after_the_run_that_sent_it_ended(
+    worker_app: Any, tag: str
+) -> None:
+    task = worker_app.retries_and_goes_on
+    task.delay(tag, 3.0)
+    runlog = worker_app.runlog(tag)
+    wait_for(
+        lambda: len(runs := runlog.runs()) == 2 and all(run[2] is not None for run in runs),
+        timeout=20,
+        message="the first try and its retry ended",
+    )
+    assert runlog.overlaps() == []
+    wait_for(lambda: holder(task, tag, 3.0) is None, timeout=5, message="freed after the retry")

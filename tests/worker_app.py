@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 from celery import Celery
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 import dedupe
 
@@ -209,3 +209,27 @@ def lost_then_retried(self: Any, tag: str) -> str:
     """Sleeps on its first run (the test kills it); Celery 5.7 retries it then."""
     _run(self, tag, 30 if _events.incr(f"deliveries:{tag}") == 1 else 0)
     return tag
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=30)
+def cleans_up_when_told_to_stop(self: Any, tag: str, cleanup: float) -> None:
+    """Runs until a SIGUSR1 (a terminating revoke's soft signal), then cleans up a while."""
+    log = runlog(tag)
+    _events.set(f"pid:{tag}", os.getpid())
+    log.started(self.request.id)
+    try:
+        time.sleep(30)
+    except SoftTimeLimitExceeded:
+        time.sleep(cleanup)
+    log.ended(self.request.id)
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=30, on_running_countdown=0.3)
+def retries_and_goes_on(self: Any, tag: str, seconds: float) -> None:
+    """Sends its retry without raising it (throw=False), then works on for ``seconds``."""
+    log = runlog(tag)
+    log.started(self.request.id)
+    if self.request.retries == 0:
+        self.retry(countdown=0, throw=False)
+        time.sleep(seconds)
+    log.ended(self.request.id)
