@@ -7,8 +7,9 @@ loop.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import asyncio
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
 
 import redis.asyncio
 from redis.asyncio.retry import Retry
@@ -29,18 +30,23 @@ from .store import (
 
 __all__ = ["AsyncStore"]
 
+_T = TypeVar("_T")
+
 
 class AsyncStore:
     """Enqueue, requeue, cancel and lookup, awaitable."""
 
-    def __init__(self, client: redis.asyncio.Redis) -> None:
+    def __init__(self, client: redis.asyncio.Redis, budget: float = defaults.CALL_BUDGET) -> None:
         self.client = client
+        self._budget = budget or None
         self._enqueue = client.register_script(script_text("enqueue"))
         self._requeue = client.register_script(script_text("requeue"))
         self._cancel = client.register_script(script_text("cancel"))
 
     @classmethod
-    def from_url(cls, url: str, options: Mapping[str, Any]) -> AsyncStore:
+    def from_url(
+        cls, url: str, options: Mapping[str, Any], budget: float = defaults.CALL_BUDGET
+    ) -> AsyncStore:
         """A store on its own connection pool, with the library's client defaults under
         ``options`` (``dedupe_redis_options``)."""
         # A sync redis-py Retry cannot drive an asyncio connection: keep ours unless an
@@ -59,25 +65,41 @@ class AsyncStore:
         settings.setdefault("max_connections", defaults.ASYNC_MAX_CONNECTIONS)
         settings.setdefault("timeout", defaults.ASYNC_POOL_TIMEOUT)
         pool = redis.asyncio.BlockingConnectionPool.from_url(url, retry=retry, **settings)
-        return cls(redis.asyncio.Redis(connection_pool=pool))
+        return cls(redis.asyncio.Redis(connection_pool=pool), budget)
+
+    async def _within_budget(self, call: Awaitable[_T]) -> _T:
+        """Await ``call``, retries included, for no longer than the call budget (inside
+        reraise_unavailable: running out of it is Redis being unavailable)."""
+        try:
+            return await asyncio.wait_for(call, self._budget)
+        except asyncio.TimeoutError:
+            raise redis.TimeoutError(
+                f"no reply from the dedup Redis within the call budget ({self._budget} s)"
+            ) from None
 
     async def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
         with reraise_unavailable("enqueue", keys.call):
-            reply = await self._enqueue(keys=[keys.call], args=[record, ttl_ms])
+            reply = await self._within_budget(
+                self._enqueue(keys=[keys.call], args=[record, ttl_ms])
+            )
         return read_enqueue(keys.call, reply)
 
     async def requeue(
         self, keys: CallKeys, task_id: str, token: str, record: bytes, ttl_ms: int
     ) -> Requeue:
         with reraise_unavailable("requeue", keys.call):
-            reply = await self._requeue(
-                keys=[keys.call, keys.run], args=[pack_owner(task_id), token, record, ttl_ms]
+            reply = await self._within_budget(
+                self._requeue(
+                    keys=[keys.call, keys.run], args=[pack_owner(task_id), token, record, ttl_ms]
+                )
             )
         return read_requeue(reply)
 
     async def cancel(self, keys: CallKeys, task_id: str) -> bool:
         with reraise_unavailable("cancel", keys.call):
-            reply = await self._cancel(keys=[keys.call], args=[pack_owner(task_id)])
+            reply = await self._within_budget(
+                self._cancel(keys=[keys.call], args=[pack_owner(task_id)])
+            )
         return read_cancel(reply)
 
     async def lookup(self, keys: CallKeys) -> Holder | None:

@@ -16,6 +16,8 @@ dedupe_busy_poll_us        microseconds to poll for a Redis reply       100
                            before sleeping for it (0: never poll)
 dedupe_provisional_ttl     seconds the record of a call being           20
                            published lives until the publish returns
+dedupe_call_budget         seconds a call may wait on Redis in all,     3
+                           retries included (0: no limit but theirs)
 =========================  ===========================================  =====================
 
 Django projects that load settings with ``namespace="CELERY"`` spell them
@@ -54,6 +56,7 @@ class DedupeConfig:
     #: Seconds to poll for a Redis reply before sleeping for it (see dedupe.script_runner).
     busy_poll: float = defaults.BUSY_POLL_US / 1e6
     provisional_ttl: float = defaults.PROVISIONAL_TTL
+    call_budget: float = defaults.CALL_BUDGET
 
     @classmethod
     def from_app(cls, app: Celery) -> DedupeConfig:
@@ -90,6 +93,7 @@ class DedupeConfig:
             ),
             on_redis_error=cast('Literal["enqueue", "raise"]', on_error),
             busy_poll=_busy_poll(_setting(conf, "dedupe_busy_poll_us", defaults.BUSY_POLL_US)),
+            call_budget=_budget(_setting(conf, "dedupe_call_budget", defaults.CALL_BUDGET)),
             provisional_ttl=positive_seconds(
                 "dedupe_provisional_ttl",
                 _setting(conf, "dedupe_provisional_ttl", defaults.PROVISIONAL_TTL),
@@ -102,6 +106,12 @@ def positive_seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigurationError(f"{name} must be a positive number of seconds; got {value!r}")
     return float(value)
+
+
+def _budget(seconds: Any) -> float:
+    if seconds == 0:
+        return 0.0
+    return positive_seconds("dedupe_call_budget", seconds)
 
 
 def _busy_poll(micros: Any) -> float:

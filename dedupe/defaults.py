@@ -12,6 +12,7 @@ __all__ = [
     "ASYNC_MAX_CONNECTIONS",
     "ASYNC_POOL_TIMEOUT",
     "BUSY_POLL_US",
+    "CALL_BUDGET",
     "CLIENT_OPTIONS",
     "DECIDE_FIRST_ABOVE",
     "KEY_PREFIX",
@@ -64,6 +65,9 @@ CLIENT_OPTIONS: Final[dict[str, Any]] = {
 }
 #: Retries of a failed Redis command, with exponential backoff and jitter (seconds).
 RETRIES: Final = 2
+#: Seconds one call may wait on the dedup Redis in all, retries included
+#: (``dedupe_call_budget``): a frozen server costs a caller this, then the policy decides.
+CALL_BUDGET: Final = 3.0
 RETRY_BACKOFF_BASE: Final = 0.01
 RETRY_BACKOFF_CAP: Final = 0.2
 #: The asyncio client's pool: a burst of calls (a web server under load) waits up to

@@ -89,7 +89,9 @@ class Runtime:
                         **config.redis_options,
                     }
                     client = redis.Redis.from_url(config.redis_url, **options)
-                    self._store = Store(client, busy_poll=config.busy_poll)
+                    self._store = Store(
+                        client, busy_poll=config.busy_poll, budget=config.call_budget
+                    )
         return self._store
 
     def async_store(self) -> AsyncStore:
@@ -98,7 +100,9 @@ class Runtime:
         store = self._async_stores.get(loop)
         if store is None:
             config = self.config
-            store = AsyncStore.from_url(config.redis_url, config.redis_options)
+            store = AsyncStore.from_url(
+                config.redis_url, config.redis_options, budget=config.call_budget
+            )
             self._async_stores[loop] = store
         return store
 

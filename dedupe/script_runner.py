@@ -43,7 +43,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from redis._parsers import BaseParser
@@ -102,6 +102,8 @@ _RETRY_POLL_AFTER = 63
 # longer than this). Redis's shortest idle timeout is 1 s.
 _TRUSTED_IDLE = 0.5
 
+_T = TypeVar("_T")
+
 # A fork leaves the child its parent's sockets: the first call after a fork opens its own.
 # (Counting forks costs nothing per call; asking os.getpid() is a system call each time.)
 _forks = 0
@@ -141,6 +143,11 @@ class _Local(threading.local):
     poll_misses: int = 0
     #: When this thread last used its connection (time.monotonic()).
     used_at: float = 0.0
+    #: Seconds left of the call's budget, while a retry runs: caps the timeouts of the
+    #: connection it opens (None: no retry running).
+    cap: float | None = None
+    #: The connection's timeouts were capped: set back once the retry has its reply.
+    capped: bool = False
 
     def __init__(self) -> None:
         #: Bytes received and not parsed yet (the start of the next reply).
@@ -154,10 +161,13 @@ class _Local(threading.local):
 class ScriptRunner:
     """Calls scripts registered on ``client`` with EVALSHA, one connection per thread."""
 
-    def __init__(self, client: redis.Redis, busy_poll: float = 0.0) -> None:
-        """``busy_poll``: seconds to poll for a reply before sleeping for it (0: never)."""
+    def __init__(self, client: redis.Redis, busy_poll: float = 0.0, budget: float = 0.0) -> None:
+        """``busy_poll``: seconds to poll for a reply before sleeping for it (0: never);
+        ``budget``: seconds one call may take in all, retries included (0: no limit but the
+        Retry policy's)."""
         self._pool = client.connection_pool
         self._busy_poll = busy_poll
+        self._budget = budget
         self._retry: Retry = client.get_retry() or Retry(NoBackoff(), 0)
         #: The errors the policy retries (redis-py keeps them private; these are its default).
         self._retried: tuple[type[BaseException], ...] = tuple(
@@ -177,16 +187,38 @@ class ScriptRunner:
         try:
             return self._call(script, command)
         except self._retried as first:
-            # The first try failed: go on under the Retry policy, with this failure as its
-            # first (the policy's count and backoff stay exactly as configured).
-            failures = [first]
+            return self._retrying(first, lambda: self._call(script, command))
 
-            def again() -> Any:
-                if failures:
-                    raise failures.pop()
-                return self._call(script, command)
+    def _retrying(self, first: BaseException, attempt: Callable[[], _T]) -> _T:
+        """Go on after a failed first try under the Retry policy, with that failure as its
+        first (the policy's count and backoff stay as configured), within the call's
+        budget: each try's timeouts are capped by what is left of it, and a try that would
+        start past it fails at once."""
+        failures = [first]
+        # (The first try began when it took its socket.)
+        deadline = self._local.used_at + self._budget if self._budget else None
 
-            return self._retry.call_with_retry(again, self._drop_connection)
+        def again() -> _T:
+            if failures:
+                raise failures.pop()
+            local = self._local
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise redis.TimeoutError(
+                        f"no reply from the dedup Redis within the call budget ({self._budget} s)"
+                    )
+                local.cap = left
+            try:
+                return attempt()
+            finally:
+                local.cap = None
+                if local.capped:
+                    local.capped = False
+                    if local.sock is not None:
+                        local.sock.settimeout(self._socket_timeout())
+
+        return self._retry.call_with_retry(again, self._drop_connection)
 
     def call_many(
         self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
@@ -221,7 +253,10 @@ class ScriptRunner:
                 raise
             return got
 
-        rest = self._retry.call_with_retry(attempt, self._drop_connection)
+        try:
+            rest = attempt()
+        except self._retried as first:
+            rest = self._retrying(first, attempt)
         for index, reply in enumerate(rest):
             if isinstance(reply, NoScriptError):  # flushed between the first and the rest
                 rest[index] = self._replied(script, calls[index])
@@ -259,7 +294,10 @@ class ScriptRunner:
             self._send(sock, command)
             self._local.pending.append((script, command, slot))
 
-        self._retry.call_with_retry(send_now, self._drop_connection)
+        try:
+            send_now()
+        except self._retried as first:
+            self._retrying(first, send_now)
         return slot
 
     def result(self, slot: Reply) -> Any:
@@ -270,7 +308,10 @@ class ScriptRunner:
             if not slot.done:
                 self._catch_up(self._socket())
 
-        self._retry.call_with_retry(read, self._drop_connection)
+        try:
+            read()
+        except self._retried as first:
+            self._retrying(first, read)
         if slot.error is not None:
             raise slot.error
         return slot.value
@@ -416,6 +457,13 @@ class ScriptRunner:
             "health_check_interval": 0,
             "retry": Retry(NoBackoff(), 0),
         }
+        # No wait may outlast the call's budget; a retry's, what is left of it.
+        cap = local.cap if local.cap is not None else (self._budget or None)
+        if cap is not None:
+            for name in ("socket_timeout", "socket_connect_timeout"):
+                configured = settings.get(name)
+                settings[name] = cap if configured is None else min(configured, cap)
+            local.capped = local.cap is not None
         connection = self._pool.connection_class(**settings)
         connection.connect()  # the handshake: TLS, AUTH, HELLO, SELECT, client name
         opened: socket.socket | None = getattr(connection, "_sock", None)
@@ -424,6 +472,13 @@ class ScriptRunner:
         local.connection, local.sock, local.buffer = connection, opened, b""
         local.poll, local.poll_skips, local.poll_misses = self._poller(opened), 0, 0
         return opened
+
+    def _socket_timeout(self) -> float | None:
+        """The read timeout of a connection: the configured one, within the budget."""
+        configured = self._pool.connection_kwargs.get("socket_timeout")
+        if not self._budget:
+            return configured
+        return self._budget if configured is None else min(configured, self._budget)
 
     def _poller(self, sock: socket.socket) -> Any:
         # Only a plain stdlib socket: a TLS socket may hold decrypted bytes that poll does

@@ -223,10 +223,14 @@ class Store:
     """Every read and write celery-dedupe makes to Redis."""
 
     def __init__(
-        self, client: redis.Redis, *, busy_poll: float = defaults.BUSY_POLL_US / 1e6
+        self,
+        client: redis.Redis,
+        *,
+        busy_poll: float = defaults.BUSY_POLL_US / 1e6,
+        budget: float = defaults.CALL_BUDGET,
     ) -> None:
         self.client = client
-        self._run = ScriptRunner(client, busy_poll)
+        self._run = ScriptRunner(client, busy_poll, budget)
         self._enqueue = self._register("enqueue")
         self._claim = self._register("claim")
         self._renew = self._register("renew")

@@ -216,3 +216,60 @@ def test_a_claim_that_lands_after_the_worker_gave_up_is_freed_when_the_run_ends(
             timeout=5,
             message="the landed claim freed when the run ended (not held for its lease)",
         )
+
+
+# Timeouts far longer than the budget: a call that gives up within them was cut by the budget.
+SLOW_FAILING = {"socket_timeout": 10, "socket_connect_timeout": 10}
+BUDGET = 1.0
+
+
+def test_a_call_on_a_frozen_redis_gives_up_within_its_budget_not_its_timeouts(
+    make_app: Callable[..., Celery], broker: str, freezable: RedisServer
+) -> None:
+    app = make_app(
+        broker=broker,
+        dedupe_redis_url=freezable.url,
+        dedupe_redis_options=SLOW_FAILING,
+        dedupe_call_budget=BUDGET,
+        dedupe_on_redis_error="raise",
+    )
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    _warm_up(job)
+    freezable.pause()
+    started = time.monotonic()
+    with pytest.raises(dedupe.RedisUnavailable, match=r"call budget|Timeout"):
+        job.delay(1)
+    elapsed = time.monotonic() - started
+    assert elapsed < SLOW_FAILING["socket_timeout"], f"gave up after {elapsed:.2f} s"
+    freezable.resume()
+
+
+def test_an_asyncio_call_on_a_frozen_redis_gives_up_within_its_budget_not_its_timeouts(
+    make_app: Callable[..., Celery], broker: str, freezable: RedisServer
+) -> None:
+    app = make_app(
+        broker=broker,
+        dedupe_redis_url=freezable.url,
+        dedupe_redis_options=SLOW_FAILING,
+        dedupe_call_budget=BUDGET,
+        dedupe_on_redis_error="raise",
+    )
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    async def call(x: int) -> Any:
+        return await job.aapply_async_unique((x,))
+
+    asyncio.run(call(0))
+    assert dedupe.release(job, (0,))
+    freezable.pause()
+    started = time.monotonic()
+    with pytest.raises(dedupe.RedisUnavailable):
+        asyncio.run(call(1))
+    elapsed = time.monotonic() - started
+    assert elapsed < SLOW_FAILING["socket_timeout"], f"gave up after {elapsed:.2f} s"
+    freezable.resume()
