@@ -66,6 +66,8 @@ COMPAT_TESTS = [
     "tests/test_main_process.py",
     "tests/test_beat.py",
     "tests/test_beat_mixin.py",
+    "tests/test_beat_ticks.py",
+    "tests/test_bulk.py",
 ]
 
 
