@@ -16,6 +16,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import FullJitterBackoff
 
 from . import defaults
+from .clients import SENTINEL_OPTIONS, async_client
 from .keys import CallKeys
 from .record import Holder, pack_owner
 from .store import (
@@ -60,10 +61,13 @@ class AsyncStore:
             retry = Retry(backoff, retries=defaults.RETRIES)
         settings = {
             **defaults.CLIENT_OPTIONS,
-            **{k: v for k, v in options.items() if k != "retry"},
+            **{k: v for k, v in options.items() if k != "retry" and k not in SENTINEL_OPTIONS},
         }
         settings.setdefault("max_connections", defaults.ASYNC_MAX_CONNECTIONS)
         settings.setdefault("timeout", defaults.ASYNC_POOL_TIMEOUT)
+        sentinel_managed = async_client(url, options, {**settings, "retry": retry})
+        if sentinel_managed is not None:
+            return cls(sentinel_managed, budget)
         pool = redis.asyncio.BlockingConnectionPool.from_url(url, retry=retry, **settings)
         return cls(redis.asyncio.Redis(connection_pool=pool), budget)
 

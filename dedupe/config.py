@@ -40,6 +40,7 @@ from .errors import ConfigurationError
 __all__ = ["DedupeConfig", "SettingReader", "positive_seconds"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_SENTINEL_SCHEMES = ("sentinel://", "sentinel+ssl://", "redis+sentinel://")
 _ON_REDIS_ERROR = ("enqueue", "raise")
 
 
@@ -61,7 +62,8 @@ class DedupeConfig:
     @classmethod
     def from_app(cls, app: Celery) -> DedupeConfig:
         conf = app.conf
-        redis_url = _setting(conf, "dedupe_redis_url") or _redis_url_of_broker(app)
+        own_url = _setting(conf, "dedupe_redis_url")
+        redis_url = own_url or _redis_url_of_broker(app)
         prefix = _setting(conf, "dedupe_key_prefix", defaults.KEY_PREFIX)
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
@@ -75,6 +77,13 @@ class DedupeConfig:
                 f"got {options!r}"
             )
         _refuse_decoding(redis_url, options)
+        if not own_url and redis_url.startswith(_SENTINEL_SCHEMES):
+            # The broker's Sentinel: its master name and sentinel settings are the store's.
+            transport = conf.get("broker_transport_options") or {}
+            options = {
+                **{k: transport[k] for k in ("master_name", "sentinel_kwargs") if k in transport},
+                **options,
+            }
         on_error = _setting(conf, "dedupe_on_redis_error", defaults.ON_REDIS_ERROR)
         if on_error not in _ON_REDIS_ERROR:
             raise ConfigurationError(
@@ -154,6 +163,8 @@ def _redis_url_of_broker(app: Celery) -> str:
                 return "unix://" + url[len("redis+socket://") :]
             if url.startswith(_REDIS_SCHEMES):
                 return url
+            if url.startswith(_SENTINEL_SCHEMES):
+                return broker  # every sentinel of the list
     raise ConfigurationError(
         f"celery-dedupe needs a Redis server and the broker of app {app.main!r} is not one "
         f"({_redact(broker)!r}): set app.conf.dedupe_redis_url = 'redis://host:6379/0'"

@@ -11,13 +11,13 @@ import threading
 import weakref
 from typing import Any
 
-import redis
 from celery import Celery
 from redis.backoff import FullJitterBackoff
 from redis.retry import Retry
 
 from . import defaults
 from .async_store import AsyncStore
+from .clients import sync_client
 from .config import DedupeConfig
 from .errors import NotInstalled
 from .heartbeat import Heartbeat
@@ -88,7 +88,7 @@ class Runtime:
                         "retry": Retry(backoff, retries=defaults.RETRIES),
                         **config.redis_options,
                     }
-                    client = redis.Redis.from_url(config.redis_url, **options)
+                    client = sync_client(config.redis_url, options)
                     self._store = Store(
                         client, busy_poll=config.busy_poll, budget=config.call_budget
                     )

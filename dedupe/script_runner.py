@@ -50,7 +50,7 @@ from redis._parsers import BaseParser
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.connection import AbstractConnection
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.retry import Retry
 
 __all__ = ["Reply", "ScriptRunner", "pack_command"]
@@ -376,7 +376,13 @@ class ScriptRunner:
                 reply = self._read(sock)
             self._known.add(script.sha)
             return reply
-        except ResponseError:
+        except ResponseError as exc:
+            if _demoted(exc):
+                # A master demoted by a failover (Sentinel, a managed service): this
+                # connection will never take a write again. Drop it: the retry reconnects,
+                # and a Sentinel-managed connection asks for the new master.
+                self._drop_connection()
+                raise redis.ConnectionError(f"the dedup Redis is a replica now: {exc}") from exc
             raise  # a whole reply was read: the connection is in step
         except BaseException:
             # Anything else may leave a reply unread on the socket: never reuse it.
@@ -499,6 +505,10 @@ class ScriptRunner:
         if connection is not None:
             disconnect: Any = connection.disconnect  # (untyped in redis-py)
             disconnect()
+
+
+def _demoted(exc: ResponseError) -> bool:
+    return isinstance(exc, ReadOnlyError) or str(exc).lstrip("-").startswith("READONLY")
 
 
 _CRLF = b"\r\n"

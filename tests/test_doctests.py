@@ -16,6 +16,7 @@ RUNNABLE = [
     "dedupe._packing",
     "dedupe.beat.ticks",
     "dedupe.canonical",
+    "dedupe.clients",
     "dedupe.config",
     "dedupe.header",
     "dedupe.inventory",

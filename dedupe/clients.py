@@ -1,0 +1,152 @@
+"""The dedup store's Redis clients, made from its URL: one server (``redis://``,
+``rediss://``, ``unix://``) or a master that Redis Sentinel names (``sentinel://``), spelled
+as Celery and kombu spell them.
+
+A Sentinel URL lists the sentinels, ``;``-separated; the password in it (if any) is the
+master's, its path the database; the master's name and the sentinels' own settings come from
+the options (for a ``sentinel://`` broker, from ``broker_transport_options``)::
+
+    sentinel://:masterpass@10.0.0.1:26379/0;sentinel://10.0.0.2:26379;sentinel://10.0.0.3:26379
+    dedupe_redis_options = {"master_name": "mymaster", "sentinel_kwargs": {"password": "s"}}
+
+Each connection asks the sentinels for the master when it opens: after a failover, the next
+connection reaches the new master (and a connection still open to a demoted one is dropped at
+its first READONLY reply, see :mod:`dedupe.script_runner`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
+
+from .errors import ConfigurationError
+
+__all__ = ["SENTINEL_SCHEMES", "SentinelTarget", "async_client", "sentinel_target", "sync_client"]
+
+#: URL schemes of a Sentinel-managed master (Celery's, and redis-py users' spelling).
+SENTINEL_SCHEMES = ("sentinel://", "sentinel+ssl://", "redis+sentinel://")
+#: Options that configure the Sentinel lookup, not the master's connections.
+SENTINEL_OPTIONS = ("master_name", "sentinel_kwargs")
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelTarget:
+    """Where a Sentinel-managed master is found, and how its connections log in."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master_name: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    ssl: bool = False
+
+
+def sentinel_target(url: str, options: Mapping[str, Any]) -> SentinelTarget | None:
+    """The Sentinel target a URL names, or None for a URL of one server.
+
+    >>> sentinel_target("sentinel://:pw@h1:26379/2;sentinel://h2", {"master_name": "m"})
+    SentinelTarget(sentinels=(('h1', 26379), ('h2', 26379)), master_name='m', db=2, \
+username=None, password='pw', ssl=False)
+    """
+    if not url.startswith(SENTINEL_SCHEMES):
+        return None
+    sentinels: list[tuple[str, int]] = []
+    username = password = None
+    db = 0
+    for part in url.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        parsed = urlsplit(part)
+        sentinels.append((parsed.hostname or "localhost", parsed.port or 26379))
+        username = username or (unquote(parsed.username) if parsed.username else None)
+        password = password or (unquote(parsed.password) if parsed.password else None)
+        path = parsed.path.strip("/")
+        if path:
+            try:
+                db = int(path)
+            except ValueError:
+                raise ConfigurationError(
+                    f"the database in a Sentinel URL is a number: {path!r} in {_redact(part)!r}"
+                ) from None
+    master_name = options.get("master_name")
+    if not isinstance(master_name, str) or not master_name:
+        raise ConfigurationError(
+            "a sentinel:// dedup URL needs the name of the master the sentinels watch: "
+            "dedupe_redis_options={'master_name': 'mymaster'} (for a sentinel:// broker, "
+            "broker_transport_options={'master_name': 'mymaster'}, which the store reads too)"
+        )
+    return SentinelTarget(
+        tuple(sentinels),
+        master_name,
+        db,
+        username,
+        password,
+        ssl=url.startswith("sentinel+ssl://"),
+    )
+
+
+def sync_client(url: str, options: Mapping[str, Any]) -> redis.Redis:
+    """The redis-py client of the dedup store at ``url`` with ``options``."""
+    target = sentinel_target(url, options)
+    settings = {k: v for k, v in options.items() if k not in SENTINEL_OPTIONS}
+    if target is None:
+        return redis.Redis.from_url(url, **settings)
+    sentinel_class: Any = redis.sentinel.Sentinel  # (untyped in redis-py)
+    sentinel = sentinel_class(
+        list(target.sentinels), sentinel_kwargs=_sentinel_settings(options, settings)
+    )
+    client: redis.Redis = sentinel.master_for(
+        target.master_name, redis_class=redis.Redis, **_master_settings(target, settings)
+    )
+    return client
+
+
+def async_client(url: str, options: Mapping[str, Any], pool_settings: Mapping[str, Any]) -> Any:
+    """The ``redis.asyncio`` client of a Sentinel-managed dedup store (None for one server:
+    the caller builds that one's pool itself). ``pool_settings``: the asyncio pool's."""
+    target = sentinel_target(url, options)
+    if target is None:
+        return None
+    settings = {k: v for k, v in options.items() if k not in SENTINEL_OPTIONS}
+    sentinel_class: Any = redis.asyncio.sentinel.Sentinel  # (untyped in redis-py)
+    sentinel = sentinel_class(
+        list(target.sentinels), sentinel_kwargs=_sentinel_settings(options, settings)
+    )
+    merged = {**_master_settings(target, settings), **pool_settings}
+    merged.pop("timeout", None)  # a BlockingConnectionPool's: Sentinel's pool has none
+    return sentinel.master_for(target.master_name, redis_class=redis.asyncio.Redis, **merged)
+
+
+def _master_settings(target: SentinelTarget, settings: Mapping[str, Any]) -> dict[str, Any]:
+    merged: dict[str, Any] = {"db": target.db, **settings}
+    if target.password is not None:
+        merged.setdefault("password", target.password)
+    if target.username is not None:
+        merged.setdefault("username", target.username)
+    if target.ssl:
+        merged.setdefault("ssl", True)
+    return merged
+
+
+def _sentinel_settings(options: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    # The sentinels' connections take the same timeouts as the master's unless told otherwise.
+    own = dict(options.get("sentinel_kwargs") or {})
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if name in settings:
+            own.setdefault(name, settings[name])
+    return own
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
