@@ -53,7 +53,8 @@ class RedisServer:
             redis.Redis.from_url(server.url).ping()    # True
     """
 
-    def __init__(self, executable: str | None = None, port: int | None = None) -> None:
+    def __init__(self, executable: str | None = None, port: int | None = None, *args: str) -> None:
+        """``args``: more ``redis-server`` arguments (``"--replicaof", host, port``)."""
         found = executable or find_redis_server()
         if found is None:
             raise FileNotFoundError(
@@ -64,6 +65,7 @@ class RedisServer:
         self.port = port or _free_port()
         self._dir = tempfile.mkdtemp(prefix="dedupe-redis-")
         self._process: subprocess.Popen[bytes] | None = None
+        self._args = args
 
     @property
     def url(self) -> str:
@@ -88,6 +90,7 @@ class RedisServer:
                 "no",
                 "--loglevel",
                 "warning",
+                *self._args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 
 import dedupe
-from dedupe._redis_server import _free_port, find_redis_server
+from dedupe._redis_server import RedisServer, _free_port, find_redis_server
 
 from .conftest import in_process_worker
 from .helpers import require, wait_for
@@ -35,14 +35,19 @@ class SentinelSet:
         assert executable is not None
         self.executable = executable
         self.workdir = workdir
+        self.servers: list[RedisServer] = []
         self.processes: list[subprocess.Popen[bytes]] = []
         self.ports = {"a": _free_port(), "b": _free_port()}
         self.sentinel_ports = [_free_port() for _ in range(3)]
 
     def start(self) -> None:
         first, second = self.ports["a"], self.ports["b"]
-        self._server(first)
-        self._server(second, "--replicaof", "127.0.0.1", str(first))
+        self.servers = [
+            RedisServer(self.executable, first),
+            RedisServer(self.executable, second, "--replicaof", "127.0.0.1", str(first)),
+        ]
+        for server in self.servers:
+            server.start()
         wait_for(
             lambda: self.client(second).info("replication").get("master_link_status") == "up",
             timeout=15,
@@ -64,35 +69,6 @@ class SentinelSet:
                 )
             )
         wait_for(self._watching, timeout=20, message="sentinels see the master, replica, peers")
-
-    def _server(self, port: int, *extra: str) -> None:
-        self.processes.append(
-            subprocess.Popen(
-                [
-                    self.executable,
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    str(self.workdir),
-                    *extra,
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        wait_for(lambda: self._pings(port), timeout=10, message=f"redis-server on {port}")
-
-    def _pings(self, port: int) -> bool:
-        try:
-            return bool(self.client(port).ping())
-        except redis.ConnectionError:
-            return False
 
     def _watching(self) -> bool:
         for port in self.sentinel_ports:
@@ -140,12 +116,10 @@ class SentinelSet:
 
     def stop(self) -> None:
         for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            process.kill()
+            process.wait()
+        for server in self.servers:
+            server.close()
 
 
 @pytest.fixture

@@ -43,8 +43,7 @@ def _app(make_app: Callable[..., Celery], dedup: RedisServer, **conf: Any) -> tu
     app = make_app(
         dedupe_redis_url=dedup.url,
         dedupe_provisional_ttl=PROVISIONAL_TTL,
-        dedupe_redis_options=FAST_FAILING,
-        **conf,
+        **{"dedupe_redis_options": FAST_FAILING, **conf},
     )
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
@@ -223,20 +222,24 @@ SLOW_FAILING = {"socket_timeout": 10, "socket_connect_timeout": 10}
 BUDGET = 1.0
 
 
+def _on_a_budget(
+    make_app: Callable[..., Celery], broker: str, freezable: RedisServer
+) -> tuple[Celery, Any]:
+    app, job = _app(
+        make_app,
+        freezable,
+        broker=broker,
+        dedupe_on_redis_error="raise",
+        dedupe_call_budget=BUDGET,
+        dedupe_redis_options=SLOW_FAILING,
+    )
+    return app, job
+
+
 def test_a_call_on_a_frozen_redis_gives_up_within_its_budget_not_its_timeouts(
     make_app: Callable[..., Celery], broker: str, freezable: RedisServer
 ) -> None:
-    app = make_app(
-        broker=broker,
-        dedupe_redis_url=freezable.url,
-        dedupe_redis_options=SLOW_FAILING,
-        dedupe_call_budget=BUDGET,
-        dedupe_on_redis_error="raise",
-    )
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> None: ...
-
+    _, job = _on_a_budget(make_app, broker, freezable)
     _warm_up(job)
     freezable.pause()
     started = time.monotonic()
@@ -250,16 +253,7 @@ def test_a_call_on_a_frozen_redis_gives_up_within_its_budget_not_its_timeouts(
 def test_an_asyncio_call_on_a_frozen_redis_gives_up_within_its_budget_not_its_timeouts(
     make_app: Callable[..., Celery], broker: str, freezable: RedisServer
 ) -> None:
-    app = make_app(
-        broker=broker,
-        dedupe_redis_url=freezable.url,
-        dedupe_redis_options=SLOW_FAILING,
-        dedupe_call_budget=BUDGET,
-        dedupe_on_redis_error="raise",
-    )
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> None: ...
+    _, job = _on_a_budget(make_app, broker, freezable)
 
     async def call(x: int) -> Any:
         return await job.aapply_async_unique((x,))
