@@ -230,6 +230,8 @@ def _settle(
         call.cancel_record()
     elif plan.needs_confirm:
         call.confirm_record()
+    elif results[index] is not None:
+        call.record_after_the_fact()  # kombu published on another channel (a retry)
     if results[index] is not None:
         call.note_accepted("bulk")
 

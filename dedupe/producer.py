@@ -369,7 +369,7 @@ class PreparedCall:
         elif plan.needs_confirm:
             self.confirm_record()
         elif plan.pushed is None:
-            self._record_after_the_fact()
+            self.record_after_the_fact()
         return result
 
     def _start_deciding(self) -> PendingDecision | None:
@@ -426,7 +426,8 @@ class PreparedCall:
                 "is published but its key is not confirmed (the provisional ttl frees it)",
             )
 
-    def _record_after_the_fact(self) -> None:
+    def record_after_the_fact(self) -> None:
+        """Write the record of a message that went out past the seam."""
         # kombu published on another channel (a retry after a connection error, a producer
         # of another transport): the message is out without its record.
         plan = self.plan
