@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from celery import Celery
@@ -193,8 +194,10 @@ def _build_messages(
     for plan in plans.values():
         plan.deferred = True
     failure: Exception | None = None
+    given = prepared[accepted[0]].call.options.get("producer")  # (the batch's options)
+    acquired = app.producer_pool.acquire(block=True) if given is None else None
     with (
-        app.producer_pool.acquire(block=True) as producer,
+        acquired if acquired is not None else nullcontext(given) as producer,
         pushing_through_many(producer, plans),
     ):
         for index in accepted:

@@ -188,6 +188,29 @@ def test_a_batchs_pushes_are_the_messages_kombu_would_push(
     assert batched.id != single.id
 
 
+def test_a_batch_published_past_the_seam_still_writes_each_record(
+    make_app: Callable[..., Celery], store_broker: RedisServer
+) -> None:
+    from kombu import Connection
+
+    app = make_app(broker=store_broker.url, dedupe_redis_url=store_broker.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def remind(user: int) -> None: ...
+
+    # A producer of another transport: kombu publishes without our seam, so the records of
+    # the accepted calls are written after the fact, durable, not left provisional.
+    with Connection("memory://") as connection, connection.Producer() as producer:
+        results = remind.map_unique([(1,), (2,)], producer=producer)
+    assert [r.deduplicated for r in results] == [False, False]
+    for user in (1, 2):
+        holder = dedupe.lookup(remind, (user,))
+        assert holder is not None
+        assert not holder.provisional
+        assert holder.ttl is not None
+        assert holder.ttl > 3000
+
+
 # -- many producers at once ---------------------------------------------------------------
 
 PRODUCER = textwrap.dedent(
