@@ -11,10 +11,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import derivation, enqueue, report, roundtrips, scale, worker
+from . import derivation, enqueue, report, roundtrips, scale, topologies, worker
 from ._env import redis_url
 
-BENCHES = ("enqueue", "rabbitmq", "worker", "derivation", "scale", "roundtrips")
+BENCHES = ("enqueue", "rabbitmq", "topologies", "worker", "derivation", "scale", "roundtrips")
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
 
@@ -33,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "rabbitmq" in args.only:
             calls = 300 if args.quick else 1000
             results["rabbitmq"] = enqueue.run_rabbitmq(url, args.amqp, rounds, calls)
+        if "topologies" in args.only:
+            calls = 300 if args.quick else 1000
+            results["topologies"] = topologies.run(url, rounds, calls)
         if "worker" in args.only:
             results["worker"] = worker.run(url, rounds, 200 if args.quick else 500)
         if "derivation" in args.only:

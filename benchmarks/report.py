@@ -41,6 +41,25 @@ def verdict(name: str, value: float) -> str:
     return f"{'met' if ok else 'MISSED'} ({op} {bound:g})"
 
 
+def _topologies(topologies: Timings | None) -> list[str]:
+    if not topologies:
+        return []
+    lines = [
+        "## Enqueue cost by dedup store (the broker: the single Redis)",
+        "",
+        f"Median of {len(topologies.samples[PLAIN])} interleaved rounds, as above. The "
+        "records on a Redis of their own and on a Sentinel-named master both take the "
+        "provisional path (the store is not the broker).",
+        "",
+        "| variant | us/call | x plain |",
+        "|---|---:|---:|",
+    ]
+    for name in topologies.samples:
+        ratio = topologies.ratio(name, PLAIN)
+        lines.append(f"| {name} | {topologies.median(name):.0f} | {ratio:.2f} |")
+    return [*lines, ""]
+
+
 def markdown(results: dict[str, Any], command: str) -> str:
     lines = [
         f"# celery-dedupe benchmarks, {dt.date.today().isoformat()}",
@@ -83,6 +102,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
             target = verdict(f"rabbitmq {name}", ratio)
             lines.append(f"| {name} | {rabbitmq.median(name):.0f} | {ratio:.2f} | {target} |")
         lines.append("")
+    lines += _topologies(results.get("topologies"))
     worker: Timings | None = results.get("worker")
     if worker:
         ratio = worker.ratio("dedupe", "plain")

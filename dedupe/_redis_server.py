@@ -14,12 +14,14 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
 
-__all__ = ["RedisServer", "find_redis_server"]
+__all__ = ["RedisServer", "SentinelSet", "find_redis_server"]
 
 
 def find_redis_server() -> str | None:
@@ -142,3 +144,129 @@ class RedisServer:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class SentinelSet:
+    """A master, its replica and three sentinels watching it (``master_name``), on free
+    ports: for the Sentinel tests and benchmarks.
+
+    .. code-block:: python
+
+        with SentinelSet() as sentinels:
+            sentinels.url                                  # 'sentinel://127.0.0.1:...;...'
+            sentinels.failover()                           # the replica's port
+    """
+
+    master_name = "dedupemaster"
+
+    def __init__(self, executable: str | None = None) -> None:
+        self.executable = executable or find_redis_server()
+        if self.executable is None:
+            raise FileNotFoundError("no redis-server to start a Sentinel set with")
+        self.ports = {"a": _free_port(), "b": _free_port()}
+        self.sentinel_ports = [_free_port() for _ in range(3)]
+        self._dir = tempfile.mkdtemp(prefix="dedupe-sentinel-")
+        self._servers: list[RedisServer] = []
+        self._sentinels: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        """The sentinels, as a dedup (or Celery) URL."""
+        return ";".join(f"sentinel://127.0.0.1:{port}" for port in self.sentinel_ports)
+
+    @staticmethod
+    def client(port: int) -> redis.Redis:
+        return redis.Redis(port=port, socket_timeout=2)
+
+    def start(self) -> None:
+        """Start the master and its replica, then the sentinels; wait until all agree."""
+        first, second = self.ports["a"], self.ports["b"]
+        self._servers = [
+            RedisServer(self.executable, first),
+            RedisServer(self.executable, second, "--replicaof", "127.0.0.1", str(first)),
+        ]
+        for server in self._servers:
+            server.start()
+        _wait(lambda: self._role(second, "master_link_status") == "up", "the replica in sync")
+        for port in self.sentinel_ports:
+            conf = Path(self._dir) / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self._dir}\n"
+                f"sentinel monitor {self.master_name} 127.0.0.1 {first} 2\n"
+                f"sentinel down-after-milliseconds {self.master_name} 1000\n"
+                f"sentinel failover-timeout {self.master_name} 5000\n"
+            )
+            self._sentinels.append(
+                subprocess.Popen(
+                    [str(self.executable), str(conf), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        _wait(self._watching, "the sentinels to see the master, its replica and each other")
+
+    def master_port(self) -> int:
+        """The master's port, as the sentinels name it."""
+        sentinel: Any = self.client(self.sentinel_ports[0])  # (execute_command is untyped)
+        _host, port = sentinel.execute_command(
+            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name
+        )
+        return int(port)
+
+    def failover(self) -> int:
+        """Promote the replica (SENTINEL FAILOVER), wait until the old master is demoted;
+        returns the new master's port."""
+        old = self.master_port()
+        sentinel: Any = self.client(self.sentinel_ports[0])
+        sentinel.execute_command("SENTINEL", "FAILOVER", self.master_name)
+        _wait(lambda: self.master_port() != old, "a new master")
+        new = self.master_port()
+        _wait(lambda: self._role(new, "role") == "master", "the new master to take writes")
+        # Until the sentinels demote it, the old master takes writes too (and loses them when
+        # it resyncs): Sentinel's own window, bounded by min-replicas-to-write.
+        _wait(lambda: self._role(old, "role") == "slave", "the old master demoted")
+        return new
+
+    def close(self) -> None:
+        for process in self._sentinels:
+            process.kill()
+            process.wait()
+        for server in self._servers:
+            server.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _role(self, port: int, field: str) -> object:
+        try:
+            return self.client(port).info("replication").get(field)
+        except redis.RedisError:
+            return None
+
+    def _watching(self) -> bool:
+        for port in self.sentinel_ports:
+            try:
+                state: Any = self.client(port).sentinel_master(self.master_name)
+            except redis.RedisError:
+                return False
+            if int(str(state["num-slaves"])) < 1 or int(str(state["num-other-sentinels"])) < 2:
+                return False
+        return True
+
+    def __enter__(self) -> SentinelSet:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _wait(done: Callable[[], object], what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)

@@ -4,132 +4,30 @@ sentinels) started by the test, and a failover during calls and during a run."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 
 import dedupe
-from dedupe._redis_server import RedisServer, _free_port, find_redis_server
+from dedupe._redis_server import SentinelSet, find_redis_server
 
 from .conftest import in_process_worker
 from .helpers import require, wait_for
 
 pytestmark = pytest.mark.slow
 
-MASTER = "dedupemaster"
-
-
-class SentinelSet:
-    """A master, its replica and three sentinels watching it, on free ports."""
-
-    def __init__(self, workdir: Path) -> None:
-        executable = find_redis_server()
-        require(executable is not None, "no redis-server to start a Sentinel set with")
-        assert executable is not None
-        self.executable = executable
-        self.workdir = workdir
-        self.servers: list[RedisServer] = []
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.ports = {"a": _free_port(), "b": _free_port()}
-        self.sentinel_ports = [_free_port() for _ in range(3)]
-
-    def start(self) -> None:
-        first, second = self.ports["a"], self.ports["b"]
-        self.servers = [
-            RedisServer(self.executable, first),
-            RedisServer(self.executable, second, "--replicaof", "127.0.0.1", str(first)),
-        ]
-        for server in self.servers:
-            server.start()
-        wait_for(
-            lambda: self.client(second).info("replication").get("master_link_status") == "up",
-            timeout=15,
-            message="replica in sync",
-        )
-        for port in self.sentinel_ports:
-            conf = self.workdir / f"sentinel-{port}.conf"
-            conf.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
-                f"sentinel monitor {MASTER} 127.0.0.1 {first} 2\n"
-                f"sentinel down-after-milliseconds {MASTER} 1000\n"
-                f"sentinel failover-timeout {MASTER} 5000\n"
-            )
-            self.processes.append(
-                subprocess.Popen(
-                    [self.executable, str(conf), "--sentinel"],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        wait_for(self._watching, timeout=20, message="sentinels see the master, replica, peers")
-
-    def _watching(self) -> bool:
-        for port in self.sentinel_ports:
-            try:
-                state: Any = self.client(port).sentinel_master(MASTER)
-            except redis.RedisError:
-                return False
-            if int(state["num-slaves"]) < 1 or int(state["num-other-sentinels"]) < 2:
-                return False
-        return True
-
-    @staticmethod
-    def client(port: int) -> redis.Redis:
-        return redis.Redis(port=port, socket_timeout=2)
-
-    @property
-    def url(self) -> str:
-        return ";".join(f"sentinel://127.0.0.1:{port}" for port in self.sentinel_ports)
-
-    def master_port(self) -> int:
-        _host, port = self.client(self.sentinel_ports[0]).execute_command(
-            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER
-        )
-        return int(port)
-
-    def failover(self) -> int:
-        """Promote the replica (SENTINEL FAILOVER); returns the new master's port."""
-        old = self.master_port()
-        self.client(self.sentinel_ports[0]).execute_command("SENTINEL", "FAILOVER", MASTER)
-        wait_for(lambda: self.master_port() != old, timeout=20, message="a new master")
-        new = self.master_port()
-        wait_for(
-            lambda: self.client(new).info("replication")["role"] == "master",
-            timeout=10,
-            message="the new master takes writes",
-        )
-        # Until the sentinels demote it, the old master takes writes too (and loses them when
-        # it resyncs): Sentinel's own window, bounded by min-replicas-to-write, not by us.
-        wait_for(
-            lambda: self.client(old).info("replication")["role"] == "slave",
-            timeout=20,
-            message="the old master demoted",
-        )
-        return new
-
-    def stop(self) -> None:
-        for process in self.processes:
-            process.kill()
-            process.wait()
-        for server in self.servers:
-            server.close()
+MASTER = SentinelSet.master_name
 
 
 @pytest.fixture
-def sentinels(tmp_path: Path) -> Iterator[SentinelSet]:
-    found = SentinelSet(tmp_path)
-    try:
-        found.start()
+def sentinels() -> Iterator[SentinelSet]:
+    require(find_redis_server() is not None, "no redis-server to start a Sentinel set with")
+    with SentinelSet() as found:
         yield found
-    finally:
-        found.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,87 @@
+"""Enqueue cost with the dedup records on other Redis deployments, in the same rounds as a
+plain publish and as records on a Redis of their own (the provisional path both take: the
+broker is the throwaway Redis, the records live elsewhere).
+
+Redis Cluster is not measured: the store does not run on a cluster yet (issue 15).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+import dedupe
+from dedupe._redis_server import RedisServer, SentinelSet
+
+from ._env import Timings, Variant, interleaved, make_app
+from .enqueue import PLAIN
+
+OWN = "own Redis"
+SENTINEL = "Sentinel master"
+
+
+def run(url: str, rounds: int, calls: int) -> Timings | None:
+    """Microseconds per call of each variant, per round (None: no Sentinel set could start)."""
+    try:
+        sentinels = SentinelSet()
+        sentinels.start()
+    except (FileNotFoundError, RuntimeError) as exc:
+        print(f"no Sentinel set, its rows are left out: {exc}")
+        return None
+    own = RedisServer()
+    own.start()
+    try:
+        broker = redis.Redis.from_url(url)
+        app = make_app(url)
+
+        @app.task(shared=False)
+        def plain(x: int) -> None: ...
+
+        variants: dict[str, Variant] = {
+            PLAIN: (
+                lambda i: plain.apply_async((i,)),
+                lambda: broker.delete(app.conf.task_default_queue),
+            )
+        }
+        stores = {
+            OWN: (own.url, {}),
+            SENTINEL: (sentinels.url, {"master_name": sentinels.master_name}),
+        }
+        for label, (store_url, options) in stores.items():
+            variants.update(_variants(url, broker, label, store_url, options))
+        return interleaved(variants, rounds, calls)
+    finally:
+        own.close()
+        sentinels.close()
+
+
+def _variants(
+    url: str,
+    broker: redis.Redis,
+    label: str,
+    store_url: str,
+    options: dict[str, Any],
+) -> dict[str, Variant]:
+    app = make_app(url, dedupe_redis_url=store_url, dedupe_redis_options=options)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def unique(x: int) -> None: ...
+
+    store: Any = dedupe.runtime.runtime_of(app).store.client
+    prefix = app.conf.dedupe_key_prefix
+
+    def clear() -> None:
+        broker.delete(app.conf.task_default_queue)
+        keys = list(store.scan_iter(match=f"{prefix}:*", count=10_000))
+        if keys:
+            store.delete(*keys)
+        unique.delay(-1)
+
+    clear()
+    accepted: Callable[[int], Any] = lambda i: unique.apply_async((i,))  # noqa: E731
+    return {
+        f"dedupe accepted, {label}": (accepted, clear),
+        f"dedupe duplicate, {label}": (lambda i: unique.apply_async((-1,)), None),
+    }
