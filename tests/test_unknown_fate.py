@@ -199,16 +199,22 @@ def test_a_claim_that_lands_after_the_worker_gave_up_is_freed_when_the_run_ends(
     with in_process_worker(app):
         gate.set()
         job.delay(0).get(timeout=10)  # loads the claim and release scripts
+        # The result is stored before the run's release is sent: wait until the server ran
+        # it. A release still in flight when the server froze would hold the worker's claim
+        # back behind its unread reply (the claim would never leave the client at all).
+        wait_for(lambda: dedupe.lookup(job, (0,)) is None, message="the warm-up's release")
         gate.clear()
         started.clear()
         job.apply_async((1,), countdown=1)  # reaches the worker now, claims in a second
         freezable.pause()
         assert started.wait(15), "the run never started"  # unguarded, the claim timed out
         freezable.resume()
-        client.ping()  # answered after the buffered claims ran
-        holder = dedupe.lookup(job, (1,))
-        assert holder is not None
-        assert holder.state == "running"  # the claim the worker gave up on landed
+        client.ping()
+        wait_for(
+            lambda: (h := dedupe.lookup(job, (1,))) is not None and h.state == "running",
+            timeout=3,
+            message="the claim the worker gave up on landed when the server resumed",
+        )
         gate.set()
         wait_for(
             lambda: dedupe.lookup(job, (1,)) is None,
