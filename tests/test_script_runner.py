@@ -80,7 +80,8 @@ def test_a_reply_of_an_unknown_kind_drops_the_connection() -> None:
 # -- against a real Redis ----------------------------------------------------------------------
 
 ECHO = "return ARGV[1]"
-FAIL = "return redis.error_reply('READONLY You cannot write against a read only replica.')"
+FAIL = "return redis.error_reply('ERR the script says no')"
+DEMOTED = "return redis.error_reply('READONLY You cannot write against a read only replica.')"
 SLEEP = """
 local stop = tonumber(redis.call('TIME')[1]) + 2
 while tonumber(redis.call('TIME')[1]) < stop do end
@@ -123,9 +124,28 @@ def test_a_script_forgotten_by_the_server_is_loaded_and_run(
 
 def test_an_error_reply_raises_and_leaves_the_connection_usable(client: redis.Redis) -> None:
     runner = ScriptRunner(client)
-    with pytest.raises(redis.ReadOnlyError):
+    with pytest.raises(redis.ResponseError, match="the script says no"):
         run(runner, client, FAIL)
     assert run(runner, client, ECHO, "after") == b"after"
+
+
+def test_a_readonly_reply_drops_the_connection_so_the_retry_reconnects(
+    own_url: str, own_client: redis.Redis
+) -> None:
+    # A master demoted by a failover, still connected: only a new connection (through
+    # Sentinel, to the new master) can write again.
+    client = redis.Redis.from_url(
+        own_url, client_name="runner-demoted", retry=Retry(NoBackoff(), 1)
+    )
+    runner = ScriptRunner(client)
+    assert run(runner, client, ECHO, "before") == b"before"
+    (first,) = [c["id"] for c in own_client.client_list() if c["name"] == "runner-demoted"]
+    with pytest.raises(redis.ConnectionError, match="a replica now"):
+        run(runner, client, DEMOTED)
+    assert run(runner, client, ECHO, "after") == b"after"
+    now = [c["id"] for c in own_client.client_list() if c["name"] == "runner-demoted"]
+    assert first not in now
+    client.close()
 
 
 def test_a_connection_killed_by_the_server_is_replaced_under_the_retry_policy(
