@@ -34,6 +34,7 @@ from celery._state import get_current_worker_task
 from celery.exceptions import Ignore, Retry
 
 from .checks import eviction_risk
+from .config import SettingReader
 from .errors import DedupeError, KeyDerivationError, NotInstalled, RedisUnavailable
 from .events import CLAIMED, DEFERRED, RELEASED, SKIPPED, UNAVAILABLE, emit
 from .header import KeyHeader, is_publishing
@@ -273,9 +274,8 @@ def on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None
     runtime = installed(current.app)
     if run is None or run.requeued or runtime is None:
         return
-    eta = seconds_until(headers.get("eta"), time.time(), enable_utc=_utc(runtime))
-    ttl = header.ttl if header.ttl is not None else runtime.config.default_ttl
-    if run.hand_over_at_end(current, header.keys, ttl, time.time() + eta if eta else None):
+    ttl, delay = _ttl_and_delay(runtime, header, headers)
+    if run.hand_over_at_end(current, header.keys, ttl, time.time() + delay if delay else None):
         return  # on_postrun hands the key over
     token = run.hand_over(header.keys, runtime.heartbeat)
     if token != NO_RUN:
@@ -286,8 +286,7 @@ def requeue_for_message(
     runtime: Runtime, header: KeyHeader, task_id: str, token: str, headers: Mapping[str, Any]
 ) -> None:
     """Requeue a key for the message about to be published with ``headers``."""
-    delay = seconds_until(headers.get("eta"), time.time(), enable_utc=_utc(runtime))
-    ttl = header.ttl if header.ttl is not None else runtime.config.default_ttl
+    ttl, delay = _ttl_and_delay(runtime, header, headers)
     try:
         requeue_key(runtime, header.keys, ttl, task_id, token, delay)
     except RedisUnavailable as exc:
@@ -296,8 +295,16 @@ def requeue_for_message(
         emit(UNAVAILABLE, task_name, task_id, header.keys.call, action=action, error=exc.cause)
 
 
-def _utc(runtime: Runtime) -> bool:
-    return bool(runtime.app.conf.enable_utc)
+def _ttl_and_delay(
+    runtime: Runtime, header: KeyHeader, headers: Mapping[str, Any]
+) -> tuple[float, float]:
+    """The record ttl a message's header asks for, and the seconds until its eta."""
+    enable_utc = bool(_enable_utc(runtime.app))
+    delay = seconds_until(headers.get("eta"), time.time(), enable_utc=enable_utc)
+    return (header.ttl if header.ttl is not None else runtime.config.default_ttl), delay
+
+
+_enable_utc = SettingReader("enable_utc")
 
 
 # -- the run's end -------------------------------------------------------------------------------
@@ -325,7 +332,7 @@ def on_postrun(
         # without one, a bare `raise Retry()`, publishes nothing and is released below.)
         return
     if run.handover is not None:
-        _hand_over(runtime, task, task_id, run)
+        _hand_over(runtime, task, task_id, run, *run.handover)
         return
     # A run whose claim failed (Redis was unreachable) holds no run: it speaks for its
     # queued record only, never for a copy of its task id that claimed since.
@@ -353,9 +360,10 @@ def on_postrun(
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
 
 
-def _hand_over(runtime: Runtime, task: Any, task_id: str, run: Run) -> None:
+def _hand_over(
+    runtime: Runtime, task: Any, task_id: str, run: Run, ttl: float, eta: float | None
+) -> None:
     """The run is over: its key goes back to queued for the continuation it published."""
-    ttl, eta = run.handover or (run.spec.ttl, None)
     delay = max(0.0, eta - time.time()) if eta is not None else 0.0
     try:
         requeue_key(runtime, run.spec.keys, ttl, task_id, run.token, delay)
