@@ -189,6 +189,13 @@ class ScriptRunner:
         except self._retried as first:
             return self._retrying(first, lambda: self._call(script, command))
 
+    def _tried(self, attempt: Callable[[], _T]) -> _T:
+        """``attempt()``, and under the Retry policy and the budget again if it fails."""
+        try:
+            return attempt()
+        except self._retried as first:
+            return self._retrying(first, attempt)
+
     def _retrying(self, first: BaseException, attempt: Callable[[], _T]) -> _T:
         """Go on after a failed first try under the Retry policy, with that failure as its
         first (the policy's count and backoff stay as configured), within the call's
@@ -251,12 +258,12 @@ class ScriptRunner:
             except BaseException:
                 self._drop_connection()
                 raise
+            for reply in got:
+                if isinstance(reply, ResponseError):
+                    self._check_demoted(reply)
             return got
 
-        try:
-            rest = attempt()
-        except self._retried as first:
-            rest = self._retrying(first, attempt)
+        rest = self._tried(attempt)
         for index, reply in enumerate(rest):
             if isinstance(reply, NoScriptError):  # flushed between the first and the rest
                 rest[index] = self._replied(script, calls[index])
@@ -294,10 +301,7 @@ class ScriptRunner:
             self._send(sock, command)
             self._local.pending.append((script, command, slot))
 
-        try:
-            send_now()
-        except self._retried as first:
-            self._retrying(first, send_now)
+        self._tried(send_now)
         return slot
 
     def result(self, slot: Reply) -> Any:
@@ -308,10 +312,7 @@ class ScriptRunner:
             if not slot.done:
                 self._catch_up(self._socket())
 
-        try:
-            read()
-        except self._retried as first:
-            self._retrying(first, read)
+        self._tried(read)
         if slot.error is not None:
             raise slot.error
         return slot.value
@@ -377,17 +378,21 @@ class ScriptRunner:
             self._known.add(script.sha)
             return reply
         except ResponseError as exc:
-            if _demoted(exc):
-                # A master demoted by a failover (Sentinel, a managed service): this
-                # connection will never take a write again. Drop it: the retry reconnects,
-                # and a Sentinel-managed connection asks for the new master.
-                self._drop_connection()
-                raise redis.ConnectionError(f"the dedup Redis is a replica now: {exc}") from exc
+            self._check_demoted(exc)
             raise  # a whole reply was read: the connection is in step
         except BaseException:
             # Anything else may leave a reply unread on the socket: never reuse it.
             self._drop_connection()
             raise
+
+    def _check_demoted(self, exc: ResponseError) -> None:
+        """A READONLY reply: a master demoted by a failover (Sentinel, a managed service),
+        still connected, that will never take a write again. Drop the connection and raise
+        a retried error: the retry reconnects, and a Sentinel-managed connection asks for
+        the new master."""
+        if isinstance(exc, ReadOnlyError) or str(exc).lstrip("-").startswith("READONLY"):
+            self._drop_connection()
+            raise redis.ConnectionError(f"the dedup Redis is a replica now: {exc}") from exc
 
     def _read(self, sock: socket.socket) -> Any:
         """Read one reply: an integer, bytes, None or a list; raise an error reply."""
@@ -505,10 +510,6 @@ class ScriptRunner:
         if connection is not None:
             disconnect: Any = connection.disconnect  # (untyped in redis-py)
             disconnect()
-
-
-def _demoted(exc: ResponseError) -> bool:
-    return isinstance(exc, ReadOnlyError) or str(exc).lstrip("-").startswith("READONLY")
 
 
 _CRLF = b"\r\n"

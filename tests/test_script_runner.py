@@ -82,6 +82,10 @@ def test_a_reply_of_an_unknown_kind_drops_the_connection() -> None:
 ECHO = "return ARGV[1]"
 FAIL = "return redis.error_reply('ERR the script says no')"
 DEMOTED = "return redis.error_reply('READONLY You cannot write against a read only replica.')"
+SOMETIMES_DEMOTED = (
+    "if ARGV[1] == 'no' then return redis.error_reply('READONLY You cannot write') end "
+    "return ARGV[1]"
+)
 SLEEP = """
 local stop = tonumber(redis.call('TIME')[1]) + 2
 while tonumber(redis.call('TIME')[1]) < stop do end
@@ -144,6 +148,22 @@ def test_a_readonly_reply_drops_the_connection_so_the_retry_reconnects(
         run(runner, client, DEMOTED)
     assert run(runner, client, ECHO, "after") == b"after"
     now = [c["id"] for c in own_client.client_list() if c["name"] == "runner-demoted"]
+    assert first not in now
+    client.close()
+
+
+def test_a_readonly_reply_in_a_pipelined_batch_drops_the_connection_too(
+    own_url: str, own_client: redis.Redis
+) -> None:
+    client = redis.Redis.from_url(own_url, client_name="batch-demoted", retry=Retry(NoBackoff(), 1))
+    runner = ScriptRunner(client)
+    sometimes = client.register_script(SOMETIMES_DEMOTED)
+    assert runner.call_many(sometimes, [([], ["yes"])]) == [b"yes"]  # loaded: pipelined now
+    (first,) = [c["id"] for c in own_client.client_list() if c["name"] == "batch-demoted"]
+    with pytest.raises(redis.ConnectionError, match="a replica now"):
+        runner.call_many(sometimes, [([], ["yes"]), ([], ["no"])])
+    assert run(runner, client, ECHO, "after") == b"after"
+    now = [c["id"] for c in own_client.client_list() if c["name"] == "batch-demoted"]
     assert first not in now
     client.close()
 
