@@ -148,14 +148,7 @@ def _shadowing(channel: Any, **methods: Callable[..., Any]) -> Iterator[None]:
 
 def pushing_through(producer: Any, plan: PushPlan) -> ContextManager[None]:
     """Publish through ``producer`` with ``plan``'s record, for the duration of the block."""
-    channel = producer.channel
-    if not is_redis_channel(channel):
-        return nullcontext()
-
-    def basic_publish(message: dict[str, Any], exchange: str, routing_key: str, **kw: Any) -> Any:
-        return _publish(channel, plan, message, exchange, routing_key, kw)
-
-    return _shadowing(channel, basic_publish=basic_publish)
+    return pushing_through_many(producer, {plan.task_id: plan})
 
 
 def pushing_through_many(producer: Any, plans: Mapping[str, PushPlan]) -> ContextManager[None]:
@@ -184,8 +177,6 @@ def _publish(
     kwargs: Mapping[str, Any],
 ) -> Any:
     kombu_publish = type(channel).basic_publish
-    if (message.get("headers") or {}).get("id") != plan.task_id:
-        return kombu_publish(channel, message, exchange, routing_key, **kwargs)
     queues: list[str] = []
     fanouts: list[tuple[Any, ...]] = []
     with _shadowing(
