@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -46,7 +46,32 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class RedisServer:
+_Started = TypeVar("_Started", bound="_StartedInBlock")
+
+
+class _StartedInBlock:
+    """``with`` starts it and closes it."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Started) -> _Started:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class RedisServer(_StartedInBlock):
     """A redis-server process that can be stopped and started again on the same port.
 
     .. code-block:: python
@@ -133,20 +158,8 @@ class RedisServer:
         self.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def __enter__(self) -> RedisServer:
-        self.start()
-        return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-class SentinelSet:
+class SentinelSet(_StartedInBlock):
     """A master, its replica and three sentinels watching it (``master_name``), on free
     ports: for the Sentinel tests and benchmarks.
 
@@ -250,18 +263,6 @@ class SentinelSet:
             if int(str(state["num-slaves"])) < 1 or int(str(state["num-other-sentinels"])) < 2:
                 return False
         return True
-
-    def __enter__(self) -> SentinelSet:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _wait(done: Callable[[], object], what: str, timeout: float = 20.0) -> None:
