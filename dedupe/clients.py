@@ -28,7 +28,14 @@ import redis.sentinel
 
 from .errors import ConfigurationError
 
-__all__ = ["SENTINEL_SCHEMES", "SentinelTarget", "async_client", "sentinel_target", "sync_client"]
+__all__ = [
+    "SENTINEL_SCHEMES",
+    "SentinelTarget",
+    "async_client",
+    "redacted",
+    "sentinel_target",
+    "sync_client",
+]
 
 #: URL schemes of a Sentinel-managed master (Celery's, and redis-py users' spelling).
 SENTINEL_SCHEMES = ("sentinel://", "sentinel+ssl://", "redis+sentinel://")
@@ -74,7 +81,7 @@ username=None, password='pw', ssl=False)
                 db = int(path)
             except ValueError:
                 raise ConfigurationError(
-                    f"the database in a Sentinel URL is a number: {path!r} in {_redact(part)!r}"
+                    f"the database in a Sentinel URL is a number: {path!r} in {redacted(part)!r}"
                 ) from None
     master_name = options.get("master_name")
     if not isinstance(master_name, str) or not master_name:
@@ -145,8 +152,10 @@ def _sentinel_settings(options: Mapping[str, Any], settings: Mapping[str, Any]) 
     return own
 
 
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
+def redacted(url: Any) -> str:
+    """A URL as error messages show it: its password (everything before the ``@``) hidden."""
+    text = str(url)
+    if "@" in text and "://" in text:
+        scheme, rest = text.split("://", 1)
         return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-    return url
+    return text

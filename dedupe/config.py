@@ -35,12 +35,12 @@ from celery import Celery
 from celery.utils.collections import ConfigurationView
 
 from . import defaults
+from .clients import SENTINEL_SCHEMES, redacted
 from .errors import ConfigurationError
 
 __all__ = ["DedupeConfig", "SettingReader", "positive_seconds"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-_SENTINEL_SCHEMES = ("sentinel://", "sentinel+ssl://", "redis+sentinel://")
 _ON_REDIS_ERROR = ("enqueue", "raise")
 
 
@@ -77,7 +77,7 @@ class DedupeConfig:
                 f"got {options!r}"
             )
         _refuse_decoding(redis_url, options)
-        if not own_url and redis_url.startswith(_SENTINEL_SCHEMES):
+        if not own_url and redis_url.startswith(SENTINEL_SCHEMES):
             # The broker's Sentinel: its master name and sentinel settings are the store's.
             transport = conf.get("broker_transport_options") or {}
             options = {
@@ -163,20 +163,12 @@ def _redis_url_of_broker(app: Celery) -> str:
                 return "unix://" + url[len("redis+socket://") :]
             if url.startswith(_REDIS_SCHEMES):
                 return url
-            if url.startswith(_SENTINEL_SCHEMES):
+            if url.startswith(SENTINEL_SCHEMES):
                 return broker  # every sentinel of the list
     raise ConfigurationError(
         f"celery-dedupe needs a Redis server and the broker of app {app.main!r} is not one "
-        f"({_redact(broker)!r}): set app.conf.dedupe_redis_url = 'redis://host:6379/0'"
+        f"({redacted(broker)!r}): set app.conf.dedupe_redis_url = 'redis://host:6379/0'"
     )
-
-
-def _redact(url: Any) -> str:
-    text = str(url)
-    if "@" in text and "://" in text:
-        scheme, rest = text.split("://", 1)
-        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-    return text
 
 
 # Reading a Celery setting on the hot path of every call.

@@ -145,8 +145,12 @@ class DedupeSchedulerMixin(_SchedulerBase):
         key = tick_key(prefix, name, tick.number)
         try:
             claimed = store.claim_tick(key, self._claimant, tick.ttl_ms)
-            mine = not claimed and store.tick_claimant(key) == self._claimant
-            if mine and tick.following is not None:
+            # (Only an interval's slot can be this beat's own already: ask only then.)
+            if (
+                not claimed
+                and tick.following is not None
+                and store.tick_claimant(key) == self._claimant
+            ):
                 key = tick_key(prefix, name, tick.following)
                 claimed = store.claim_tick(key, self._claimant, tick.ttl_ms)
         except RedisUnavailable as exc:
