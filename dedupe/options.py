@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 from . import defaults
 from .config import DedupeConfig, positive_seconds
@@ -36,7 +36,7 @@ Until = Literal["finished", "started", "window"]
 SEPARATE_RUN_LOCK = frozenset({"started", "window"})
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "unique_until": ("finished", "started", "window"),
+    "unique_until": get_args(Until),
     "on_duplicate": ("return", "raise"),
     "on_running": ("skip", "retry"),
 }

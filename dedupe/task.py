@@ -14,7 +14,7 @@ from .aio import apublish_unique
 from .bulk import aapply_many, apply_many
 from .errors import ConfigurationError
 from .header import HEADER
-from .options import CALL_OPTIONS
+from .options import CALL_OPTIONS, Until
 from .producer import Call, publish_unique
 from .result import DedupeResult, mark_result
 from .runtime import installed
@@ -55,7 +55,7 @@ class DedupeTask(AnyTask):
     #: ``"started"``: only while another is queued; a call during a run queues behind it.
     #: ``"window"``: for ``unique_ttl`` after it was accepted, whether or not it ran (a
     #: throttle: "at most once an hour"); runs still never overlap.
-    unique_until: ClassVar[Literal["finished", "started", "window"] | None] = None
+    unique_until: ClassVar[Until | None] = None
     #: Seconds a run holds its key between heartbeats. Default: ``dedupe_default_lease`` (60).
     unique_lease: ClassVar[float | None] = None
     #: ``"return"`` the holder's result, or ``"raise"`` :class:`~dedupe.AlreadyQueued`.
