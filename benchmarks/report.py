@@ -48,8 +48,9 @@ def _topologies(topologies: Timings | None) -> list[str]:
         "## Enqueue cost by dedup store (the broker: the single Redis)",
         "",
         f"Median of {len(topologies.samples[PLAIN])} interleaved rounds, as above. The "
-        "records on a Redis of their own and on a Sentinel-named master both take the "
-        "provisional path (the store is not the broker).",
+        "records on a Redis of their own, on a Sentinel-named master and on a Redis Cluster "
+        "(three masters with a replica each) all take the provisional path (the store is not "
+        "the broker).",
         "",
         "| variant | us/call | x plain |",
         "|---|---:|---:|",

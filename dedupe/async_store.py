@@ -65,9 +65,9 @@ class AsyncStore:
         }
         settings.setdefault("max_connections", defaults.ASYNC_MAX_CONNECTIONS)
         settings.setdefault("timeout", defaults.ASYNC_POOL_TIMEOUT)
-        sentinel_managed = async_client(url, options, {**settings, "retry": retry})
-        if sentinel_managed is not None:
-            return cls(sentinel_managed, budget)
+        managed = async_client(url, options, {**settings, "retry": retry}, budget)
+        if managed is not None:  # Sentinel's master or a Cluster
+            return cls(managed, budget)
         pool = redis.asyncio.BlockingConnectionPool.from_url(url, retry=retry, **settings)
         return cls(redis.asyncio.Redis(connection_pool=pool), budget)
 

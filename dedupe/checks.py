@@ -11,6 +11,7 @@ import logging
 
 import redis
 
+from .clients import DedupRedis
 from .store import redis_errors
 
 __all__ = ["eviction_risk"]
@@ -20,7 +21,7 @@ logger = logging.getLogger("dedupe.checks")
 _CHECK_ERRORS: tuple[type[BaseException], ...] = (redis.ResponseError, *redis_errors)
 
 
-def eviction_risk(client: redis.Redis) -> str | None:
+def eviction_risk(client: DedupRedis) -> str | None:
     """A warning if the server may evict dedup keys, else None (also when it cannot tell)."""
     try:
         config = client.config_get("maxmemory*")

@@ -1,6 +1,6 @@
 """The dedup store's Redis clients, made from its URL: one server (``redis://``,
-``rediss://``, ``unix://``) or a master that Redis Sentinel names (``sentinel://``), spelled
-as Celery and kombu spell them.
+``rediss://``, ``unix://``), a master that Redis Sentinel names (``sentinel://``), spelled
+as Celery and kombu spell them, or a Redis Cluster (``redis+cluster://``).
 
 A Sentinel URL lists the sentinels, ``;``-separated; the password in it (if any) is the
 master's, its path the database; the master's name and the sentinels' own settings come from
@@ -12,6 +12,14 @@ the options (for a ``sentinel://`` broker, from ``broker_transport_options``)::
 Each connection asks the sentinels for the master when it opens: after a failover, the next
 connection reaches the new master (and a connection still open to a demoted one is dropped at
 its first READONLY reply, see :mod:`dedupe.script_runner`).
+
+A Cluster URL lists one or more of its nodes, ``,``-separated (the rest are discovered); the
+password in it (if any) is every node's; ``rediss+cluster://`` speaks TLS::
+
+    redis+cluster://:pass@10.0.0.1:7000,10.0.0.2:7000
+
+Its client is redis-py's cluster client, which follows MOVED and ASK redirects and learns
+the new layout after a failover or a slot migration.
 """
 
 from __future__ import annotations
@@ -23,15 +31,21 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
 import redis.asyncio.sentinel
+import redis.cluster
 import redis.sentinel
 
 from .errors import ConfigurationError
 
 __all__ = [
+    "CLUSTER_SCHEMES",
     "SENTINEL_SCHEMES",
+    "ClusterTarget",
+    "DedupRedis",
     "SentinelTarget",
     "async_client",
+    "cluster_target",
     "redacted",
     "sentinel_target",
     "sync_client",
@@ -39,8 +53,55 @@ __all__ = [
 
 #: URL schemes of a Sentinel-managed master (Celery's, and redis-py users' spelling).
 SENTINEL_SCHEMES = ("sentinel://", "sentinel+ssl://", "redis+sentinel://")
+#: URL schemes of a Redis Cluster (any of its nodes, ``,``-separated).
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 #: Options that configure the Sentinel lookup, not the master's connections.
 SENTINEL_OPTIONS = ("master_name", "sentinel_kwargs")
+
+#: The store's client: one server's (or a Sentinel-named master's), or a Cluster's.
+DedupRedis = redis.Redis | redis.cluster.RedisCluster
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTarget:
+    """Where a Redis Cluster is found, and how its connections log in."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    ssl: bool = False
+
+
+def cluster_target(url: str) -> ClusterTarget | None:
+    """The Cluster a URL names, or None for a URL of anything else.
+
+    >>> cluster_target("redis+cluster://:pw@h1:7000,h2:7001/0")
+    ClusterTarget(nodes=(('h1', 7000), ('h2', 7001)), username=None, password='pw', ssl=False)
+    """
+    if not url.startswith(CLUSTER_SCHEMES):
+        return None
+    scheme, _, rest = url.partition("://")
+    # The credentials and the database are written once, around the list of nodes.
+    credentials, _, hosts = rest.rpartition("@")
+    hosts, _, path = hosts.partition("/")
+    if path.strip("/") not in ("", "0"):
+        raise ConfigurationError(
+            f"a Redis Cluster has only database 0: {path!r} in {redacted(url)!r}"
+        )
+    nodes: list[tuple[str, int]] = []
+    for host in hosts.split(","):
+        parsed = urlsplit(f"redis://{host.strip()}")
+        if parsed.hostname:
+            nodes.append((parsed.hostname, parsed.port or 6379))
+    if not nodes:
+        raise ConfigurationError(f"a Cluster URL names at least one node: {redacted(url)!r}")
+    login = urlsplit(f"redis://{credentials}@x") if credentials else None
+    return ClusterTarget(
+        tuple(nodes),
+        unquote(login.username) if login and login.username else None,
+        unquote(login.password) if login and login.password else None,
+        ssl=scheme == "rediss+cluster",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +161,16 @@ username=None, password='pw', ssl=False)
     )
 
 
-def sync_client(url: str, options: Mapping[str, Any]) -> redis.Redis:
-    """The redis-py client of the dedup store at ``url`` with ``options``."""
+def sync_client(url: str, options: Mapping[str, Any], budget: float = 0.0) -> DedupRedis:
+    """The redis-py client of the dedup store at ``url`` with ``options``; ``budget``: the
+    call budget, which no wait of a Cluster's connections may outlast (the one server's
+    script runner caps its own)."""
+    cluster = cluster_target(url)
+    if cluster is not None:
+        settings = _cluster_settings(cluster, options, budget)
+        node: Any = redis.cluster.ClusterNode  # (untyped in redis-py)
+        startup = [node(host, port) for host, port in cluster.nodes]
+        return redis.cluster.RedisCluster(startup_nodes=startup, **settings)
     target = sentinel_target(url, options)
     settings = {k: v for k, v in options.items() if k not in SENTINEL_OPTIONS}
     if target is None:
@@ -116,9 +185,18 @@ def sync_client(url: str, options: Mapping[str, Any]) -> redis.Redis:
     return client
 
 
-def async_client(url: str, options: Mapping[str, Any], pool_settings: Mapping[str, Any]) -> Any:
-    """The ``redis.asyncio`` client of a Sentinel-managed dedup store (None for one server:
-    the caller builds that one's pool itself). ``pool_settings``: the asyncio pool's."""
+def async_client(
+    url: str, options: Mapping[str, Any], pool_settings: Mapping[str, Any], budget: float = 0.0
+) -> Any:
+    """The ``redis.asyncio`` client of a Sentinel-managed or Cluster dedup store (None for
+    one server: the caller builds that one's pool itself). ``pool_settings``: the asyncio
+    pool's."""
+    cluster = cluster_target(url)
+    if cluster is not None:
+        settings = _cluster_settings(cluster, {**options, **pool_settings}, budget)
+        settings.pop("timeout", None)  # a BlockingConnectionPool's: a Cluster's has none
+        startup = [redis.asyncio.cluster.ClusterNode(host, port) for host, port in cluster.nodes]
+        return redis.asyncio.cluster.RedisCluster(startup_nodes=startup, **settings)
     target = sentinel_target(url, options)
     if target is None:
         return None
@@ -130,6 +208,26 @@ def async_client(url: str, options: Mapping[str, Any], pool_settings: Mapping[st
     merged = {**_master_settings(target, settings), **pool_settings}
     merged.pop("timeout", None)  # a BlockingConnectionPool's: Sentinel's pool has none
     return sentinel.master_for(target.master_name, redis_class=redis.asyncio.Redis, **merged)
+
+
+def _cluster_settings(
+    target: ClusterTarget, options: Mapping[str, Any], budget: float
+) -> dict[str, Any]:
+    settings = {k: v for k, v in options.items() if k not in SENTINEL_OPTIONS}
+    if settings.pop("db", 0) not in (0, "0", None):
+        raise ConfigurationError("a Redis Cluster has only database 0: drop 'db' from the options")
+    if budget:
+        for name in ("socket_timeout", "socket_connect_timeout"):
+            configured = settings.get(name)
+            settings[name] = budget if configured is None else min(configured, budget)
+    for name, value in (
+        ("username", target.username),
+        ("password", target.password),
+        ("ssl", target.ssl or None),
+    ):
+        if value is not None:
+            settings.setdefault(name, value)
+    return settings
 
 
 def _master_settings(target: SentinelTarget, settings: Mapping[str, Any]) -> dict[str, Any]:

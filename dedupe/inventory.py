@@ -8,8 +8,8 @@ from collections import Counter
 from collections.abc import Iterator
 
 from celery import Celery
-from redis import Redis
 
+from .clients import DedupRedis
 from .keys import RUN_SUFFIX, tag_safe, task_name_of_tag
 from .record import Holder
 from .runtime import runtime_of
@@ -47,7 +47,9 @@ def glob_escaped(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
-def scan(client: Redis, prefix: str, task: str | None = None) -> Iterator[tuple[str, bytes, int]]:
+def scan(
+    client: DedupRedis, prefix: str, task: str | None = None
+) -> Iterator[tuple[str, bytes, int]]:
     """Every live key of ``prefix`` (of exactly the task named ``task``, when given): its
     name, value and pttl. Keys that vanish between the SCAN and the GET are passed over."""
     head = f"{glob_escaped(prefix)}:"
@@ -66,7 +68,7 @@ def scan(client: Redis, prefix: str, task: str | None = None) -> Iterator[tuple[
         yield from _read(client, batch)
 
 
-def _read(client: Redis, keys: list[bytes]) -> Iterator[tuple[str, bytes, int]]:
+def _read(client: DedupRedis, keys: list[bytes]) -> Iterator[tuple[str, bytes, int]]:
     # Keys of different tasks may sit in different cluster slots: GETs one by one in a
     # pipeline, never an MGET across them.
     with client.pipeline(transaction=False) as pipe:

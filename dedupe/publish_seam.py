@@ -247,8 +247,8 @@ def _publish_provisionally(
 def _same_server(channel: Any, plan: PushPlan) -> bool:
     """Is the channel's Redis the dedup store's server and database? (Spelled alike: a
     broker at ``localhost`` and a store at ``127.0.0.1`` count as two.)"""
-    broker = channel.pool.connection_kwargs
-    return _address(broker) == _address(plan.store.client.connection_pool.connection_kwargs)
+    store = plan.store.server
+    return store is not None and _address(channel.pool.connection_kwargs) == _address(store)
 
 
 def _address(kwargs: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
@@ -55,8 +56,10 @@ class Runtime:
                 broker = (connection.hostname, connection.port or 6379, connection.virtual_host)
             finally:
                 connection.release()
-            store = self.store.client.connection_pool.connection_kwargs
-            self._broker_is_store = redis_transport and _same_address(broker, store)
+            store = self.store.server
+            self._broker_is_store = (
+                redis_transport and store is not None and _same_address(broker, store)
+            )
         return self._broker_is_store
 
     def count_call(self, task_name: str, duplicate: bool) -> None:
@@ -88,7 +91,7 @@ class Runtime:
                         "retry": Retry(backoff, retries=defaults.RETRIES),
                         **config.redis_options,
                     }
-                    client = sync_client(config.redis_url, options)
+                    client = sync_client(config.redis_url, options, config.call_budget)
                     self._store = Store(
                         client, busy_poll=config.busy_poll, budget=config.call_budget
                     )
@@ -116,7 +119,7 @@ class Runtime:
         return self._heartbeat
 
 
-def _same_address(broker: tuple[Any, Any, Any], store: dict[str, Any]) -> bool:
+def _same_address(broker: tuple[Any, Any, Any], store: Mapping[str, Any]) -> bool:
     host, port, virtual_host = broker
     try:
         db = int(str(virtual_host or "0").strip("/") or 0)

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from types import TracebackType
 from typing import Any, TypeVar
 
 import redis
+import redis.cluster
 from redis.commands.core import Script
 
 from . import defaults
+from .clients import DedupRedis
+from .cluster_runner import ClusterScriptRunner
 from .errors import RedisCommandError, RedisUnavailable, UnexpectedReply
 from .keys import CallKeys
 from .record import Holder, pack_owner
@@ -224,13 +227,17 @@ class Store:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: DedupRedis,
         *,
         busy_poll: float = defaults.BUSY_POLL_US / 1e6,
         budget: float = defaults.CALL_BUDGET,
     ) -> None:
         self.client = client
-        self._run = ScriptRunner(client, busy_poll, budget)
+        self._run: ScriptRunner | ClusterScriptRunner
+        if isinstance(client, redis.cluster.RedisCluster):
+            self._run = ClusterScriptRunner(client, budget)
+        else:
+            self._run = ScriptRunner(client, busy_poll, budget)
         self._enqueue = self._register("enqueue")
         self._claim = self._register("claim")
         self._renew = self._register("renew")
@@ -241,7 +248,17 @@ class Store:
         self._confirm = self._register("confirm")
 
     def _register(self, name: str) -> Script:
-        return self.client.register_script(script_text(name))
+        script: Script = self.client.register_script(script_text(name))
+        return script
+
+    @property
+    def server(self) -> Mapping[str, Any] | None:
+        """The connection settings of the store's one server (host, port, db or path); None
+        for a Redis Cluster, whose keys are spread over many."""
+        if isinstance(self.client, redis.cluster.RedisCluster):
+            return None
+        settings: Mapping[str, Any] = self.client.connection_pool.connection_kwargs
+        return settings
 
     def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
         """Create the queued record of a call. None: accepted; a Holder: a duplicate of it."""
@@ -354,10 +371,11 @@ class Store:
             if len(leases) == 1:
                 lease = leases[0]
                 return [read_renew(self._run(self._renew, [lease.key], lease.args()))]
-            with self.client.pipeline(transaction=False) as pipe:
-                for lease in leases:
-                    self._renew(keys=[lease.key], args=lease.args(), client=pipe)
-                return [read_renew(reply) for reply in pipe.execute()]
+            replies = self._run.call_many(
+                self._renew, [([lease.key], lease.args()) for lease in leases]
+            )
+            _raise_first_error(replies)
+            return [read_renew(reply) for reply in replies]
 
     def requeue(
         self, keys: CallKeys, task_id: str, token: str, record: bytes, ttl_ms: int

@@ -5,8 +5,9 @@ cycle, and none hides an import of the package inside a function to break one.
 layer      modules
 =========  ====================================================================================
 base       errors, defaults, _generics, canonical, timing, config, options, keys, record,
-           header, events, script_runner, store, async_store, publish_seam, heartbeat,
-           runtime, run, liveness, result, inventory, checks, _redis_server
+           header, events, clients, script_runner, cluster_runner, store, async_store,
+           publish_seam, heartbeat, runtime, run, liveness, result, inventory, checks,
+           _redis_server
 producer   producer, aio, bulk (never the worker side)
 worker     worker, prefork_parent (never the producer side)
 entry      task, installer, web, cli, django, demo, prometheus, beat, and the package itself

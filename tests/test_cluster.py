@@ -1,0 +1,300 @@
+"""The dedup store on a Redis Cluster: a real one (three masters with a replica each) started
+for this module, calls, runs and beat ticks on every master, and the cluster changing under
+them (a failover during calls and during a run, a slot migrated during calls, a master
+frozen)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.cluster
+from celery import Celery
+from celery.beat import ScheduleEntry
+from celery.schedules import schedule
+
+import dedupe
+from dedupe._redis_server import ClusterSet, find_redis_server
+from dedupe.beat import DedupeScheduler
+from dedupe.clients import cluster_target
+from dedupe.producer import keys_of_call
+
+from .conftest import in_process_worker
+from .helpers import require, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterSet]:
+    require(find_redis_server() is not None, "no redis-server to start a Redis Cluster with")
+    with ClusterSet() as started:
+        yield started
+
+
+@pytest.fixture
+def cluster_app(make_app: Callable[..., Celery], cluster: ClusterSet) -> Celery:
+    # The broker stays the suite's single Redis (kombu has no Cluster transport): the
+    # records take the provisional path, as with any dedup Redis of its own.
+    return make_app(dedupe_redis_url=cluster.url, dedupe_on_redis_error="raise")
+
+
+@pytest.fixture
+def job(cluster_app: Celery) -> Any:
+    @cluster_app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    return job
+
+
+def _key(task: Any, x: int) -> str:
+    """The record key of ``task(x)``."""
+    return keys_of_call(task, (x,), None, None, {})[1].call
+
+
+def _client(cluster: ClusterSet) -> redis.cluster.RedisCluster:
+    return redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0])
+
+
+def _args_on_every_master(task: Any, cluster: ClusterSet, per_master: int = 3) -> list[int]:
+    """Arguments whose keys land on each master, ``per_master`` each."""
+    client = _client(cluster)
+    found: dict[int, list[int]] = {}
+    x = 0
+    while len(found) < 3 or min(map(len, found.values())) < per_master:
+        key = _key(task, x)
+        owners = found.setdefault(cluster.master_of_slot(client.keyslot(key)), [])
+        if len(owners) < per_master:
+            owners.append(x)
+        x += 1
+    return [x for owners in found.values() for x in owners]
+
+
+def _args_in_one_slot(task: Any, count: int, start: int = 0) -> tuple[int, list[int]]:
+    """``count`` arguments whose keys share one hash slot (the slot of ``start``'s key)."""
+    slot = redis.cluster.key_slot(_key(task, start).encode())
+    found = [start]
+    x = start + 1
+    while len(found) < count:
+        if redis.cluster.key_slot(_key(task, x).encode()) == slot:
+            found.append(x)
+        x += 1
+    return slot, found
+
+
+def test_a_cluster_url_names_its_nodes_and_their_login() -> None:
+    target = cluster_target("rediss+cluster://user:p%40ss@h1:7000,h2/0")
+    assert target is not None
+    assert target.nodes == (("h1", 7000), ("h2", 6379))
+    assert (target.username, target.password, target.ssl) == ("user", "p@ss", True)
+
+
+def test_a_cluster_url_with_a_database_other_than_0_is_refused() -> None:
+    with pytest.raises(dedupe.ConfigurationError, match="only database 0"):
+        cluster_target("redis+cluster://h1:7000/3")
+
+
+def test_calls_deduplicate_on_every_master(job: Any, cluster: ClusterSet) -> None:
+    args = _args_on_every_master(job, cluster)
+    first = [job.delay(x) for x in args]
+    again = [job.delay(x) for x in args]
+    assert not any(result.deduplicated for result in first)
+    assert all(result.deduplicated for result in again)
+    assert [r.id for r in again] == [r.id for r in first]
+    client = _client(cluster)
+    assert all(client.exists(result.keys.call) for result in first)
+
+
+def test_asyncio_calls_deduplicate_on_a_cluster(job: Any, cluster: ClusterSet) -> None:
+    args = _args_on_every_master(job, cluster, per_master=1)
+
+    async def twice() -> list[dedupe.DedupeResult]:
+        results = [await job.aapply_async_unique((x,)) for x in args]
+        return results + [await job.aapply_async_unique((x,)) for x in args]
+
+    results = asyncio.run(twice())
+    assert [r.deduplicated for r in results] == [False] * 3 + [True] * 3
+    assert [r.id for r in results[3:]] == [r.id for r in results[:3]]
+
+
+def test_a_batch_decides_calls_on_every_master(job: Any, cluster: ClusterSet) -> None:
+    args = _args_on_every_master(job, cluster)
+    held = job.delay(args[0])
+    results = dedupe.apply_many(job, [((x,), {}) for x in [*args, *args]])
+    assert [r.deduplicated for r in results] == [True] + [False] * (len(args) - 1) + [True] * len(
+        args
+    )
+    assert results[0].id == held.id
+    assert [r.id for r in results[len(args) :]] == [r.id for r in results[: len(args)]]
+
+
+def test_runs_claim_and_free_their_keys_on_every_master(
+    cluster_app: Celery, cluster: ClusterSet
+) -> None:
+    started: list[int] = []
+
+    @cluster_app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def work(x: int) -> int:
+        holder = dedupe.lookup(work, (x,))
+        started.append(x if holder is not None and holder.state == "running" else -1)
+        return x
+
+    args = _args_on_every_master(work, cluster, per_master=2)
+    with in_process_worker(cluster_app):
+        results = [work.delay(x) for x in args]
+        assert [r.get(timeout=20) for r in results] == args
+    assert sorted(started) == sorted(args)  # each run saw its own key running
+    wait_for(lambda: all(dedupe.lookup(work, (x,)) is None for x in args), message="freed")
+
+
+def test_beats_side_by_side_send_each_tick_of_entries_on_every_master_once(
+    cluster_app: Celery, tmp_path: Path, cluster: ClusterSet
+) -> None:
+    @cluster_app.task(shared=False, name="jobs.cluster_refresh")
+    def refresh(x: int) -> None: ...
+
+    beats = [
+        DedupeScheduler(app=cluster_app, schedule_filename=str(tmp_path / f"schedule-{n}"))
+        for n in range(2)
+    ]
+    every = schedule(3600.0, app=cluster_app)
+    entries = [
+        ScheduleEntry(
+            name=f"entry-{n}",
+            task="jobs.cluster_refresh",
+            schedule=every,
+            args=(n,),
+            app=cluster_app,
+        )
+        for n in range(12)  # twelve tick keys: every master gets some
+    ]
+    sent = [[beat.apply_async(entry) for entry in entries] for beat in beats]
+    assert all(result is not None for result in sent[0])
+    assert all(result is None for result in sent[1])
+    assert beats[1].dedupe_ticks_skipped == {entry.name: 1 for entry in entries}
+
+
+def test_a_failover_during_a_burst_of_calls_lets_no_duplicate_in(
+    job: Any, cluster: ClusterSet
+) -> None:
+    args = _args_on_every_master(job, cluster, per_master=4)
+    first = {x: job.delay(x).id for x in args}
+    ids: dict[int, set[str]] = {x: set() for x in args}
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def burst() -> None:
+        while not stop.is_set():
+            for x in args:
+                try:  # policy "raise": an error the failover causes would surface here
+                    ids[x].add(job.delay(x).id)
+                except BaseException as exc:
+                    errors.append(exc)
+
+    caller = threading.Thread(target=burst)
+    caller.start()
+    try:
+        time.sleep(0.3)
+        cluster.failover(cluster.master_of_slot(_client(cluster).keyslot(_key(job, args[0]))))
+        time.sleep(1.0)  # calls on the new master
+    finally:
+        stop.set()
+        caller.join(30)
+    assert errors == []
+    assert ids == {x: {first[x]} for x in args}  # every call of a key named its first id
+
+
+def test_a_runs_key_follows_the_run_through_a_failover_and_is_freed_at_its_end(
+    cluster_app: Celery, cluster: ClusterSet
+) -> None:
+    cluster_app.conf.dedupe_default_lease = 3
+    gate = threading.Event()
+
+    @cluster_app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def slow(x: int) -> None:
+        gate.wait(30)
+
+    with in_process_worker(cluster_app):
+        result = slow.delay(1)
+        wait_for(
+            lambda: (h := dedupe.lookup(slow, (1,))) is not None and h.state == "running",
+            message="running",
+        )
+        slot = _client(cluster).keyslot(result.keys.call)
+        new_master = cluster.failover(cluster.master_of_slot(slot))
+        time.sleep(3.5)  # past one lease: only renewals on the new master keep the key
+        holder: Any = dedupe.lookup(slow, (1,))
+        assert holder is not None
+        assert holder.state == "running"
+        assert cluster.client(new_master).exists(result.keys.call)
+        gate.set()
+        result.get(timeout=10)
+        wait_for(lambda: dedupe.lookup(slow, (1,)) is None, timeout=5, message="freed")
+
+
+def test_a_slot_migrated_during_calls_lets_no_duplicate_in(job: Any, cluster: ClusterSet) -> None:
+    slot, args = _args_in_one_slot(job, 8, start=1000)
+    first = {x: job.delay(x).id for x in args[:4]}  # half the keys exist before the move
+    ids: dict[int, set[str]] = {x: set() for x in args}
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def burst() -> None:
+        while not stop.is_set():
+            for x in args:
+                try:
+                    ids[x].add(job.delay(x).id)
+                except BaseException as exc:
+                    errors.append(exc)
+
+    source = cluster.master_of_slot(slot)
+    target = next(port for port in cluster.masters() if port != source)
+    caller = threading.Thread(target=burst)
+    caller.start()
+    try:
+        time.sleep(0.2)
+        moved = cluster.migrate_slot(slot, target, pause=0.2)  # callers meet it half moved
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        caller.join(30)
+    assert errors == []
+    assert moved >= 4
+    assert all(ids[x] == {first[x]} for x in args[:4])
+    assert all(len(ids[x]) == 1 for x in args[4:])  # a new key is accepted once, wherever
+    assert cluster.master_of_slot(slot) == target
+    assert all(cluster.client(target).exists(_key(job, x)) for x in args)
+
+
+def test_a_call_on_a_frozen_master_gives_up_within_its_budget(
+    make_app: Callable[..., Celery], cluster: ClusterSet
+) -> None:
+    app = make_app(
+        dedupe_redis_url=cluster.url,
+        dedupe_on_redis_error="raise",
+        dedupe_call_budget=1,
+        dedupe_redis_options={"socket_timeout": 10, "socket_connect_timeout": 10},
+    )
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def frozen(x: int) -> None: ...
+
+    frozen.delay(0)  # the client knows the cluster's layout
+    master = cluster.master_of_slot(_client(cluster).keyslot(_key(frozen, 1)))
+    server = cluster.servers[master]
+    server.pause()
+    try:
+        began = time.monotonic()
+        with pytest.raises(dedupe.RedisUnavailable):
+            frozen.delay(1)
+        took = time.monotonic() - began
+    finally:
+        server.resume()
+    cluster.settle()
+    assert took < 10  # well inside one 10 s socket timeout: the budget cut it short
