@@ -1,8 +1,13 @@
-"""Run the Lua scripts on a Redis Cluster, through redis-py's cluster client.
+"""Run the Lua scripts on a Redis Cluster: on each slot's master over a connection of each
+thread's own, and through redis-py's cluster client whenever the layout changes.
 
-The cluster client routes each EVALSHA to the master of its keys' slot (every key of one call
-shares a hash tag, so one slot), follows MOVED and ASK redirects, and learns the new layout
-after a failover or a slot migration. What it leaves to its caller is done here:
+Every key of one call shares a hash tag, so one slot, so one master. As long as the layout
+holds, a call goes straight to that master through a :class:`~dedupe.script_runner.ScriptRunner`
+of its own (the single server's fast path, node by node). Anything that says the layout moved
+(a MOVED or ASK redirect, TRYAGAIN, CLUSTERDOWN, a READONLY replica, a lost connection) sends
+the call again through redis-py's cluster client, which follows the redirects and learns the
+new layout from the cluster; the next calls read their masters from it. What the cluster
+client leaves to its caller is done here too:
 
 - NOSCRIPT (a node that never saw the script: a replica promoted by a failover, a restart)
   loads the script on every master and sends the call again;
@@ -11,9 +16,9 @@ after a failover or a slot migration. What it leaves to its caller is done here:
   are tried again, within the call budget. The cluster client's own retries are turned off,
   so that they do not nest inside these: one loop, one budget.
 
-Nothing is fire-and-forget here: :meth:`ClusterScriptRunner.send` waits for its reply (a
-cluster call may go to any node, over any of its connections, so there is no one connection
-whose later reads would catch a lost reply).
+Nothing is fire-and-forget here: :meth:`ClusterScriptRunner.send` waits for its reply. A
+thread's calls go to many masters, so a reply left unread on one (say, MOVED: the release did
+not happen) would wait for the thread's next call to that master, which may never come.
 """
 
 from __future__ import annotations
@@ -26,17 +31,17 @@ import redis
 import redis.cluster
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
+from redis.crc import key_slot
 from redis.exceptions import (
     AskError,
     ClusterDownError,
     ClusterError,
-    MovedError,
     NoScriptError,
     ResponseError,
 )
 from redis.retry import Retry
 
-from .script_runner import Reply
+from .script_runner import Reply, ScriptRunner
 
 __all__ = ["ClusterScriptRunner"]
 
@@ -54,17 +59,19 @@ _IN_FLUX: tuple[type[BaseException], ...] = (
         if hasattr(redis.exceptions, name)
     ),
 )
-#: Error replies of a pipelined call that the call alone, through the cluster client, gets
-#: past: a redirect, a script the node lacks, the cluster in flux, a failed node.
-_PASSING: tuple[type[BaseException], ...] = (
-    AskError,
-    MovedError,
-    NoScriptError,
-    *_IN_FLUX,
+#: What a master's runner raises when the layout may have moved: a redirect or a cluster in
+#: flux (error replies, told apart by :func:`_moving`), a lost connection (a dead master), a
+#: demoted master (READONLY, raised as a lost connection).
+_MOVING: tuple[type[BaseException], ...] = (
+    ResponseError,
     redis.ConnectionError,
     redis.TimeoutError,
-    OSError,
+    *_IN_FLUX,
 )
+#: Error replies that say the layout moved (the runner reads them as plain ResponseErrors).
+_MOVED_REPLIES = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
+#: The reply of a batched call to run again alone.
+_AGAIN = object()
 #: Pause between tries of a cluster in flux: a migrating key moves in about a millisecond, a
 #: failover takes a node timeout or two.
 _FLUX_PAUSE = 0.05
@@ -74,14 +81,22 @@ _FLUX_LIMIT = 5.0
 
 class ClusterScriptRunner:
     """Calls scripts registered on a cluster ``client`` with EVALSHA: the interface of
-    :class:`~dedupe.script_runner.ScriptRunner`, on redis-py's cluster client."""
+    :class:`~dedupe.script_runner.ScriptRunner`, on a Redis Cluster."""
 
-    def __init__(self, client: redis.cluster.RedisCluster, budget: float = 0.0) -> None:
-        """``budget``: seconds one call may take in all, retries included (0: the Retry
-        policy's count alone)."""
+    def __init__(
+        self, client: redis.cluster.RedisCluster, busy_poll: float = 0.0, budget: float = 0.0
+    ) -> None:
+        """``busy_poll``: as the ScriptRunner's; ``budget``: seconds one call may take in
+        all, retries included (0: the Retry policy's count alone)."""
         self._client = client
+        self._busy_poll = busy_poll
         self._budget = budget
+        #: The runner of each master, by node name, and of each slot whose master is known.
+        self._by_node: dict[str, ScriptRunner] = {}
+        self._by_slot: dict[int, ScriptRunner] = {}
         self._retry: Retry = getattr(client, "retry", None) or Retry(NoBackoff(), 0)
+        #: The policy's count (``Retry.get_retries`` is newer than redis-py 5.0).
+        self._retries = int(getattr(self._retry, "_retries", 0))
         # One retry loop (ours, under the budget), not two nested ones.
         client.set_retry(Retry(NoBackoff(), 0))
         self._connection_errors = (redis.ConnectionError, redis.TimeoutError, TimeoutError)
@@ -91,54 +106,72 @@ class ClusterScriptRunner:
 
     def __call__(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run a script and return its reply."""
-        return self._tried(lambda: self._evalsha(script, keys, args))
+        started = time.monotonic()
+        runner = self._master(keys[0])
+        failed: BaseException | None = None
+        if runner is not None:
+            try:
+                return runner(script, keys, args)
+            except _MOVING as exc:
+                if not _moving(exc):
+                    raise
+                failed = exc
+        try:
+            return self._tried(lambda: self._evalsha(script, keys, args), started, failed)
+        finally:
+            self._by_slot.clear()  # the cluster client knows the layout now: read it again
+
+    def _master(self, key: Any) -> ScriptRunner | None:
+        """The runner of the master that serves ``key``'s slot (None: no master known)."""
+        slot = key_slot(key.encode() if isinstance(key, str) else key)
+        runner = self._by_slot.get(slot)
+        if runner is not None:
+            return runner
+        client: Any = self._client  # (its node API is untyped in redis-py)
+        try:
+            node = client.nodes_manager.get_node_from_slot(slot)
+        except redis.RedisError:
+            return None  # a slot not covered now: the cluster client's retries see to it
+        runner = self._by_node.get(node.name)
+        if runner is None:
+            runner = self._by_node.setdefault(
+                node.name,
+                # One try: what fails there goes to the cluster client, which retries.
+                ScriptRunner(
+                    client.get_redis_connection(node),
+                    self._busy_poll,
+                    self._budget,
+                    retry=Retry(NoBackoff(), 0),
+                ),
+            )
+        self._by_slot[slot] = runner
+        return runner
 
     def call_many(
         self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
     ) -> list[Any]:
         """Run ``script`` once per ``(keys, args)``, pipelined per master (a round trip for
         each master the calls' slots are on); the replies in order, an error reply as its
-        exception in its place. A call redirected (its slot moved or moving), refused for
-        a missing script, or cut off runs again alone, through the cluster client."""
-        if not calls:
-            return []
-        replies: list[Any] = [self._replied(script, calls[0])]  # loads a missing script
-        if len(calls) == 1:
-            return replies
-        client: Any = self._client  # (its node API is untyped in redis-py)
-        by_node: dict[str, list[int]] = {}
-        nodes: dict[str, Any] = {}
-        for index in range(1, len(calls)):
-            node = client.get_node_from_key(calls[index][0][0])
-            nodes[node.name] = node
-            by_node.setdefault(node.name, []).append(index)
-        replies.extend([None] * (len(calls) - 1))
-        for name, indices in by_node.items():
-            answers = self._on_node(nodes[name], script, calls, indices)
-            for index, reply in zip(indices, answers, strict=True):
-                replies[index] = reply
+        exception in its place. A call redirected (its slot moved or moving), or cut off,
+        runs again alone."""
+        replies: list[Any] = [None] * len(calls)
+        groups: dict[int, tuple[ScriptRunner | None, list[int]]] = {}
+        for index, (keys, _) in enumerate(calls):
+            runner = self._master(keys[0])
+            groups.setdefault(id(runner), (runner, []))[1].append(index)
+        for runner, indices in groups.values():
+            try:
+                if runner is None:
+                    raise redis.ConnectionError("no master known for these slots")
+                answers = runner.call_many(script, [calls[index] for index in indices])
+            except _MOVING:
+                answers = [None] * len(indices)  # each alone, below
+            for index, answer in zip(indices, answers, strict=True):
+                replies[index] = answer if answer is not None else _AGAIN
         for index, reply in enumerate(replies):
-            if isinstance(reply, BaseException) and not _final(reply):
+            if reply is _AGAIN or (isinstance(reply, BaseException) and _moving(reply)):
                 replies[index] = self._replied(script, calls[index])
         return replies
-
-    def _on_node(
-        self,
-        node: Any,
-        script: Script,
-        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
-        indices: Sequence[int],
-    ) -> list[Any]:
-        """One pipeline of calls to one node; a failure of the whole as each call's reply."""
-        try:
-            pipe: Any = self._client.get_redis_connection(node).pipeline(transaction=False)
-            for index in indices:
-                keys, args = calls[index]
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-            return replies
-        except (redis.RedisError, OSError) as exc:
-            return [exc] * len(indices)
 
     def send(
         self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
@@ -175,33 +208,42 @@ class ClusterScriptRunner:
         except ResponseError as exc:
             return exc
 
-    def _tried(self, attempt: Callable[[], _T]) -> _T:
+    def _tried(
+        self, attempt: Callable[[], _T], started: float, failed: BaseException | None = None
+    ) -> _T:
         """``attempt()``, tried again while the cluster is in flux or a connection failed
-        (the latter at most as often as the Retry policy says), within the budget."""
-        now = time.monotonic()
-        deadline = now + self._budget if self._budget else None
-        flux_deadline = deadline if deadline is not None else now + _FLUX_LIMIT
+        (the latter at most as often as the Retry policy says), within the budget of a call
+        ``started`` then; ``failed``: how a try made already (on a master's runner) failed."""
+        deadline = started + self._budget if self._budget else None
+        flux_deadline = deadline if deadline is not None else started + _FLUX_LIMIT
         failures = 0
+        error = failed
         while True:
+            if error is not None:
+                if isinstance(error, self._connection_errors):
+                    failures += 1
+                    backoff: Any = self._retry._backoff  # (the policy's own, untyped)
+                    pause = float(backoff.compute(failures))
+                    if failures > self._retries or _past(deadline, pause + self._try_time):
+                        raise error
+                else:  # a redirect (no pause: the cluster client follows it) or a flux
+                    pause = 0.0 if str(error).startswith(("MOVED ", "ASK ")) else _FLUX_PAUSE
+                    if _past(flux_deadline, pause):
+                        raise error
+                time.sleep(pause)
             try:
                 return attempt()
-            except self._connection_errors:
-                failures += 1
-                backoff: Any = self._retry._backoff  # (the policy's own backoff, untyped)
-                pause = float(backoff.compute(failures))
-                if failures > self._retry.get_retries() or _past(deadline, pause + self._try_time):
-                    raise
-            except _IN_FLUX:
-                pause = _FLUX_PAUSE
-                if _past(flux_deadline, pause):
-                    raise
-            time.sleep(pause)
+            except self._connection_errors as exc:
+                error = exc
+            except _IN_FLUX as exc:
+                error = exc
 
 
-def _final(reply: BaseException) -> bool:
-    """Is an error reply of a pipelined call its answer (not a redirect, a missing script or
-    a failure of the node, which the call alone, through the cluster client, gets past)?"""
-    return not isinstance(reply, _PASSING)
+def _moving(exc: BaseException) -> bool:
+    """Does ``exc`` say the layout moved (so the call goes through the cluster client)?"""
+    if isinstance(exc, (AskError, *_IN_FLUX, redis.ConnectionError, redis.TimeoutError)):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(_MOVED_REPLIES)
 
 
 def _past(deadline: float | None, needed: float) -> bool:

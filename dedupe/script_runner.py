@@ -161,14 +161,20 @@ class _Local(threading.local):
 class ScriptRunner:
     """Calls scripts registered on ``client`` with EVALSHA, one connection per thread."""
 
-    def __init__(self, client: redis.Redis, busy_poll: float = 0.0, budget: float = 0.0) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        busy_poll: float = 0.0,
+        budget: float = 0.0,
+        retry: Retry | None = None,
+    ) -> None:
         """``busy_poll``: seconds to poll for a reply before sleeping for it (0: never);
         ``budget``: seconds one call may take in all, retries included (0: no limit but the
-        Retry policy's)."""
+        Retry policy's); ``retry``: that policy (default: the client's)."""
         self._pool = client.connection_pool
         self._busy_poll = busy_poll
         self._budget = budget
-        self._retry: Retry = client.get_retry() or Retry(NoBackoff(), 0)
+        self._retry: Retry = retry or client.get_retry() or Retry(NoBackoff(), 0)
         #: The errors the policy retries (redis-py keeps them private; these are its default).
         self._retried: tuple[type[BaseException], ...] = tuple(
             getattr(self._retry, "_supported_errors", None)

@@ -235,7 +235,7 @@ class Store:
         self.client = client
         self._run: ScriptRunner | ClusterScriptRunner
         if isinstance(client, redis.cluster.RedisCluster):
-            self._run = ClusterScriptRunner(client, budget)
+            self._run = ClusterScriptRunner(client, busy_poll, budget)
         else:
             self._run = ScriptRunner(client, busy_poll, budget)
         self._enqueue = self._register("enqueue")
