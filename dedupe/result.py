@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.backends.asynchronous import AsyncBackendMixin
 from celery.result import AsyncResult
+from vine import promise
 
 from ._generics import AnyAsyncResult
 from .errors import DedupeError
@@ -43,6 +44,34 @@ class DedupeResult(AnyAsyncResult):
     holder: Holder | None = None
     _dedupe_store: Store | None = None
 
+    @classmethod
+    def of_holder(cls, task_id: str, *, backend: Any, app: Any) -> DedupeResult:
+        """The result of a holder's task id: what ``AsyncResult(task_id, ...)`` makes, less
+        the ``on_ready`` promise, which is made when first used (see below)."""
+        result = cls.__new__(cls)
+        result.app = app
+        result.id = task_id
+        result.backend = backend or app.backend
+        result.parent = None
+        vars(result).update(_cache=None, _ignored=False)
+        return result
+
+    # A duplicate's result is made by the hundred in a batch, and most are dropped unread;
+    # its promise (a weak method) is half the cost of the object: made on first use. A
+    # result Celery made keeps the promise its __init__ set.
+    @property
+    def on_ready(self) -> Any:
+        attributes = self.__dict__
+        ready = attributes.get("on_ready")
+        if ready is None:
+            celery_result: Any = self  # (_on_fulfilled is untyped in Celery's stubs)
+            ready = attributes["on_ready"] = promise(celery_result._on_fulfilled, weak=True)
+        return ready
+
+    @on_ready.setter
+    def on_ready(self, value: Any) -> None:
+        self.__dict__["on_ready"] = value
+
     def revoke(self, *args: Any, **kwargs: Any) -> None:
         """Revoke the task. A task still queued frees its key at once, so a new call may
         queue again; a running one keeps it until the run ends (with ``terminate=True``, when
@@ -60,6 +89,12 @@ class DedupeResult(AnyAsyncResult):
 
     def __del__(self) -> None:
         if not _OLD_PENDING:
+            # A duplicate's result nobody waited on has nothing of Celery's to cancel (its
+            # __del__ would stop the result consumer for the holder's id when no other
+            # result waits: a lookup and an unsubscribe attempt per dropped duplicate, a
+            # batch's main cost after its round trip). One that waited goes Celery's way.
+            if self.deduplicated and not _waits(self):
+                return
             super().__del__()
             return
         # Before Celery 5.7 a dropped result stops the result consumer for its id at once:
@@ -103,6 +138,16 @@ def _unsubscribe_dropped(backend: Any) -> None:
             backend.result_consumer.cancel_for(task_id)
         except Exception as exc:  # a result subscription is Celery's: never fail a call on it
             logger.debug("could not unsubscribe from the result of %s: %r", task_id, exc)
+
+
+def _waits(result: AsyncResult[Any]) -> bool:
+    """Is this very result object among those waiting on its id?"""
+    key = id(result)
+    for waiting in getattr(result.backend, "_pending_results", None) or ():
+        waiters = waiting.get(result.id)
+        if waiters is not None and waiters.get(key) is result:
+            return True
+    return False
 
 
 def _another_waits(result: AsyncResult[Any]) -> bool:
@@ -149,7 +194,7 @@ def duplicate_result(
     store: Store,
 ) -> DedupeResult:
     """The result a duplicate call returns: the holder's task, made a DedupeResult at once."""
-    result = DedupeResult(holder.task_id, backend=backend, task_name=task_name, app=app)
+    result = DedupeResult.of_holder(holder.task_id, backend=backend, app=app)
     mark_result(result, deduplicated=True, keys=keys, store=store, holder=holder)
     return result
 

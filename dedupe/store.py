@@ -239,6 +239,7 @@ class Store:
         else:
             self._run = ScriptRunner(client, busy_poll, budget)
         self._enqueue = self._register("enqueue")
+        self._enqueue_many = self._register("enqueue_many")
         self._claim = self._register("claim")
         self._renew = self._register("renew")
         self._requeue = self._register("requeue")
@@ -267,12 +268,29 @@ class Store:
         return read_enqueue(keys.call, reply)
 
     def enqueue_many(self, calls: Sequence[tuple[CallKeys, bytes, int]]) -> list[Holder | None]:
-        """:meth:`enqueue` for many calls in one round trip; the answers in order."""
+        """:meth:`enqueue` for many calls in one round trip; the answers in order. On one
+        server, ``enqueue_many.lua`` decides up to ``_ENQUEUE_CHUNK`` calls per script (half
+        the cost of a script per call); on a Cluster each call goes to its own slot's master."""
         key = calls[0][0].call if calls else None
         with reraise_unavailable("enqueue", key):
-            replies = self._run.call_many(
-                self._enqueue, [([keys.call], [record, ttl_ms]) for keys, record, ttl_ms in calls]
-            )
+            if isinstance(self._run, ClusterScriptRunner):
+                replies = self._run.call_many(
+                    self._enqueue,
+                    [([keys.call], [record, ttl_ms]) for keys, record, ttl_ms in calls],
+                )
+            else:
+                chunks = [
+                    calls[start : start + _ENQUEUE_CHUNK]
+                    for start in range(0, len(calls), _ENQUEUE_CHUNK)
+                ]
+                answers = self._run.call_many(
+                    self._enqueue_many, [_enqueue_many_call(chunk) for chunk in chunks]
+                )
+                replies = [
+                    reply
+                    for chunk, answer in zip(chunks, answers, strict=True)
+                    for reply in _chunk_replies(answer, len(chunk))
+                ]
             _raise_first_error(replies)
         return [
             read_enqueue(keys.call, reply)
@@ -463,6 +481,28 @@ class PendingPush:
                 self.expire_ms,
             ],
         )
+
+
+#: Calls one ``enqueue_many.lua`` decides at the most: a batch of thousands becomes scripts of
+#: this many, pipelined, so that no script holds the server for long.
+_ENQUEUE_CHUNK = 256
+
+
+def _enqueue_many_call(chunk: Sequence[tuple[CallKeys, bytes, int]]) -> tuple[list[Any], list[Any]]:
+    """The keys and arguments of enqueue_many.lua for a chunk of calls."""
+    return (
+        [keys.call for keys, _, _ in chunk],
+        [part for _, record, ttl_ms in chunk for part in (record, ttl_ms)],
+    )
+
+
+def _chunk_replies(reply: Any, size: int) -> list[Any]:
+    """The per-call replies of one enqueue_many.lua (an error reply stands for each call)."""
+    if isinstance(reply, BaseException):
+        return [reply] * size
+    if not isinstance(reply, list) or len(reply) != size:
+        raise UnexpectedReply("enqueue_many", reply)
+    return reply
 
 
 def _raise_first_error(replies: Sequence[Any]) -> None:

@@ -71,9 +71,10 @@ class RedisFactory:
         self.executable = executable
         self.servers: list[RedisServer] = []
 
-    def __call__(self, *, start: bool = True) -> RedisServer:
-        """A new server, started unless ``start=False`` (a port where nothing listens yet)."""
-        server = RedisServer(executable=self.executable)
+    def __call__(self, *args: str, start: bool = True) -> RedisServer:
+        """A new server (``args``: more redis-server arguments), started unless
+        ``start=False`` (a port where nothing listens yet)."""
+        server = RedisServer(self.executable, None, *args)
         self.servers.append(server)
         if start:
             server.start()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from dedupe._redis_server import RedisServer
 from dedupe.keys import CallKeys, call_keys
-from dedupe.record import pack_queued, pack_running, unpack_owner
+from dedupe.record import pack_provisional, pack_queued, pack_running, unpack_owner
 from dedupe.run import new_token
 from dedupe.store import Lease, Store
 
@@ -511,3 +511,18 @@ def test_the_first_release_on_a_server_waits_until_its_script_is_loaded(
     redis_client.script_flush()
     fresh.send_release(finished, "A", "t1")
     assert redis_client.exists(finished.call) == 0
+
+
+def test_a_batch_larger_than_one_script_decides_every_call_in_order(
+    store: Store, request: pytest.FixtureRequest
+) -> None:
+    keys = [CallKeys(f"store:{{{request.node.name}:{n}}}", "") for n in range(600)]
+    held = store.enqueue_many([(keys[n], pack_provisional(f"h{n}", 1), 60_000) for n in (5, 300)])
+    assert held == [None, None]
+    answers = store.enqueue_many(
+        [(key, pack_provisional(f"t{n}", 2), 60_000) for n, key in enumerate(keys)]
+    )
+    assert [n for n, answer in enumerate(answers) if answer is not None] == [5, 300]
+    assert [answers[5].task_id, answers[300].task_id] == ["h5", "h300"]  # type: ignore[union-attr]
+    again = store.enqueue_many([(keys[599], pack_provisional("t599", 2), 60_000)])
+    assert again == [None]  # these very bytes: the resend of the batch's last call

@@ -749,6 +749,27 @@ def test_a_dropped_duplicate_result_does_not_stop_the_holders_get(
     assert got == [1]
 
 
+def test_a_duplicates_result_gets_the_holders_value_and_runs_its_callbacks(
+    app: Celery, gate: threading.Event
+) -> None:
+    # A duplicate's result makes its on_ready promise on first use: .get() and .then() work.
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def gated(x: int) -> int:
+        gate.wait(10)
+        return x * 2
+
+    with in_process_worker(app, pool="threads"):
+        first = gated.delay(4)
+        duplicates = [gated.delay(4), *gated.map_unique([(4,)])]
+        assert all(result.deduplicated for result in duplicates)
+        called: list[Any] = []
+        duplicates[0].then(called.append)
+        gate.set()
+        assert [result.get(timeout=15) for result in duplicates] == [8, 8]
+        assert first.get(timeout=15) == 8
+    wait_for(lambda: called == [duplicates[0]], message="the callback")
+
+
 def test_a_release_after_a_run_longer_than_the_servers_idle_timeout_is_not_lost(
     make_app: Any, redis_factory: RedisFactory
 ) -> None:
@@ -768,6 +789,38 @@ def test_a_release_after_a_run_longer_than_the_servers_idle_timeout_is_not_lost(
         assert slow.delay(0).get(timeout=15) == 0  # a first run: its release script is known
         assert slow.delay(2.5).get(timeout=15) == 2.5
         wait_for(lambda: dedupe.lookup(slow, (2.5,)) is None, timeout=5, message="key freed")
+
+
+@pytest.mark.parametrize("fault", ["script flush", "restart from the AOF"])
+def test_a_release_after_the_server_lost_its_scripts_and_connections_mid_run_lands(
+    fault: str, make_app: Any, redis_factory: RedisFactory
+) -> None:
+    # The run's connection is dead (a restart) or the script cache empty (both after a
+    # restart, the latter also after a failover or SCRIPT FLUSH) by the time the run ends.
+    dedup = redis_factory("--appendonly", "yes", "--appendfsync", "always")
+    app = make_app(dedupe_redis_url=dedup.url)
+    started, finish = threading.Event(), threading.Event()
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, unique_lease=60)
+    def gated(x: int) -> int:
+        started.set()
+        finish.wait(15)
+        return x
+
+    with in_process_worker(app):
+        result = gated.delay(1)
+        assert started.wait(15)
+        if fault == "script flush":
+            redis.Redis.from_url(dedup.url).script_flush()
+        else:
+            dedup.stop()
+            dedup.start()
+        holder = dedupe.lookup(gated, (1,))
+        assert holder is not None
+        assert holder.state == "running"  # (the AOF kept the running record)
+        finish.set()
+        assert result.get(timeout=15) == 1
+        wait_for(lambda: dedupe.lookup(gated, (1,)) is None, timeout=5, message="key freed")
 
 
 class Lines(logging.Handler):

@@ -27,3 +27,18 @@ end
 local function held(key, raw)
   return string.format('%d:', redis.call('PTTL', key)) .. raw
 end
+
+-- enqueue.lua's transition for one call (enqueue_many.lua makes it for many): create the
+-- provisional record if the key is absent; 1 created, 2 these very bytes (a resend), else
+-- the holder's answer (see held).
+local function enqueue_call(key, record, ttl)
+  local raw = redis.call('GET', key)
+  if not raw then
+    redis.call('SET', key, record, 'PX', ttl)
+    return 1
+  end
+  if raw == record then
+    return 2
+  end
+  return held(key, raw)
+end

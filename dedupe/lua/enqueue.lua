@@ -15,12 +15,4 @@
 -- This is every producer's round trip, so it stays lean: the record is compared as bytes,
 -- never decoded, and a duplicate's answer is one bulk string (a client parses that for a
 -- fraction of what a nested reply costs).
-local raw = redis.call('GET', KEYS[1])
-if not raw then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if raw == ARGV[1] then
-  return 2
-end
-return held(KEYS[1], raw)
+return enqueue_call(KEYS[1], ARGV[1], ARGV[2])
