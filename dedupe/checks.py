@@ -8,8 +8,10 @@ duplicate in, a dropped running record is re-created by the heartbeat only after
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
+import redis.cluster
 
 from .clients import DedupRedis
 from .store import redis_errors
@@ -22,9 +24,24 @@ _CHECK_ERRORS: tuple[type[BaseException], ...] = (redis.ResponseError, *redis_er
 
 
 def eviction_risk(client: DedupRedis) -> str | None:
-    """A warning if the server may evict dedup keys, else None (also when it cannot tell)."""
+    """A warning if the server (on a Redis Cluster: any master) may evict dedup keys, else
+    None (also when it cannot tell)."""
+    cluster: Any = client  # (the cluster client's node API is untyped)
+    servers: list[Any] = (
+        [cluster.get_redis_connection(node) for node in cluster.get_primaries()]
+        if isinstance(client, redis.cluster.RedisCluster)
+        else [client]
+    )
+    for server in servers:
+        warning = _eviction_risk(server)
+        if warning is not None:
+            return warning
+    return None
+
+
+def _eviction_risk(server: Any) -> str | None:
     try:
-        config = client.config_get("maxmemory*")
+        config = server.config_get("maxmemory*")
     except _CHECK_ERRORS as exc:
         # Managed Redis often disables CONFIG: nothing to check.
         logger.debug("cannot read the eviction settings of the dedup Redis: %r", exc)

@@ -17,11 +17,15 @@ import redis
 import redis.cluster
 from celery import Celery
 from celery.beat import ScheduleEntry
+from celery.bin.base import CLIContext
 from celery.schedules import schedule
+from click.testing import CliRunner
 
 import dedupe
 from dedupe._redis_server import ClusterSet, find_redis_server
 from dedupe.beat import DedupeScheduler
+from dedupe.checks import eviction_risk
+from dedupe.cli import dedupe as dedupe_cli
 from dedupe.clients import cluster_target
 from dedupe.producer import keys_of_call
 
@@ -178,6 +182,37 @@ def test_beats_side_by_side_send_each_tick_of_entries_on_every_master_once(
     assert all(result is not None for result in sent[0])
     assert all(result is None for result in sent[1])
     assert beats[1].dedupe_ticks_skipped == {entry.name: 1 for entry in entries}
+
+
+def test_the_command_line_counts_and_clears_the_keys_of_every_master(
+    job: Any, cluster_app: Celery, cluster: ClusterSet
+) -> None:
+    args = _args_on_every_master(job, cluster)
+    for x in args:
+        job.delay(x)
+
+    def cli(*words: str) -> str:
+        context = CLIContext(app=cluster_app, no_color=True, workdir=None, quiet=False)
+        result = CliRunner().invoke(dedupe_cli, list(words), obj=context)
+        assert result.exit_code == 0, result.output
+        return str(result.output)
+
+    totals = cli("stats").splitlines()[-1].split()
+    assert totals == ["total", str(len(args)), "0", "0"]  # queued, running, provisional
+    assert f"cleared {len(args)} keys" in cli("clear", "--all", "--yes")
+    assert all(dedupe.lookup(job, (x,)) is None for x in args)
+
+
+def test_the_eviction_check_reads_every_master(cluster_app: Celery, cluster: ClusterSet) -> None:
+    store = dedupe.runtime.runtime_of(cluster_app).store
+    assert eviction_risk(store.client) is None
+    evicting = cluster.masters()[-1]
+    cluster.client(evicting).config_set("maxmemory", "1gb")
+    cluster.client(evicting).config_set("maxmemory-policy", "volatile-lru")
+    try:
+        assert "maxmemory-policy=volatile-lru" in str(eviction_risk(store.client))
+    finally:
+        cluster.client(evicting).config_set("maxmemory", "0")
 
 
 def test_a_failover_during_a_burst_of_calls_lets_no_duplicate_in(
