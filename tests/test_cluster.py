@@ -122,9 +122,14 @@ def test_asyncio_calls_deduplicate_on_a_cluster(job: Any, cluster: ClusterSet) -
         results = [await job.aapply_async_unique((x,)) for x in args]
         return results + [await job.aapply_async_unique((x,)) for x in args]
 
+    async def looked_up() -> list[dedupe.Holder | None]:
+        return [await dedupe.alookup(job, (x,)) for x in args]
+
     results = asyncio.run(twice())
     assert [r.deduplicated for r in results] == [False] * 3 + [True] * 3
     assert [r.id for r in results[3:]] == [r.id for r in results[:3]]
+    holders = asyncio.run(looked_up())
+    assert [h.task_id if h else None for h in holders] == [r.id for r in results[:3]]
 
 
 def test_a_batch_decides_calls_on_every_master(job: Any, cluster: ClusterSet) -> None:
