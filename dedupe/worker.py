@@ -42,6 +42,7 @@ from .keys import CallKeys, keys_for
 from .liveness import HOST
 from .options import options_for
 from .record import Holder, pack_queued, pack_running
+from .redelivery import horizon, visibility_gap
 from .run import GUARDS_RUNS, NO_RUN, Run, RunSpec, attach, detach, new_token, run_of
 from .runtime import Runtime, installed
 from .store import Lease, Requeue
@@ -53,6 +54,7 @@ __all__ = [
     "on_before_publish",
     "on_postrun",
     "on_prerun",
+    "on_worker_init",
     "on_worker_ready",
     "refuse_uninstalled",
     "requeue_for_message",
@@ -61,6 +63,27 @@ __all__ = [
 ]
 
 logger = logging.getLogger("dedupe.worker")
+
+
+def on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Warn at start when an acks_late task's key would wait for the Redis broker's
+    visibility timeout after a worker dies (:func:`dedupe.redelivery.visibility_gap`)."""
+    app = getattr(sender, "app", None)
+    runtime = installed(app)
+    if app is None or runtime is None:
+        return
+    try:
+        tasks = [
+            (name, options_for(task, name, runtime.config).lease)
+            for name, task in app.tasks.items()
+            if getattr(task, GUARDS_RUNS, False) and task.acks_late
+        ]
+        warning = visibility_gap(app, tasks)
+    except DedupeError as exc:  # a task's options are invalid: its runs will say so
+        logger.debug("no visibility check: %s", exc)
+        return
+    if warning:
+        logger.warning(warning)
 
 
 def on_worker_ready(sender: Any = None, **_: Any) -> None:
@@ -141,9 +164,18 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
     pid = os.getpid()
     now = time.time()
     window = spec.until == "window"
+    record_ttl_ms = _record_ttl_ms(runtime, task, spec)
     try:
         holder = runtime.store.claim(
-            spec.keys, task_id, token, lease_ms, HOST, pid, int(now), keep_record=window
+            spec.keys,
+            task_id,
+            token,
+            lease_ms,
+            HOST,
+            pid,
+            int(now),
+            keep_record=window,
+            record_ttl_ms=record_ttl_ms,
         )
     except RedisUnavailable as exc:
         # The message is consumed already: running it beats losing it.
@@ -161,12 +193,21 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
                 holder.task_id,
             )
         return Run(spec, token, "held", holder=holder)
-    lease = Lease(
-        spec.keys.run, task_id, token, lease_ms, pack_running(task_id, token, HOST, pid, now)
-    )
+    record = pack_running(task_id, token, HOST, pid, now)
+    lease = Lease(spec.keys.run, task_id, token, lease_ms, record, record_ttl_ms)
     runtime.heartbeat.hold(lease, task.name)
     emit(CLAIMED, task.name, task_id, spec.keys.run)
     return Run(spec, token, "claimed", lease=lease)
+
+
+def _record_ttl_ms(runtime: Runtime, task: Any, spec: RunSpec) -> int:
+    """How long the running record outlives each renewal: until the broker delivers the
+    message again, for a run that holds an unacked message (acks_late: a worker killed
+    whole leaves it with the broker); 0, the lease alone, for any other run (its message
+    was acked when received, and a dead run's key is free once its lease is over)."""
+    if not task.acks_late:
+        return 0
+    return milliseconds(horizon(runtime.redis_redelivery, spec.lease, spec.ttl))
 
 
 def refuse_uninstalled(task: Task[Any, Any], task_id: str) -> None:

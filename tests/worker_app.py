@@ -29,6 +29,9 @@ REDIS = os.environ.get("DEDUPE_TEST_REDIS", BROKER)
 PREFIX = os.environ.get("DEDUPE_TEST_PREFIX", "wk")
 QUEUE = os.environ.get("DEDUPE_TEST_QUEUE", "dedupe-prefork")
 LEASE = float(os.environ.get("DEDUPE_TEST_LEASE", "2"))
+#: The Redis broker's visibility timeout, for workers whose test waits for a redelivery
+#: (unset: kombu's hour).
+VISIBILITY = os.environ.get("DEDUPE_TEST_VISIBILITY")
 #: The lease of tasks whose ending is under test (see above).
 ENDING_LEASE = 30.0
 
@@ -43,6 +46,13 @@ app.conf.update(
     worker_hijack_root_logger=False,
     result_expires=600,
 )
+if VISIBILITY:
+    # Restore unacked messages as soon as the timeout has passed (kombu sweeps every 100 s).
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(VISIBILITY),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 dedupe.install(app)
 
 if os.environ.get("DEDUPE_TEST_METRICS_PORT"):

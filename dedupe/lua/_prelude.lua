@@ -2,7 +2,11 @@
 -- A record is a msgpack array (see dedupe/record.py), its state told by its shape:
 --   provisional  {owner, nonce}
 --   queued       {owner, nonce, enqueued_at[, eta]}
---   running      {owner, run token, worker host, worker pid, started_at}
+--   running      {owner, run token, worker host, worker pid, started_at[, lease_ends]}
+-- lease_ends (server time, whole seconds) is in the record of a run whose message the broker
+-- would deliver again if the run died (acks_late): that record outlives the lease, up to the
+-- redelivery, and a run whose lease is over is dead. Without it (and in records of older
+-- versions) the record lives for the lease only, so a record that exists is a live run.
 -- The owner is the task id as dedupe.record.pack_owner packs it; scripts get it packed too.
 
 -- Returns the decoded record stored at key and its raw bytes, or nil when the key is absent.
@@ -16,10 +20,36 @@ end
 
 -- The run token of a running record; nil for a queued one.
 local function run_token(rec)
-  if #rec == 5 then
+  if #rec >= 5 then
     return rec[2]
   end
   return nil
+end
+
+-- The server's clock, whole seconds: leases are judged by Redis's time, never by the hosts'.
+local function server_seconds()
+  if redis.replicate_commands then
+    redis.replicate_commands()  -- (Redis < 5: TIME before a write needs effects replication)
+  end
+  return tonumber(redis.call('TIME')[1])
+end
+
+-- True when rec is a run whose lease is over: its worker died (or stalled past the lease)
+-- and its message waits for the broker to deliver it again.
+local function lease_over(rec, now)
+  return #rec >= 6 and now >= rec[6]
+end
+
+-- The running record rec, with its lease carried inside when the record outlives it, and the
+-- SET that stores it: PX record_ttl_ms (the redelivery horizon) or the lease alone.
+local function store_running(key, rec, lease_ms, record_ttl_ms)
+  if record_ttl_ms > lease_ms then
+    rec[6] = server_seconds() + math.ceil(lease_ms / 1000)
+  else
+    rec[6] = nil
+    record_ttl_ms = lease_ms
+  end
+  redis.call('SET', key, cmsgpack.pack(rec), 'PX', record_ttl_ms)
 end
 
 -- The answer of a script refused because key is held: "<pttl>:<record>", one bulk string

@@ -11,19 +11,27 @@
 -- ARGV[6]  now, whole unix seconds
 -- ARGV[7]  "1": keep this task id's queued record (unique_until="window": the record is the
 --          throttle window, which outlives the run); else it is released as the run starts
+-- ARGV[8]  time to live of the running record, ms: the redelivery horizon of a run whose
+--          message the broker delivers again if the run dies (acks_late); the lease (or
+--          less, or absent) for any other run
 --
 -- Returns
 --   1                    claimed (also when this very run claimed already: a re-sent command)
 --   "<pttl>:<record>"    held: the run key holds another task id (queued or running), or
---                        another run of this task id; its ttl in ms and its record
+--                        another live run of this task id; its ttl in ms and its record
 --
 -- A queued record of another task id is never taken over: its message may have been handed
 -- to callers as the holder of this call, so it must run, and this run is the one guarded.
+-- A run of another task id whose lease is over stands for its message, which the broker
+-- will deliver again: it is held like a queued record. A run of this very task id whose
+-- lease is over is taken over: this is its message, delivered again.
 local id, token = ARGV[1], ARGV[2]
 local run, raw = load_record(KEYS[2])
 if run then
   local running = run_token(run)
-  if run[1] ~= id or (running and running ~= token) then
+  local dead_copy = run[1] == id and running and running ~= token
+    and lease_over(run, server_seconds())
+  if not dead_copy and (run[1] ~= id or (running and running ~= token)) then
     return held(KEYS[2], raw)
   end
 end
@@ -34,5 +42,5 @@ if KEYS[1] ~= KEYS[2] and ARGV[7] ~= '1' then
   end
 end
 local rec = {id, token, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])}
-redis.call('SET', KEYS[2], cmsgpack.pack(rec), 'PX', ARGV[3])
+store_running(KEYS[2], rec, tonumber(ARGV[3]), tonumber(ARGV[8]) or 0)
 return 1
