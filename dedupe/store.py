@@ -108,8 +108,12 @@ class Renewal(enum.IntEnum):
     #: Another task or another run holds the key now; it was left alone.
     LOST = 0
     RENEWED = 1
-    #: The key was gone (Redis restarted, failed over or evicted it) and was re-created.
+    #: The key was gone (Redis restarted, failed over or evicted it) and was re-created; or
+    #: a call accepted since held it, and the run took it back with that call waiting in it.
     RECREATED = 2
+    #: A call accepted since is still being published into the key: the next beat takes it
+    #: back.
+    PENDING = 3
 
 
 class Requeue(enum.IntEnum):

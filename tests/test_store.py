@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from dedupe._redis_server import RedisServer
 from dedupe.keys import CallKeys, call_keys
-from dedupe.record import pack_owner, pack_queued, pack_running, unpack_owner
+from dedupe.record import pack_owner, pack_provisional, pack_queued, pack_running, unpack_owner
 from dedupe.run import new_token
 from dedupe.store import Lease, Store
 
@@ -349,6 +349,81 @@ def test_renew_stops_at_a_record_put_back_to_queued(store: Store, finished: Call
     store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS)
     assert store.renew([lease(finished, "A", "t1")]) == [0]
     assert record(store, finished.call)["state"] == "queued"  # type: ignore[index]
+
+
+# -- a call accepted while a run's key was lost (a Redis restart) -------------------------------
+
+
+def lost_to_a_new_call(store: Store, keys: CallKeys) -> bytes:
+    """A runs; Redis loses its key; B's call is accepted into the empty key; A's heartbeat
+    takes the key back. Returns B's queued record."""
+    claim(store, keys, "A", "t1")
+    store.client.delete(keys.run)
+    queued = enqueue(store, keys, "B")
+    assert store.renew([lease(keys, "A", "t1")]) == [2]
+    return queued
+
+
+def test_renew_takes_the_key_back_from_a_call_accepted_since_with_the_call_waiting_in_it(
+    store: Store, finished: CallKeys
+) -> None:
+    queued = lost_to_a_new_call(store, finished)
+    found = record(store, finished.run)
+    assert found is not None
+    assert (found["id"], found["state"], found["token"]) == ("A", "running", "t1")
+    fields = msgpack.unpackb(store.client.get(finished.run), raw=True)
+    assert fields[6] == queued
+    assert store.client.pttl(finished.run) > LEASE_MS  # as long as B's record would live
+
+
+def test_the_call_waiting_in_a_run_is_held_while_the_run_lives(
+    store: Store, finished: CallKeys
+) -> None:
+    lost_to_a_new_call(store, finished)
+    holder = claim(store, finished, "B", "t2")
+    assert holder is not None
+    assert holder.task_id == "A"  # type: ignore[attr-defined]
+
+
+def test_the_end_of_the_run_gives_the_key_to_the_call_waiting_in_it(
+    store: Store, finished: CallKeys
+) -> None:
+    queued = lost_to_a_new_call(store, finished)
+    assert store.release(finished, "A", "t1") == 1
+    assert store.client.get(finished.call) == queued
+    assert store.client.pttl(finished.call) > LEASE_MS
+    assert claim(store, finished, "B", "t2") is None
+
+
+def test_the_call_waiting_in_a_dead_run_claims_the_key(store: Store, finished: CallKeys) -> None:
+    queued = lost_to_a_new_call(store, finished)
+    fields = msgpack.unpackb(store.client.get(finished.run), raw=True)
+    fields[5] = server_seconds(store) - 1  # A's lease is over: its worker died
+    store.client.set(finished.run, msgpack.packb(fields, use_bin_type=False), px=TTL_MS)
+    holder = claim(store, finished, "C", "t3")
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("B", "queued")  # type: ignore[attr-defined]
+    assert claim(store, finished, "B", "t2") is None
+    assert queued != store.client.get(finished.run)
+
+
+def test_a_cancelled_call_no_longer_waits_in_the_run(store: Store, finished: CallKeys) -> None:
+    lost_to_a_new_call(store, finished)
+    assert store.cancel(finished, "B") is True
+    assert record(store, finished.run)["id"] == "A"  # type: ignore[index]
+    assert store.release(finished, "A", "t1") == 1
+    assert store.client.exists(finished.run) == 0
+
+
+def test_renew_waits_for_a_call_being_published_into_the_lost_key(
+    store: Store, finished: CallKeys
+) -> None:
+    claim(store, finished, "A", "t1")
+    store.client.delete(finished.run)
+    provisional = pack_provisional("B", 1)
+    store.client.set(finished.run, provisional, px=TTL_MS)
+    assert store.renew([lease(finished, "A", "t1")]) == [3]
+    assert store.client.get(finished.run) == provisional
 
 
 def test_renew_of_several_leases_is_one_pipeline(store: Store, finished: CallKeys) -> None:

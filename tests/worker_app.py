@@ -26,6 +26,8 @@ from .helpers import RunLog
 
 BROKER = os.environ.get("DEDUPE_TEST_BROKER", "redis://127.0.0.1:6379/0")
 REDIS = os.environ.get("DEDUPE_TEST_REDIS", BROKER)
+#: The dedup store: REDIS, unless a test gives the worker one of its own (to restart it).
+STORE = os.environ.get("DEDUPE_TEST_STORE", REDIS)
 PREFIX = os.environ.get("DEDUPE_TEST_PREFIX", "wk")
 QUEUE = os.environ.get("DEDUPE_TEST_QUEUE", "dedupe-prefork")
 LEASE = float(os.environ.get("DEDUPE_TEST_LEASE", "2"))
@@ -38,7 +40,7 @@ ENDING_LEASE = 30.0
 app = Celery("worker_app", broker=BROKER, backend=REDIS)
 app.conf.update(
     task_default_queue=QUEUE,
-    dedupe_redis_url=REDIS,
+    dedupe_redis_url=STORE,
     dedupe_key_prefix=PREFIX,
     dedupe_default_lease=LEASE,
     broker_connection_retry_on_startup=True,

@@ -24,15 +24,23 @@
 -- to callers as the holder of this call, so it must run, and this run is the one guarded.
 -- A run of another task id whose lease is over stands for its message, which the broker
 -- will deliver again: it is held like a queued record. A run of this very task id whose
--- lease is over is taken over: this is its message, delivered again.
+-- lease is over is taken over: this is its message, delivered again. A dead run with a call
+-- waiting in it (see successor()) is that call's queued record for every other task id.
 local id, token = ARGV[1], ARGV[2]
 local run, raw = load_record(KEYS[2])
+local waiting = nil
 if run then
   local running = run_token(run)
-  local dead_copy = run[1] == id and running and running ~= token
-    and lease_over(run, server_seconds())
-  if not dead_copy and (run[1] ~= id or (running and running ~= token)) then
+  local dead = running and running ~= token and lease_over(run, server_seconds())
+  if dead and run[1] ~= id and successor(run) then
+    raw = successor(run)
+    run, running = cmsgpack.unpack(raw), nil
+  end
+  if run[1] ~= id or (running and running ~= token and not dead) then
     return held(KEYS[2], raw)
+  end
+  if running then
+    waiting = successor(run)  -- (this run's own record, or its dead copy's: the call waits on)
   end
 end
 if KEYS[1] ~= KEYS[2] and ARGV[7] ~= '1' then
@@ -42,5 +50,8 @@ if KEYS[1] ~= KEYS[2] and ARGV[7] ~= '1' then
   end
 end
 local rec = {id, token, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])}
+if waiting then
+  rec[6], rec[7] = 0, waiting  -- (rec[6]: store_running writes the lease)
+end
 store_running(KEYS[2], rec, tonumber(ARGV[3]), tonumber(ARGV[8]) or 0)
 return 1
