@@ -35,6 +35,7 @@ from celery.exceptions import Ignore, Retry
 
 from .checks import eviction_risk
 from .config import SettingReader
+from .deferral import DEFERRALS, backoff, deferrals_of
 from .errors import DedupeError, KeyDerivationError, NotInstalled, RedisUnavailable
 from .events import CLAIMED, DEFERRED, RELEASED, SKIPPED, UNAVAILABLE, emit
 from .header import KeyHeader, is_publishing
@@ -44,7 +45,7 @@ from .options import options_for
 from .record import Holder, pack_queued, pack_running
 from .redelivery import horizon, visibility_gap
 from .run import GUARDS_RUNS, NO_RUN, Run, RunSpec, attach, detach, new_token, run_of
-from .runtime import Runtime, installed
+from .runtime import Runtime, installed, runtime_of
 from .store import Lease, Requeue
 from .timing import milliseconds, seconds_until
 
@@ -262,23 +263,40 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
         # after the current run, a canvas member must not cut its workflow, a message the producer
         # accepted may be some caller's holder (a skip would leave its .get() hanging), and
         # a copy of the holder's own task id may be the only copy left if the holder died.
+        # Each deferral of a message waits twice as long as the one before, up to the cap,
+        # and a message gives up after max_deferrals (a holder that never lets go).
         key = spec.keys.run
-        emit(DEFERRED, task.name, task_id, key, holder, countdown=spec.running_countdown)
-        _defer(task, request, spec.running_countdown)
+        config = runtime_of(task.app).config
+        deferrals = deferrals_of(getattr(request, "headers", None))
+        if deferrals < config.max_deferrals:
+            countdown = backoff(spec.running_countdown, deferrals, config.deferral_cap)
+            deferral = deferrals + 1
+            emit(DEFERRED, task.name, task_id, key, holder, countdown=countdown, deferral=deferral)
+            _defer(task, request, countdown, deferral)
+        logger.warning(
+            "%s[%s] gives up after %d deferrals: %s is still %s (dedupe_max_deferrals)",
+            task.name,
+            task_id,
+            deferrals,
+            holder.task_id,
+            holder.state,
+        )
+        reason = f"gave up after {deferrals} deferrals (dedupe_max_deferrals)"
+    else:
+        reason = "on_running='skip'"
     emit(SKIPPED, task.name, task_id, spec.keys.run, holder)
-    _store_skipped(task, request, task_id, holder)
+    _store_skipped(task, request, task_id, holder, reason)
     raise Ignore()
 
 
-def _store_skipped(task: Task[Any, Any], request: Any, task_id: str, holder: Holder) -> None:
+def _store_skipped(
+    task: Task[Any, Any], request: Any, task_id: str, holder: Holder, why: str
+) -> None:
     # A skip stores its end, so the caller's .get() raises (TaskRevokedError naming the
     # holder) instead of waiting on PENDING forever.
     if request.ignore_result or getattr(task, "ignore_result", False):
         return
-    reason = (
-        f"skipped: {task.name}[{holder.task_id}] is {holder.state} with the same key "
-        "(on_running='skip')"
-    )
+    reason = f"skipped: {task.name}[{holder.task_id}] is {holder.state} with the same key ({why})"
     try:
         task.backend.mark_as_revoked(task_id, reason, request=request)
     except Exception as exc:  # a result store that fails is no reason to run the task
@@ -287,10 +305,12 @@ def _store_skipped(task: Task[Any, Any], request: Any, task_id: str, holder: Hol
         )
 
 
-def _defer(task: Task[Any, Any], request: Any, countdown: float) -> NoReturn:
+def _defer(task: Task[Any, Any], request: Any, countdown: float, deferral: int) -> NoReturn:
     # Like task.retry(), but a deferral does not count as a retry: the task's own
-    # max_retries is left for its own failures.
+    # max_retries is left for its own failures. The message counts its deferrals itself.
     signature = task.signature_from_request(request, countdown=countdown)
+    headers = signature.options.get("headers") or {}
+    signature.options["headers"] = {**headers, DEFERRALS: deferral}
     signature.apply_async()
     # (celery-types wants numbers.Real for `when`, which a float is but mypy cannot see.)
     raise Retry(when=cast("Any", countdown), sig=signature)
