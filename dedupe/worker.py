@@ -75,9 +75,11 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
         return
     try:
         tasks = [
-            (name, options_for(task, name, runtime.config).lease)
+            (name, options.lease)
             for name, task in app.tasks.items()
             if getattr(task, GUARDS_RUNS, False) and task.acks_late
+            for options in (options_for(task, name, runtime.config),)
+            if options.until == "finished"
         ]
         warning = visibility_gap(app, tasks)
     except DedupeError as exc:  # a task's options are invalid: its runs will say so
@@ -205,8 +207,11 @@ def _record_ttl_ms(runtime: Runtime, task: Any, spec: RunSpec) -> int:
     """How long the running record outlives each renewal: until the broker delivers the
     message again, for a run that holds an unacked message (acks_late: a worker killed
     whole leaves it with the broker); 0, the lease alone, for any other run (its message
-    was acked when received, and a dead run's key is free once its lease is over)."""
-    if not task.acks_late:
+    was acked when received, and a dead run's key is free once its lease is over). Only
+    with unique_until="finished": the other modes' run lock is a mutex alone (their calls
+    are accepted during a run by design), and holding it for a redelivery would only make
+    the calls queued behind it wait out the broker's timeout."""
+    if not task.acks_late or spec.until != "finished":
         return 0
     return milliseconds(horizon(runtime.redis_redelivery, spec.lease, spec.ttl))
 
