@@ -184,3 +184,52 @@ def test_a_worker_on_rabbitmq_gives_no_visibility_warning(
     with worker_warnings() as warnings, in_process_worker(app):
         pass
     assert not [message for message in warnings if "visibility_timeout" in message]
+
+
+def record_ttl_while_running(app: Celery, task: Any, key: Callable[[Any], str]) -> int:
+    """The ttl, in ms, of a run's record while it runs (an in-process worker)."""
+    client = redis.Redis.from_url(app.conf.dedupe_redis_url)
+    try:
+        with in_process_worker(app):
+            result = task.delay(1)
+            name = key(result)
+            wait_for(lambda: client.exists(name) and dedupe.lookup(task, (1,)).state == "running")
+            ttl = int(client.pttl(name))
+            result.get(timeout=10)
+        return ttl
+    finally:
+        client.close()
+
+
+def test_an_acks_late_runs_record_outlives_its_lease_on_rabbitmq_for_unique_ttl(
+    make_app: Callable[..., Celery], rabbitmq_url: str
+) -> None:
+    app = make_app(broker=rabbitmq_url)
+
+    @app.task(base=dedupe.DedupeTask, unique=True, acks_late=True, unique_lease=5, shared=False)
+    def slow(x: int) -> None:
+        time.sleep(1)
+
+    ttl = record_ttl_while_running(app, slow, lambda result: result.keys.run)
+    assert 5_000 < ttl <= 3_600_000
+
+
+def test_a_started_mode_run_lock_lives_for_its_lease_even_under_acks_late(
+    make_app: Callable[..., Celery],
+) -> None:
+    # The run lock of unique_until="started" is a mutex alone: a redelivery need not hold it.
+    app = make_app()
+
+    @app.task(
+        base=dedupe.DedupeTask,
+        unique=True,
+        unique_until="started",
+        acks_late=True,
+        unique_lease=5,
+        shared=False,
+    )
+    def slow_started(x: int) -> None:
+        time.sleep(1)
+
+    ttl = record_ttl_while_running(app, slow_started, lambda result: result.keys.run)
+    assert ttl <= 5_000
