@@ -286,12 +286,26 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
             holder.task_id,
             holder.state,
         )
+        _free_given_up(runtime_of(task.app), task.name, task_id, spec)
         reason = f"gave up after {deferrals} deferrals (dedupe_max_deferrals)"
     else:
         reason = "on_running='skip'"
     emit(SKIPPED, task.name, task_id, spec.keys.run, holder)
     _store_skipped(task, request, task_id, holder, reason)
     raise Ignore()
+
+
+def _free_given_up(runtime: Runtime, task_name: str, task_id: str, spec: RunSpec) -> None:
+    # A message that gives up never runs: its queued record (started mode: a call accepted
+    # during a run; or a call waiting in a run's record) would answer calls for its ttl with a
+    # task that is over. A throttle window's record stays: it is the window.
+    if spec.until == "window":
+        return
+    try:
+        runtime.store.cancel(spec.keys, task_id)
+    except RedisUnavailable as exc:
+        action = "gave up and its key was not freed (its ttl frees it)"
+        emit(UNAVAILABLE, task_name, task_id, spec.keys.call, action=action, error=exc.cause)
 
 
 def _store_skipped(

@@ -8,6 +8,7 @@ In-process workers; the holder is a call queued for later, which holds its key t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -101,3 +102,29 @@ def test_each_deferral_is_logged_naming_the_holder(make_app: Callable[..., Celer
         f"{head} (deferral 1, tries again in 0.1s)",
         f"{head} (deferral 2, tries again in 0.2s)",
     ]
+
+
+def test_a_call_that_gives_up_waiting_frees_its_key(make_app: Callable[..., Celery]) -> None:
+    # unique_until="started": a call made during a run is accepted and queued; if it gives up
+    # waiting for the run, its queued record must not answer later calls for its whole ttl.
+    app = make_app(dedupe_max_deferrals=2, dedupe_deferral_cap=0.2)
+
+    @app.task(
+        shared=False,
+        base=dedupe.DedupeTask,
+        unique=True,
+        unique_until="started",
+        on_running_countdown=0.1,
+    )
+    def report(day: str, seconds: float) -> None:
+        time.sleep(seconds)
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        first = report.delay("mon", 4)
+        wait_for(lambda: (h := dedupe.lookup(report, ("mon", 4))) and h.state == "running")
+        waiting = report.delay("mon", 4)
+        assert waiting.deduplicated is False
+        with pytest.raises(TaskRevokedError, match="gave up after 2"):
+            waiting.get(timeout=10)
+        assert report.delay("mon", 4).deduplicated is False  # the call that gave up holds nothing
+        first.get(timeout=10)
