@@ -77,6 +77,9 @@ def test_a_killed_worker_keeps_the_key_of_an_acks_late_message_until_redis_redel
         assert again.id == result.id
         second.start()  # restores the message once the visibility timeout is over
         assert result.get(timeout=VISIBILITY + 20) == tag
+        # (The result is stored before the run's end frees the key: a worker stopped in
+        # between would leave the message unacked, and its key rightly held.)
+        wait_for(lambda: dedupe.lookup(task, (tag, 30)) is None, message="the run freed its key")
     finally:
         first.stop()
         second.stop()
@@ -134,6 +137,7 @@ def test_a_killed_worker_keeps_the_key_of_an_acks_late_message_rabbitmq_gives_ba
         assert again.id == result.id
         second.start()
         assert result.get(timeout=20) == tag
+        wait_for(lambda: dedupe.lookup(redelivered, (tag, 30)) is None, message="key freed")
     finally:
         first.stop()
         second.stop()
