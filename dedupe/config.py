@@ -18,6 +18,10 @@ dedupe_provisional_ttl     seconds the record of a call being           20
                            published lives until the publish returns
 dedupe_call_budget         seconds a call may wait on Redis in all,     3
                            retries included (0: no limit but theirs)
+dedupe_deferral_cap        the longest wait between two tries of a run  30
+                           that met its key held (the wait doubles)
+dedupe_max_deferrals       deferrals of one message before it gives up  100
+                           (its result: revoked, naming the holder)
 =========================  ===========================================  =====================
 
 Django projects that load settings with ``namespace="CELERY"`` spell them
@@ -58,6 +62,8 @@ class DedupeConfig:
     busy_poll: float = defaults.BUSY_POLL_US / 1e6
     provisional_ttl: float = defaults.PROVISIONAL_TTL
     call_budget: float = defaults.CALL_BUDGET
+    deferral_cap: float = defaults.DEFERRAL_CAP
+    max_deferrals: int = defaults.MAX_DEFERRALS
 
     @classmethod
     def from_app(cls, app: Celery) -> DedupeConfig:
@@ -107,6 +113,14 @@ class DedupeConfig:
                 "dedupe_provisional_ttl",
                 _setting(conf, "dedupe_provisional_ttl", defaults.PROVISIONAL_TTL),
             ),
+            deferral_cap=positive_seconds(
+                "dedupe_deferral_cap",
+                _setting(conf, "dedupe_deferral_cap", defaults.DEFERRAL_CAP),
+            ),
+            max_deferrals=_count(
+                "dedupe_max_deferrals",
+                _setting(conf, "dedupe_max_deferrals", defaults.MAX_DEFERRALS),
+            ),
         )
 
 
@@ -115,6 +129,12 @@ def positive_seconds(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigurationError(f"{name} must be a positive number of seconds; got {value!r}")
     return float(value)
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{name} must be a whole number, 1 or more; got {value!r}")
+    return value
 
 
 def _budget(seconds: Any) -> float:

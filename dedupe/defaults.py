@@ -15,8 +15,10 @@ __all__ = [
     "CALL_BUDGET",
     "CLIENT_OPTIONS",
     "DECIDE_FIRST_ABOVE",
+    "DEFERRAL_CAP",
     "KEY_PREFIX",
     "LEASE",
+    "MAX_DEFERRALS",
     "ON_REDIS_ERROR",
     "PROVISIONAL_TTL",
     "RATE_WEIGHT",
@@ -35,9 +37,14 @@ TTL: Final = 3600.0
 #: Seconds a run holds its key between heartbeats (``dedupe_default_lease``, ``unique_lease``):
 #: how long a killed worker's key outlives it.
 LEASE: Final = 60.0
-#: Seconds before a run that met a live run of its key is tried again
-#: (``on_running_countdown``).
-RUNNING_COUNTDOWN: Final = 2.0
+#: Seconds before a run that met a live run of its key is tried again the first time
+#: (``on_running_countdown``); each further deferral of its message waits twice as long.
+RUNNING_COUNTDOWN: Final = 0.5
+#: The longest wait between two tries of a deferred run (``dedupe_deferral_cap``).
+DEFERRAL_CAP: Final = 30.0
+#: Deferrals of one message before it gives up (``dedupe_max_deferrals``): its result is
+#: stored as revoked, naming the holder. About 48 minutes with the defaults.
+MAX_DEFERRALS: Final = 100
 #: Seconds a provisional record lives (``dedupe_provisional_ttl``): the record of a call
 #: whose message is being published, made durable once the publish returns. Covers a slow
 #: publish (kombu's default retry policy gives up within a few seconds); a producer killed

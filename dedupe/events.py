@@ -65,8 +65,9 @@ call_accepted = _signal("call_accepted", "path")
 call_deduplicated = _signal("call_deduplicated")
 #: A run claimed its key at start: it now holds it, under a heartbeat lease.
 run_claimed = _signal("run_claimed")
-#: A run found its key held by ``holder`` and was sent again for ``countdown`` seconds later.
-run_deferred = _signal("run_deferred", "countdown")
+#: A run found its key held by ``holder`` and was sent again for ``countdown`` seconds later;
+#: ``deferral`` counts the deferrals of its message (the countdown doubles with each).
+run_deferred = _signal("run_deferred", "countdown", "deferral")
 #: A run found its key held by ``holder`` and was skipped (``on_running="skip"``).
 run_skipped = _signal("run_skipped")
 #: A run ended and freed its key.
@@ -123,7 +124,7 @@ DEFERRED = Event(
     _runs,
     logging.INFO,
     "%(task_name)s[%(task_id)s] waits: %(holder_id)s is %(holder_state)s "
-    "(tries again in %(countdown).0fs)",
+    "(deferral %(deferral)d, tries again in %(countdown).1fs)",
 )
 SKIPPED = Event(
     "run_skipped",

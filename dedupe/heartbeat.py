@@ -132,4 +132,5 @@ class Heartbeat:
                 continue
             if renewal is Renewal.RECREATED:
                 emit(RECREATED, held.task_name, lease.task_id, lease.key)
+            # (PENDING: a call is being published into the key; the next beat takes it back.)
             held.schedule()

@@ -9,6 +9,7 @@ before_task_publish    :func:`dedupe.worker.on_before_publish`   a run (a retry 
 before_task_publish    :func:`dedupe.prefork_parent.on_before_publish`  prefork parent
 task_failure           :func:`dedupe.prefork_parent.on_failure`  prefork parent
 task_revoked           :func:`dedupe.prefork_parent.on_revoked`  prefork parent
+worker_init            :func:`dedupe.worker.on_worker_init`      the worker
 worker_ready           :func:`dedupe.worker.on_worker_ready`     the worker
 =====================  ======================================  ================================
 """
@@ -56,6 +57,7 @@ def connect() -> None:
             (signals.before_task_publish, prefork_parent.on_before_publish, "parent_publish"),
             (signals.task_failure, prefork_parent.on_failure, "failure"),
             (signals.task_revoked, prefork_parent.on_revoked, "revoked"),
+            (signals.worker_init, worker.on_worker_init, "init"),
             (signals.worker_ready, worker.on_worker_ready, "ready"),
         )
         for signal, handler, name in connections:

@@ -7,8 +7,16 @@ The state is told by the shape, so no field names and no state field are stored:
 ===========  ==============================================================================
 provisional  ``[owner, nonce]``: accepted, its message being published (a short TTL)
 queued       ``[owner, nonce, enqueued_at]``, or ``[..., eta]`` for a countdown/eta call
-running      ``[owner, run token, worker host, worker pid, started_at]``
+running      ``[owner, run token, worker host, worker pid, started_at[, lease_ends[, next]]]``
 ===========  ==============================================================================
+
+``lease_ends`` (the dedup Redis's clock, whole seconds) is written by the scripts into the
+record of a run whose message the broker would deliver again if the run died (``acks_late``):
+that record lives up to the redelivery, and its lease says whether the run is alive. Records
+without it (any other run, and records of older versions) live for the lease only. ``next``
+is the queued record of a call accepted while the run's key was lost (a Redis restart or
+failover): the run's heartbeat took the key back with that call waiting in it, and the key
+goes to the call when the run ends.
 
 The nonce is a random number drawn once per call: a command that redis-py sends again after a
 timeout carries the same record, a second call never does (not even one with the same explicit
@@ -49,6 +57,10 @@ _pack = shared_pack(use_bin_type=False)
 _UUID = b"\xff"
 _UUID_LENGTH = 1 + 16
 _RUNNING_LENGTH = 5
+_RUNNING_WITH_LEASE_LENGTH = 6
+_RUNNING_WITH_NEXT_LENGTH = 7
+#: lease_ends and next, for a running record that ends before them.
+_RUNNING_DEFAULTS = (0, b"")
 _PROVISIONAL_LENGTH = 2
 _NUMBERS = (int, float)
 
@@ -161,9 +173,14 @@ class Holder:
 
 
 def _running(key: str, fields: tuple[object, ...], ttl: float | None) -> Holder | None:
-    owner, token, host, pid, started_at = fields
+    owner, token, host, pid, started_at, *optional = fields
+    # (older records end at started_at; lease_ends and next are each checked when present)
+    padded: list[object] = [*optional, *_RUNNING_DEFAULTS[len(optional) :]]
+    lease_ends, waiting = padded
     if (
-        type(owner) is bytes
+        type(lease_ends) in _NUMBERS
+        and type(waiting) is bytes
+        and type(owner) is bytes
         and type(token) is bytes
         and type(host) is bytes
         and type(pid) is int
@@ -195,4 +212,11 @@ def _queued(key: str, fields: tuple[object, ...], ttl: float | None) -> Holder |
     return None
 
 
-_READERS = {_RUNNING_LENGTH: _running, _PROVISIONAL_LENGTH: _provisional, 3: _queued, 4: _queued}
+_READERS = {
+    _RUNNING_LENGTH: _running,
+    _RUNNING_WITH_LEASE_LENGTH: _running,
+    _RUNNING_WITH_NEXT_LENGTH: _running,
+    _PROVISIONAL_LENGTH: _provisional,
+    3: _queued,
+    4: _queued,
+}

@@ -22,6 +22,7 @@ from .clients import sync_client
 from .config import DedupeConfig
 from .errors import NotInstalled
 from .heartbeat import Heartbeat
+from .redelivery import is_redis_broker, redis_redelivery
 from .store import Store
 
 __all__ = ["Runtime", "add_runtime", "installed", "runtime_of"]
@@ -42,6 +43,7 @@ class Runtime:
             weakref.WeakKeyDictionary()
         )
         self._broker_is_store: bool | None = None
+        self._redelivery: tuple[float | None] | None = None
         #: Per task name: the share of its recent calls that were duplicates.
         self.duplicate_share: dict[str, float] = {}
 
@@ -61,6 +63,15 @@ class Runtime:
                 redis_transport and store is not None and _same_address(broker, store)
             )
         return self._broker_is_store
+
+    @property
+    def redis_redelivery(self) -> float | None:
+        """On a Redis broker, the seconds until it gives back the unacked message of a dead
+        worker (:func:`dedupe.redelivery.redis_redelivery`); None on any other broker."""
+        if self._redelivery is None:
+            redis_broker = is_redis_broker(self.app)
+            self._redelivery = (redis_redelivery(self.app) if redis_broker else None,)
+        return self._redelivery[0]
 
     def count_call(self, task_name: str, duplicate: bool) -> None:
         """Fold one call's verdict into the task's duplicate share."""

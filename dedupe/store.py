@@ -111,8 +111,12 @@ class Renewal(enum.IntEnum):
     #: Another task or another run holds the key now; it was left alone.
     LOST = 0
     RENEWED = 1
-    #: The key was gone (Redis restarted, failed over or evicted it) and was re-created.
+    #: The key was gone (Redis restarted, failed over or evicted it) and was re-created; or
+    #: a call accepted since held it, and the run took it back with that call waiting in it.
     RECREATED = 2
+    #: A call accepted since is still being published into the key: the next beat takes it
+    #: back.
+    PENDING = 3
 
 
 class Requeue(enum.IntEnum):
@@ -216,10 +220,19 @@ class Lease:
     lease_ms: int
     #: The running record, to re-create the key if Redis lost it.
     record: bytes
+    #: How long the record lives past each renewal: the redelivery horizon of a run whose
+    #: message the broker would deliver again if it died; 0 (the lease) for any other run.
+    record_ttl_ms: int = 0
 
     def args(self) -> list[Any]:
         """renew.lua's ARGV."""
-        return [pack_owner(self.task_id), self.token, self.lease_ms, self.record]
+        return [
+            pack_owner(self.task_id),
+            self.token,
+            self.lease_ms,
+            self.record,
+            self.record_ttl_ms,
+        ]
 
 
 class Store:
@@ -372,14 +385,18 @@ class Store:
         now: int,
         *,
         keep_record: bool = False,
+        record_ttl_ms: int = 0,
     ) -> Holder | None:
         """Start a run. None: claimed; a Holder: another run is live on the key.
-        ``keep_record``: leave the call's queued record in place (a throttle window)."""
+        ``keep_record``: leave the call's queued record in place (a throttle window).
+        ``record_ttl_ms``: keep the running record this long past each renewal, its lease
+        carried inside (a run whose message the broker would deliver again); 0: the lease."""
+        keep = 1 if keep_record else 0
         with reraise_unavailable("claim", keys.call):
             reply = self._run(
                 self._claim,
                 [keys.call, keys.run],
-                [pack_owner(task_id), token, lease_ms, host, pid, now, 1 if keep_record else 0],
+                [pack_owner(task_id), token, lease_ms, host, pid, now, keep, record_ttl_ms],
             )
         return read_claim(keys.run, reply)
 

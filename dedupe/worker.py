@@ -35,6 +35,7 @@ from celery.exceptions import Ignore, Retry
 
 from .checks import eviction_risk
 from .config import SettingReader
+from .deferral import DEFERRALS, backoff, deferrals_of
 from .errors import DedupeError, KeyDerivationError, NotInstalled, RedisUnavailable
 from .events import CLAIMED, DEFERRED, RELEASED, SKIPPED, UNAVAILABLE, emit
 from .header import KeyHeader, is_publishing
@@ -42,8 +43,9 @@ from .keys import CallKeys, keys_for
 from .liveness import HOST
 from .options import options_for
 from .record import Holder, pack_queued, pack_running
+from .redelivery import horizon, visibility_gap
 from .run import GUARDS_RUNS, NO_RUN, Run, RunSpec, attach, detach, new_token, run_of
-from .runtime import Runtime, installed
+from .runtime import Runtime, installed, runtime_of
 from .store import Lease, Requeue
 from .timing import milliseconds, seconds_until
 
@@ -53,6 +55,7 @@ __all__ = [
     "on_before_publish",
     "on_postrun",
     "on_prerun",
+    "on_worker_init",
     "on_worker_ready",
     "refuse_uninstalled",
     "requeue_for_message",
@@ -61,6 +64,29 @@ __all__ = [
 ]
 
 logger = logging.getLogger("dedupe.worker")
+
+
+def on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Warn at start when an acks_late task's key would wait for the Redis broker's
+    visibility timeout after a worker dies (:func:`dedupe.redelivery.visibility_gap`)."""
+    app = getattr(sender, "app", None)
+    runtime = installed(app)
+    if app is None or runtime is None:
+        return
+    try:
+        tasks = [
+            (name, options.lease)
+            for name, task in app.tasks.items()
+            if getattr(task, GUARDS_RUNS, False) and task.acks_late
+            for options in (options_for(task, name, runtime.config),)
+            if options.until == "finished"
+        ]
+        warning = visibility_gap(app, tasks)
+    except DedupeError as exc:  # a task's options are invalid: its runs will say so
+        logger.debug("no visibility check: %s", exc)
+        return
+    if warning:
+        logger.warning(warning)
 
 
 def on_worker_ready(sender: Any = None, **_: Any) -> None:
@@ -141,9 +167,18 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
     pid = os.getpid()
     now = time.time()
     window = spec.until == "window"
+    record_ttl_ms = _record_ttl_ms(runtime, task, spec)
     try:
         holder = runtime.store.claim(
-            spec.keys, task_id, token, lease_ms, HOST, pid, int(now), keep_record=window
+            spec.keys,
+            task_id,
+            token,
+            lease_ms,
+            HOST,
+            pid,
+            int(now),
+            keep_record=window,
+            record_ttl_ms=record_ttl_ms,
         )
     except RedisUnavailable as exc:
         # The message is consumed already: running it beats losing it.
@@ -161,12 +196,24 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
                 holder.task_id,
             )
         return Run(spec, token, "held", holder=holder)
-    lease = Lease(
-        spec.keys.run, task_id, token, lease_ms, pack_running(task_id, token, HOST, pid, now)
-    )
+    record = pack_running(task_id, token, HOST, pid, now)
+    lease = Lease(spec.keys.run, task_id, token, lease_ms, record, record_ttl_ms)
     runtime.heartbeat.hold(lease, task.name)
     emit(CLAIMED, task.name, task_id, spec.keys.run)
     return Run(spec, token, "claimed", lease=lease)
+
+
+def _record_ttl_ms(runtime: Runtime, task: Any, spec: RunSpec) -> int:
+    """How long the running record outlives each renewal: until the broker delivers the
+    message again, for a run that holds an unacked message (acks_late: a worker killed
+    whole leaves it with the broker); 0, the lease alone, for any other run (its message
+    was acked when received, and a dead run's key is free once its lease is over). Only
+    with unique_until="finished": the other modes' run lock is a mutex alone (their calls
+    are accepted during a run by design), and holding it for a redelivery would only make
+    the calls queued behind it wait out the broker's timeout."""
+    if not task.acks_late or spec.until != "finished":
+        return 0
+    return milliseconds(horizon(runtime.redis_redelivery, spec.lease, spec.ttl))
 
 
 def refuse_uninstalled(task: Task[Any, Any], task_id: str) -> None:
@@ -221,23 +268,54 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
         # after the current run, a canvas member must not cut its workflow, a message the producer
         # accepted may be some caller's holder (a skip would leave its .get() hanging), and
         # a copy of the holder's own task id may be the only copy left if the holder died.
+        # Each deferral of a message waits twice as long as the one before, up to the cap,
+        # and a message gives up after max_deferrals (a holder that never lets go).
         key = spec.keys.run
-        emit(DEFERRED, task.name, task_id, key, holder, countdown=spec.running_countdown)
-        _defer(task, request, spec.running_countdown)
+        config = runtime_of(task.app).config
+        deferrals = deferrals_of(getattr(request, "headers", None))
+        if deferrals < config.max_deferrals:
+            countdown = backoff(spec.running_countdown, deferrals, config.deferral_cap)
+            deferral = deferrals + 1
+            emit(DEFERRED, task.name, task_id, key, holder, countdown=countdown, deferral=deferral)
+            _defer(task, request, countdown, deferral)
+        logger.warning(
+            "%s[%s] gives up after %d deferrals: %s is still %s (dedupe_max_deferrals)",
+            task.name,
+            task_id,
+            deferrals,
+            holder.task_id,
+            holder.state,
+        )
+        _free_given_up(runtime_of(task.app), task.name, task_id, spec)
+        reason = f"gave up after {deferrals} deferrals (dedupe_max_deferrals)"
+    else:
+        reason = "on_running='skip'"
     emit(SKIPPED, task.name, task_id, spec.keys.run, holder)
-    _store_skipped(task, request, task_id, holder)
+    _store_skipped(task, request, task_id, holder, reason)
     raise Ignore()
 
 
-def _store_skipped(task: Task[Any, Any], request: Any, task_id: str, holder: Holder) -> None:
+def _free_given_up(runtime: Runtime, task_name: str, task_id: str, spec: RunSpec) -> None:
+    # A message that gives up never runs: its queued record (started mode: a call accepted
+    # during a run; or a call waiting in a run's record) would answer calls for its ttl with a
+    # task that is over. A throttle window's record stays: it is the window.
+    if spec.until == "window":
+        return
+    try:
+        runtime.store.cancel(spec.keys, task_id)
+    except RedisUnavailable as exc:
+        action = "gave up and its key was not freed (its ttl frees it)"
+        emit(UNAVAILABLE, task_name, task_id, spec.keys.call, action=action, error=exc.cause)
+
+
+def _store_skipped(
+    task: Task[Any, Any], request: Any, task_id: str, holder: Holder, why: str
+) -> None:
     # A skip stores its end, so the caller's .get() raises (TaskRevokedError naming the
     # holder) instead of waiting on PENDING forever.
     if request.ignore_result or getattr(task, "ignore_result", False):
         return
-    reason = (
-        f"skipped: {task.name}[{holder.task_id}] is {holder.state} with the same key "
-        "(on_running='skip')"
-    )
+    reason = f"skipped: {task.name}[{holder.task_id}] is {holder.state} with the same key ({why})"
     try:
         task.backend.mark_as_revoked(task_id, reason, request=request)
     except Exception as exc:  # a result store that fails is no reason to run the task
@@ -246,10 +324,12 @@ def _store_skipped(task: Task[Any, Any], request: Any, task_id: str, holder: Hol
         )
 
 
-def _defer(task: Task[Any, Any], request: Any, countdown: float) -> NoReturn:
+def _defer(task: Task[Any, Any], request: Any, countdown: float, deferral: int) -> NoReturn:
     # Like task.retry(), but a deferral does not count as a retry: the task's own
-    # max_retries is left for its own failures.
+    # max_retries is left for its own failures. The message counts its deferrals itself.
     signature = task.signature_from_request(request, countdown=countdown)
+    headers = signature.options.get("headers") or {}
+    signature.options["headers"] = {**headers, DEFERRALS: deferral}
     signature.apply_async()
     # (celery-types wants numbers.Real for `when`, which a float is but mypy cannot see.)
     raise Retry(when=cast("Any", countdown), sig=signature)

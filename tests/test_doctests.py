@@ -18,6 +18,7 @@ RUNNABLE = [
     "dedupe.canonical",
     "dedupe.clients",
     "dedupe.config",
+    "dedupe.deferral",
     "dedupe.header",
     "dedupe.inventory",
     "dedupe.keys",

@@ -248,6 +248,7 @@ def test_every_event_has_a_signal_a_family_logger_and_a_line_that_formats() -> N
         "what": "freed",
         "path": "one-step",
         "countdown": 2.0,
+        "deferral": 1,
         "action": "ran unguarded",
         "error": "down",
     }

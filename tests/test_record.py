@@ -72,6 +72,17 @@ def test_a_running_record_reads_back_as_a_running_holder() -> None:
     )
 
 
+def test_a_running_record_with_its_lease_inside_reads_back_as_a_running_holder() -> None:
+    # As claim.lua writes it for a run whose message the broker would deliver again.
+    task_id = str(uuid.uuid4())
+    fields = (pack_owner(task_id), "0123456789ab", "worker-1.example", 42, 1_700_000_000)
+    raw = msgpack.packb((*fields, 1_700_000_060), use_bin_type=False)
+    holder = Holder.from_raw("k", raw, 3_600_000)
+    assert holder == Holder(
+        "k", task_id, "running", 3600.0, started_at=1_700_000_000, worker="worker-1.example:42"
+    )
+
+
 def test_a_key_without_a_ttl_reads_as_an_unknown_ttl() -> None:
     assert Holder.from_raw("k", pack_queued("A", 0.0, None), -1).ttl is None
 
@@ -89,6 +100,7 @@ def test_a_key_without_a_ttl_reads_as_an_unknown_ttl() -> None:
         msgpack.packb([b"A", b"t", b"host", b"7", 1]),
         msgpack.packb([b"A", b"t", b"host", 7.5, 1]),
         msgpack.packb([b"A", b"t", b"host", True, 1]),
+        msgpack.packb([b"A", b"t", b"host", 7, 1, "soon"]),
         msgpack.packb([b"\xfe", 1.0]),
         b"plain text",
         b"",
@@ -104,6 +116,7 @@ def test_a_key_without_a_ttl_reads_as_an_unknown_ttl() -> None:
         "text pid",
         "float pid",
         "boolean pid",
+        "text lease end",
         "owner not utf-8",
         "text",
         "empty",

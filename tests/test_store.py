@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from dedupe._redis_server import RedisServer
 from dedupe.keys import CallKeys, call_keys
-from dedupe.record import pack_provisional, pack_queued, pack_running, unpack_owner
+from dedupe.record import pack_owner, pack_provisional, pack_queued, pack_running, unpack_owner
 from dedupe.run import new_token
 from dedupe.store import Lease, Store
 
@@ -58,8 +58,8 @@ def record(store: Store, key: str) -> dict[str, object] | None:
     if raw is None:
         return None
     fields = msgpack.unpackb(raw, raw=True)
-    if len(fields) == 5:
-        owner, token, host, pid, started_at = fields
+    if len(fields) >= 5:
+        owner, token, host, pid, started_at, *lease_ends = fields
         return {
             "id": unpack_owner(owner),
             "state": "running",
@@ -67,6 +67,7 @@ def record(store: Store, key: str) -> dict[str, object] | None:
             "host": host.decode(),
             "pid": pid,
             "started_at": started_at,
+            "lease_ends": lease_ends[0] if lease_ends else None,
         }
     if len(fields) == 2:
         return {"id": unpack_owner(fields[0]), "state": "provisional", "nonce": fields[1]}
@@ -86,8 +87,27 @@ def claim(store: Store, keys: CallKeys, task_id: str, token: str) -> object:
     return store.claim(keys, task_id, token, LEASE_MS, "host", 7, int(time.time()))
 
 
-def lease(keys: CallKeys, task_id: str, token: str) -> Lease:
-    return Lease(keys.run, task_id, token, LEASE_MS, pack_running(task_id, token, "h", 7, 0))
+def lease(keys: CallKeys, task_id: str, token: str, record_ttl_ms: int = 0) -> Lease:
+    record = pack_running(task_id, token, "h", 7, 0)
+    return Lease(keys.run, task_id, token, LEASE_MS, record, record_ttl_ms)
+
+
+def claim_redeliverable(store: Store, keys: CallKeys, task_id: str, token: str) -> object:
+    """Claim for a run whose message the broker would deliver again (acks_late)."""
+    now = int(time.time())
+    return store.claim(keys, task_id, token, LEASE_MS, "host", 7, now, record_ttl_ms=TTL_MS)
+
+
+def server_seconds(store: Store) -> int:
+    seconds, _ = store.client.time()
+    return int(seconds)
+
+
+def write_dead_run(store: Store, keys: CallKeys, task_id: str, token: str) -> None:
+    """The record of a redeliverable run whose worker died: its lease is over, the record
+    lives on for the redelivery."""
+    fields = (pack_owner(task_id), token, "host", 7, 0, server_seconds(store) - 1)
+    store.client.set(keys.run, msgpack.packb(fields, use_bin_type=False), px=TTL_MS)
 
 
 # -- enqueue -----------------------------------------------------------------------------------
@@ -181,6 +201,61 @@ def test_claim_is_held_by_another_run_of_the_same_task_id(store: Store, finished
     assert record(store, finished.call)["token"] == "t0"  # type: ignore[index]
 
 
+def test_claim_of_a_redeliverable_run_keeps_the_record_past_the_lease_with_the_lease_inside(
+    store: Store, finished: CallKeys
+) -> None:
+    enqueue(store, finished, "A")
+    assert claim_redeliverable(store, finished, "A", "t1") is None
+    found = record(store, finished.run)
+    assert found is not None
+    assert found["lease_ends"] == pytest.approx(server_seconds(store) + LEASE_MS / 1000, abs=1)
+    assert store.client.pttl(finished.run) > LEASE_MS
+
+
+def test_claim_of_another_run_is_answered_with_the_record_by_the_lease_alone(
+    store: Store, finished: CallKeys
+) -> None:
+    # Without acks_late the message was acked: the record lives for the lease, as before.
+    claim(store, finished, "A", "t1")
+    assert record(store, finished.run)["lease_ends"] is None  # type: ignore[index]
+    assert store.client.pttl(finished.run) <= LEASE_MS
+
+
+def test_claim_takes_over_a_dead_run_of_the_same_task_id(store: Store, finished: CallKeys) -> None:
+    # The message of a run whose worker died, delivered again: same task id, new run token.
+    write_dead_run(store, finished, "A", "t0")
+    assert claim_redeliverable(store, finished, "A", "t1") is None
+    assert record(store, finished.run)["token"] == "t1"  # type: ignore[index]
+
+
+def test_claim_is_held_by_a_live_redeliverable_run_of_the_same_task_id(
+    store: Store, finished: CallKeys
+) -> None:
+    assert claim_redeliverable(store, finished, "A", "t0") is None
+    assert claim_redeliverable(store, finished, "A", "t1") is not None
+    assert record(store, finished.run)["token"] == "t0"  # type: ignore[index]
+
+
+def test_claim_is_held_by_a_dead_run_of_another_task_id(store: Store, finished: CallKeys) -> None:
+    # The dead run's message will be delivered again and must run: like a queued record.
+    write_dead_run(store, finished, "B", "t0")
+    holder = claim_redeliverable(store, finished, "A", "t1")
+    assert holder is not None
+    assert holder.task_id == "B"  # type: ignore[attr-defined]
+    assert record(store, finished.run)["token"] == "t0"  # type: ignore[index]
+
+
+def test_claim_is_held_by_a_run_record_of_an_older_version(
+    store: Store, finished: CallKeys
+) -> None:
+    # Five fields, no lease inside: it lives for its lease, so while it exists it is live.
+    fields = (pack_owner("A"), "t0", "host", 7, 0)
+    store.client.set(finished.run, msgpack.packb(fields, use_bin_type=False), px=LEASE_MS)
+    holder = claim_redeliverable(store, finished, "A", "t1")
+    assert holder is not None
+    assert holder.state == "running"  # type: ignore[attr-defined]
+
+
 def test_claim_accepts_its_own_command_sent_again(store: Store, finished: CallKeys) -> None:
     claim(store, finished, "A", "t1")
     assert claim(store, finished, "A", "t1") is None
@@ -222,6 +297,28 @@ def test_renew_extends_the_lease_of_its_run(store: Store, finished: CallKeys) ->
     assert store.client.pttl(finished.run) > 4_000
 
 
+def test_renew_moves_the_lease_inside_a_redeliverable_record(
+    store: Store, finished: CallKeys
+) -> None:
+    write_dead_run(store, finished, "A", "t1")  # (a renewal that comes late)
+    assert store.renew([lease(finished, "A", "t1", TTL_MS)]) == [1]
+    found = record(store, finished.run)
+    assert found is not None
+    assert found["lease_ends"] >= server_seconds(store) + LEASE_MS // 1000  # type: ignore[operator]
+    assert store.client.pttl(finished.run) > LEASE_MS
+
+
+def test_renew_recreates_a_redeliverable_record_with_its_lease_inside(
+    store: Store, finished: CallKeys
+) -> None:
+    assert store.renew([lease(finished, "A", "t1", TTL_MS)]) == [2]
+    found = record(store, finished.run)
+    assert found is not None
+    assert (found["id"], found["token"]) == ("A", "t1")
+    assert found["lease_ends"] is not None
+    assert store.client.pttl(finished.run) > LEASE_MS
+
+
 def test_renew_recreates_a_key_that_redis_lost(store: Store, finished: CallKeys) -> None:
     claim(store, finished, "A", "t1")
     store.client.delete(finished.run)  # a restart, a failover, an eviction
@@ -252,6 +349,81 @@ def test_renew_stops_at_a_record_put_back_to_queued(store: Store, finished: Call
     store.requeue(finished, "A", "t1", pack_queued("A", time.time(), None), TTL_MS)
     assert store.renew([lease(finished, "A", "t1")]) == [0]
     assert record(store, finished.call)["state"] == "queued"  # type: ignore[index]
+
+
+# -- a call accepted while a run's key was lost (a Redis restart) -------------------------------
+
+
+def lost_to_a_new_call(store: Store, keys: CallKeys) -> bytes:
+    """A runs; Redis loses its key; B's call is accepted into the empty key; A's heartbeat
+    takes the key back. Returns B's queued record."""
+    claim(store, keys, "A", "t1")
+    store.client.delete(keys.run)
+    queued = enqueue(store, keys, "B")
+    assert store.renew([lease(keys, "A", "t1")]) == [2]
+    return queued
+
+
+def test_renew_takes_the_key_back_from_a_call_accepted_since_with_the_call_waiting_in_it(
+    store: Store, finished: CallKeys
+) -> None:
+    queued = lost_to_a_new_call(store, finished)
+    found = record(store, finished.run)
+    assert found is not None
+    assert (found["id"], found["state"], found["token"]) == ("A", "running", "t1")
+    fields = msgpack.unpackb(store.client.get(finished.run), raw=True)
+    assert fields[6] == queued
+    assert store.client.pttl(finished.run) > LEASE_MS  # as long as B's record would live
+
+
+def test_the_call_waiting_in_a_run_is_held_while_the_run_lives(
+    store: Store, finished: CallKeys
+) -> None:
+    lost_to_a_new_call(store, finished)
+    holder = claim(store, finished, "B", "t2")
+    assert holder is not None
+    assert holder.task_id == "A"  # type: ignore[attr-defined]
+
+
+def test_the_end_of_the_run_gives_the_key_to_the_call_waiting_in_it(
+    store: Store, finished: CallKeys
+) -> None:
+    queued = lost_to_a_new_call(store, finished)
+    assert store.release(finished, "A", "t1") == 1
+    assert store.client.get(finished.call) == queued
+    assert store.client.pttl(finished.call) > LEASE_MS
+    assert claim(store, finished, "B", "t2") is None
+
+
+def test_the_call_waiting_in_a_dead_run_claims_the_key(store: Store, finished: CallKeys) -> None:
+    queued = lost_to_a_new_call(store, finished)
+    fields = msgpack.unpackb(store.client.get(finished.run), raw=True)
+    fields[5] = server_seconds(store) - 1  # A's lease is over: its worker died
+    store.client.set(finished.run, msgpack.packb(fields, use_bin_type=False), px=TTL_MS)
+    holder = claim(store, finished, "C", "t3")
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("B", "queued")  # type: ignore[attr-defined]
+    assert claim(store, finished, "B", "t2") is None
+    assert queued != store.client.get(finished.run)
+
+
+def test_a_cancelled_call_no_longer_waits_in_the_run(store: Store, finished: CallKeys) -> None:
+    lost_to_a_new_call(store, finished)
+    assert store.cancel(finished, "B") is True
+    assert record(store, finished.run)["id"] == "A"  # type: ignore[index]
+    assert store.release(finished, "A", "t1") == 1
+    assert store.client.exists(finished.run) == 0
+
+
+def test_renew_waits_for_a_call_being_published_into_the_lost_key(
+    store: Store, finished: CallKeys
+) -> None:
+    claim(store, finished, "A", "t1")
+    store.client.delete(finished.run)
+    provisional = pack_provisional("B", 1)
+    store.client.set(finished.run, provisional, px=TTL_MS)
+    assert store.renew([lease(finished, "A", "t1")]) == [3]
+    assert store.client.get(finished.run) == provisional
 
 
 def test_renew_of_several_leases_is_one_pipeline(store: Store, finished: CallKeys) -> None:
@@ -411,7 +583,7 @@ def jemalloc_store() -> Iterator[Store]:
         client.close()
 
 
-@pytest.mark.parametrize("state", ["queued", "running"])
+@pytest.mark.parametrize("state", ["queued", "running", "running, redeliverable"])
 def test_a_record_with_typical_names_takes_at_most_200_bytes_of_redis_memory(
     jemalloc_store: Store, state: str
 ) -> None:
@@ -421,12 +593,18 @@ def test_a_record_with_typical_names_takes_at_most_200_bytes_of_redis_memory(
     keys = call_keys("dedupe", "proj.tasks.sync_customer", digest, separate_run_lock=False)
     task_id = str(uuid.uuid4())
     enqueue(store, keys, task_id)
-    if state == "running":
+    if state.startswith("running"):
         host = "ip-10-0-12-34.ec2.internal"
         now = int(time.time())
-        assert store.claim(keys, task_id, new_token(), LEASE_MS, host, 123456, now) is None
+        # A redeliverable run's record carries its lease, and lives past it.
+        ttl_ms = TTL_MS if state.endswith("redeliverable") else 0
+        token = new_token()
+        assert (
+            store.claim(keys, task_id, token, LEASE_MS, host, 123456, now, record_ttl_ms=ttl_ms)
+            is None
+        )
     try:
-        assert record(store, keys.call)["state"] == state  # type: ignore[index]
+        assert record(store, keys.call)["state"] == state.split(",")[0]  # type: ignore[index]
         assert store.client.memory_usage(keys.call) <= 200
     finally:
         store.clear(keys)

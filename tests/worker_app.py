@@ -26,16 +26,21 @@ from .helpers import RunLog
 
 BROKER = os.environ.get("DEDUPE_TEST_BROKER", "redis://127.0.0.1:6379/0")
 REDIS = os.environ.get("DEDUPE_TEST_REDIS", BROKER)
+#: The dedup store: REDIS, unless a test gives the worker one of its own (to restart it).
+STORE = os.environ.get("DEDUPE_TEST_STORE", REDIS)
 PREFIX = os.environ.get("DEDUPE_TEST_PREFIX", "wk")
 QUEUE = os.environ.get("DEDUPE_TEST_QUEUE", "dedupe-prefork")
 LEASE = float(os.environ.get("DEDUPE_TEST_LEASE", "2"))
+#: The Redis broker's visibility timeout, for workers whose test waits for a redelivery
+#: (unset: kombu's hour).
+VISIBILITY = os.environ.get("DEDUPE_TEST_VISIBILITY")
 #: The lease of tasks whose ending is under test (see above).
 ENDING_LEASE = 30.0
 
 app = Celery("worker_app", broker=BROKER, backend=REDIS)
 app.conf.update(
     task_default_queue=QUEUE,
-    dedupe_redis_url=REDIS,
+    dedupe_redis_url=STORE,
     dedupe_key_prefix=PREFIX,
     dedupe_default_lease=LEASE,
     broker_connection_retry_on_startup=True,
@@ -43,6 +48,13 @@ app.conf.update(
     worker_hijack_root_logger=False,
     result_expires=600,
 )
+if VISIBILITY:
+    # Restore unacked messages as soon as the timeout has passed (kombu sweeps every 100 s).
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(VISIBILITY),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 dedupe.install(app)
 
 if os.environ.get("DEDUPE_TEST_METRICS_PORT"):

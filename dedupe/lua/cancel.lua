@@ -4,11 +4,15 @@
 -- KEYS[1]  record key
 -- ARGV[1]  owner (packed task id)
 --
--- Returns 1 if the queued record was deleted, else 0. A running record is never touched: a
--- revoke without terminate does not stop a run that started, and the run frees its key when
--- it ends (task_revoked, or the lease).
+-- Returns 1 if the queued record was deleted (or withdrawn from the run it waited in, see
+-- successor()), else 0. A running record is never touched: a revoke without terminate does
+-- not stop a run that started, and the run frees its key when it ends (task_revoked, or the
+-- lease).
 local rec = load_record(KEYS[1])
 if rec and rec[1] == ARGV[1] and not run_token(rec) then
   return redis.call('DEL', KEYS[1])
+end
+if rec and run_token(rec) and waits_in(rec, ARGV[1]) then
+  return drop_successor(KEYS[1], rec)
 end
 return 0

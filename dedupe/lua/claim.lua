@@ -11,20 +11,36 @@
 -- ARGV[6]  now, whole unix seconds
 -- ARGV[7]  "1": keep this task id's queued record (unique_until="window": the record is the
 --          throttle window, which outlives the run); else it is released as the run starts
+-- ARGV[8]  time to live of the running record, ms: the redelivery horizon of a run whose
+--          message the broker delivers again if the run dies (acks_late); the lease (or
+--          less, or absent) for any other run
 --
 -- Returns
 --   1                    claimed (also when this very run claimed already: a re-sent command)
 --   "<pttl>:<record>"    held: the run key holds another task id (queued or running), or
---                        another run of this task id; its ttl in ms and its record
+--                        another live run of this task id; its ttl in ms and its record
 --
 -- A queued record of another task id is never taken over: its message may have been handed
 -- to callers as the holder of this call, so it must run, and this run is the one guarded.
+-- A run of another task id whose lease is over stands for its message, which the broker
+-- will deliver again: it is held like a queued record. A run of this very task id whose
+-- lease is over is taken over: this is its message, delivered again. A dead run with a call
+-- waiting in it (see successor()) is that call's queued record for every other task id.
 local id, token = ARGV[1], ARGV[2]
 local run, raw = load_record(KEYS[2])
+local waiting = nil
 if run then
   local running = run_token(run)
-  if run[1] ~= id or (running and running ~= token) then
+  local dead = running and running ~= token and lease_over(run, server_seconds())
+  if dead and run[1] ~= id and successor(run) then
+    raw = successor(run)
+    run, running = cmsgpack.unpack(raw), nil
+  end
+  if run[1] ~= id or (running and running ~= token and not dead) then
     return held(KEYS[2], raw)
+  end
+  if running then
+    waiting = successor(run)  -- (this run's own record, or its dead copy's: the call waits on)
   end
 end
 if KEYS[1] ~= KEYS[2] and ARGV[7] ~= '1' then
@@ -34,5 +50,8 @@ if KEYS[1] ~= KEYS[2] and ARGV[7] ~= '1' then
   end
 end
 local rec = {id, token, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])}
-redis.call('SET', KEYS[2], cmsgpack.pack(rec), 'PX', ARGV[3])
+if waiting then
+  rec[6], rec[7] = 0, waiting  -- (rec[6]: store_running writes the lease)
+end
+store_running(KEYS[2], rec, tonumber(ARGV[3]), tonumber(ARGV[8]) or 0)
 return 1

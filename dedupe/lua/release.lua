@@ -7,14 +7,21 @@
 -- ARGV[2]  run token of the run that ends; "" to release whatever this task id holds
 --          (a publish that failed, a revoke, a lost worker child)
 --
--- Returns the number of keys deleted. A key held by another task id, or by another run of
+-- Returns the number of keys freed. A key held by another task id, or by another run of
 -- this task id, is never touched: a stale owner cannot release what someone else holds.
+-- A run with a call waiting in it (see successor()) gives the key to that call; a call that
+-- waits in another run's record is withdrawn from it.
 local id, token = ARGV[1], ARGV[2]
 local deleted = 0
 local function release(key)
   local rec = load_record(key)
-  if rec and rec[1] == id and (token == '' or run_token(rec) == token) then
-    deleted = deleted + redis.call('DEL', key)
+  if not rec then
+    return
+  end
+  if rec[1] == id and (token == '' or run_token(rec) == token) then
+    deleted = deleted + end_run(key, rec)
+  elseif run_token(rec) and waits_in(rec, id) then
+    deleted = deleted + drop_successor(key, rec)
   end
 end
 release(KEYS[1])

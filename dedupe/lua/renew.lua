@@ -5,18 +5,39 @@
 -- ARGV[2]  run token
 -- ARGV[3]  lease, ms
 -- ARGV[4]  the running record, msgpack, to re-create a key that is gone
+-- ARGV[5]  time to live of the record, ms (claim.lua's ARGV[8]: the redelivery horizon, or
+--          the lease); each renewal moves the lease carried in the record
 --
 -- Returns
 --   1   renewed
---   2   re-created: the key was gone (Redis restarted, failed over or evicted it)
+--   2   re-created: the key was gone (Redis restarted, failed over or evicted it), or held
+--       by a call accepted since: the run takes its key back with that call's queued record
+--       inside, and the key goes to the call when the run ends (one call let in, no more,
+--       and it runs after this run)
+--   3   not yet: a call accepted since is still being published (a provisional record);
+--       the next beat takes the key back
 --   0   lost: another task or another run holds the key now; it is left alone
+local lease_ms, record_ttl_ms = tonumber(ARGV[3]), tonumber(ARGV[5]) or 0
 local rec = load_record(KEYS[1])
 if not rec then
-  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[3])
+  store_running(KEYS[1], cmsgpack.unpack(ARGV[4]), lease_ms, record_ttl_ms)
   return 2
 end
 if rec[1] == ARGV[1] and run_token(rec) == ARGV[2] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  if #rec >= 6 or record_ttl_ms > lease_ms then
+    store_running(KEYS[1], rec, lease_ms, record_ttl_ms)
+  else
+    redis.call('PEXPIRE', KEYS[1], lease_ms)
+  end
   return 1
+end
+if rec[1] ~= ARGV[1] and not run_token(rec) then
+  if #rec == 2 then
+    return 3
+  end
+  local mine = cmsgpack.unpack(ARGV[4])
+  mine[6], mine[7] = 0, redis.call('GET', KEYS[1])
+  store_running(KEYS[1], mine, lease_ms, record_ttl_ms)
+  return 2
 end
 return 0

@@ -1,0 +1,81 @@
+"""When would the broker deliver a run's message again if its whole worker died?
+
+A run of an ``acks_late`` task holds an unacknowledged message: if the worker dies (SIGKILL,
+OOM killer, a lost node) the broker gives it back, and the key must stay with it until it runs
+again, or a new call is accepted beside it. The lease (liveness) stays short; the running
+record lives for the redelivery horizon:
+
+=================  ===========================================================================
+broker             the record lives past each renewal for
+=================  ===========================================================================
+Redis              ``visibility_timeout`` + kombu's restore sweep + the lease: the message
+                   is unacked until the timeout, then put back by a worker's sweep
+anything else      ``unique_ttl``: RabbitMQ gives the message back at once, and it waits in
+                   the queue as a queued call's would
+=================  ===========================================================================
+
+A run without ``acks_late`` holds no message (it was acked when received): its record lives
+for the lease, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["horizon", "is_redis_broker", "redis_redelivery", "visibility_gap"]
+
+# kombu's Redis transport defaults (kombu.transport.redis.Channel): an unacked message is
+# restored by a sweep every unacked_restore_interval x unacked_restore_throttle seconds, once
+# it is older than visibility_timeout.
+_VISIBILITY_TIMEOUT = 3600.0
+_RESTORE_INTERVAL = 10.0
+_RESTORE_THROTTLE = 10
+
+
+def is_redis_broker(app: Any) -> bool:
+    """Is the app's broker kombu's Redis transport (redis, rediss, sentinel, socket)?"""
+    connection = app.connection_for_write()  # not connected: names the transport
+    try:
+        return getattr(connection.transport, "driver_type", None) == "redis"
+    finally:
+        connection.release()
+
+
+def horizon(redelivery: float | None, lease: float, ttl: float) -> float:
+    """Seconds a dead ``acks_late`` run's record must outlive its last renewal;
+    ``redelivery``: :func:`redis_redelivery` on a Redis broker, else None."""
+    if redelivery is None:
+        return max(ttl, lease)
+    return redelivery + lease
+
+
+def redis_redelivery(app: Any) -> float:
+    """Seconds after its delivery at most until the Redis broker gives an unacked message
+    back (the delivery was before the run's last renewal)."""
+    options = app.conf.broker_transport_options or {}
+    visibility = float(options.get("visibility_timeout") or _VISIBILITY_TIMEOUT)
+    interval = float(options.get("unacked_restore_interval") or _RESTORE_INTERVAL)
+    throttle = int(options.get("unacked_restore_throttle") or _RESTORE_THROTTLE)
+    return visibility + interval * max(throttle, 1)
+
+
+def visibility_gap(app: Any, tasks: Iterable[tuple[str, float]]) -> str | None:
+    """A start-up warning for ``acks_late`` tasks (name, lease) on a Redis broker: a worker
+    killed while running one leaves its key held, and the message unrun, until the
+    visibility timeout gives the message back, far beyond the lease."""
+    tasks = sorted(tasks)
+    if not tasks or not is_redis_broker(app):
+        return None
+    redelivery = redis_redelivery(app)
+    gapped = [name for name, lease in tasks if redelivery > lease]
+    if not gapped:
+        return None
+    return (
+        f"acks_late tasks on the Redis broker ({', '.join(gapped)}): if a worker dies while "
+        f"running one, the broker gives the message back only after visibility_timeout "
+        f"(plus kombu's restore sweep: {redelivery:.0f} s in all), and its key stays held "
+        f"until then, so calls meanwhile are duplicates of a task that is not running. "
+        f"Lower broker_transport_options['visibility_timeout'] (keep it above your longest "
+        f"run and eta) to shorten the wait."
+    )

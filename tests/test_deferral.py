@@ -1,0 +1,130 @@
+"""A run that meets its key held is tried again later: each deferral of its message waits
+twice as long as the one before, up to a cap, and the message gives up after a bounded
+number of them, its result naming the holder. Each deferral is logged with the holder.
+
+In-process workers; the holder is a call queued for later, which holds its key throughout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.exceptions import TaskRevokedError
+
+import dedupe
+from dedupe import events
+
+from .conftest import in_process_worker
+from .helpers import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def deferred() -> Iterator[list[dict[str, Any]]]:
+    """The run_deferred sends of this test."""
+    sends: list[dict[str, Any]] = []
+
+    def receiver(sender: Any = None, **kwargs: Any) -> None:
+        sends.append(kwargs)
+
+    events.run_deferred.connect(receiver, weak=False)
+    yield sends
+    events.run_deferred.disconnect(receiver)
+
+
+def refresh_task(app: Celery) -> Any:
+    @app.task(
+        shared=False,
+        base=dedupe.DedupeTask,
+        unique=True,
+        on_running="retry",
+        on_running_countdown=0.1,
+    )
+    def refresh(x: int) -> None: ...
+
+    return refresh
+
+
+def test_each_deferral_of_a_message_waits_twice_as_long_as_the_one_before_up_to_the_cap(
+    make_app: Callable[..., Celery], deferred: list[dict[str, Any]]
+) -> None:
+    app = make_app(dedupe_deferral_cap=0.4)
+    refresh = refresh_task(app)
+    refresh.apply_async((1,), countdown=60)  # holds the key, queued, throughout
+    with in_process_worker(app, queues=["bypass"]):
+        app.send_task(refresh.name, args=(1,), queue="bypass")
+        wait_for(lambda: len(deferred) >= 5, message="five deferrals")
+    assert [send["countdown"] for send in deferred[:5]] == [0.1, 0.2, 0.4, 0.4, 0.4]
+    assert [send["deferral"] for send in deferred[:5]] == [1, 2, 3, 4, 5]
+
+
+def test_a_message_gives_up_after_the_last_deferral_and_its_result_names_the_holder(
+    make_app: Callable[..., Celery], deferred: list[dict[str, Any]]
+) -> None:
+    app = make_app(dedupe_max_deferrals=3, dedupe_deferral_cap=0.2)
+    refresh = refresh_task(app)
+    holder = refresh.apply_async((1,), countdown=60)
+    with in_process_worker(app, queues=["bypass"]):
+        bypass = app.send_task(refresh.name, args=(1,), queue="bypass")
+        with pytest.raises(TaskRevokedError, match=f"{holder.id}.* is queued.*gave up after 3"):
+            bypass.get(timeout=10)
+    assert len(deferred) == 3
+
+
+def test_each_deferral_is_logged_naming_the_holder(make_app: Callable[..., Celery]) -> None:
+    app = make_app(dedupe_max_deferrals=2, dedupe_deferral_cap=0.2)
+    refresh = refresh_task(app)
+    holder = refresh.apply_async((1,), countdown=60)
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    runs = logging.getLogger("dedupe.runs")
+    level = runs.level
+    runs.addHandler(handler)
+    runs.setLevel(logging.INFO)  # (an in-process worker sets the root logger to ERROR)
+    try:
+        with in_process_worker(app, queues=["bypass"]):
+            bypass = app.send_task(refresh.name, args=(1,), queue="bypass")
+            with pytest.raises(TaskRevokedError):
+                bypass.get(timeout=10)
+    finally:
+        runs.setLevel(level)
+        runs.removeHandler(handler)
+    waits = [line for line in lines if "waits:" in line]
+    head = f"{refresh.name}[{bypass.id}] waits: {holder.id} is queued"
+    assert waits == [
+        f"{head} (deferral 1, tries again in 0.1s)",
+        f"{head} (deferral 2, tries again in 0.2s)",
+    ]
+
+
+def test_a_call_that_gives_up_waiting_frees_its_key(make_app: Callable[..., Celery]) -> None:
+    # unique_until="started": a call made during a run is accepted and queued; if it gives up
+    # waiting for the run, its queued record must not answer later calls for its whole ttl.
+    app = make_app(dedupe_max_deferrals=2, dedupe_deferral_cap=0.2)
+
+    @app.task(
+        shared=False,
+        base=dedupe.DedupeTask,
+        unique=True,
+        unique_until="started",
+        on_running_countdown=0.1,
+    )
+    def report(day: str, seconds: float) -> None:
+        time.sleep(seconds)
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        first = report.delay("mon", 4)
+        wait_for(lambda: (h := dedupe.lookup(report, ("mon", 4))) and h.state == "running")
+        waiting = report.delay("mon", 4)
+        assert waiting.deduplicated is False
+        with pytest.raises(TaskRevokedError, match="gave up after 2"):
+            waiting.get(timeout=10)
+        assert report.delay("mon", 4).deduplicated is False  # the call that gave up holds nothing
+        first.get(timeout=10)

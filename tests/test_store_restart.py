@@ -1,0 +1,113 @@
+"""The dedup Redis restarts while a run goes on, and every key is lost: one call per key is
+let in (the key was empty), and no more; it runs after the run that lost its key, never
+beside it. A real prefork worker; its dedup Redis a private server the test restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+import dedupe
+from dedupe._redis_server import RedisServer
+
+from .conftest import RedisFactory
+from .helpers import WorkerProcess, keys_with_prefix, wait_for
+
+pytestmark = pytest.mark.slow
+
+#: Seconds the run that loses its key goes on for.
+RUN = 6.0
+
+
+@dataclass
+class Restarted:
+    """A run whose key the restart lost, and the call accepted just after the restart."""
+
+    task: Any
+    first: Any
+    second: Any
+    store: RedisServer
+
+
+def holder(task: Any, tag: str) -> dedupe.Holder | None:
+    return dedupe.lookup(task, (tag, RUN))
+
+
+@pytest.fixture
+def restarted(redis_factory: RedisFactory, worker_app: Any, tag: str) -> Iterator[Restarted]:
+    store = redis_factory()
+    queue = f"restart-{tag}"
+    producer = Celery(
+        "worker_app", broker=worker_app.BROKER, backend=worker_app.REDIS, set_as_current=False
+    )
+    producer.conf.update(
+        task_default_queue=queue,
+        dedupe_redis_url=store.url,
+        dedupe_key_prefix=worker_app.PREFIX,
+        dedupe_default_lease=worker_app.LEASE,
+        broker_connection_retry_on_startup=True,
+    )
+    dedupe.install(producer)
+
+    @producer.task(
+        name=worker_app.sleepy.name, bind=True, base=dedupe.DedupeTask, unique=True, shared=False
+    )
+    def sleepy(self: Any, tag: str, seconds: float) -> str: ...
+
+    worker = WorkerProcess(producer, {"DEDUPE_TEST_QUEUE": queue, "DEDUPE_TEST_STORE": store.url})
+    worker.start()
+    assert worker.process is not None
+    try:
+        first = sleepy.delay(tag, RUN)
+        wait_for(lambda: (h := holder(sleepy, tag)) and h.state == "running", message="running")
+        # The worker is held still while Redis restarts, so that the call below comes before
+        # the run's heartbeat can write its key again (as a call may, between two beats).
+        os.killpg(worker.process.pid, signal.SIGSTOP)
+        try:
+            store.stop()
+            store.start()
+            second = sleepy.apply_async((tag, RUN), countdown=1.5)
+        finally:
+            os.killpg(worker.process.pid, signal.SIGCONT)
+        assert second.deduplicated is False  # the key was gone: this call is let in
+        yield Restarted(sleepy, first, second, store)
+        first.get(timeout=20)
+        second.get(timeout=30)
+    finally:
+        worker.stop()
+        producer.close()
+    client = redis.Redis.from_url(store.url)
+    wait_for(
+        lambda: not keys_with_prefix(client, worker_app.PREFIX),
+        timeout=3 * worker_app.LEASE + 3,
+        message="no key left",
+    )
+    client.close()
+
+
+def test_after_a_redis_restart_one_call_is_let_in_until_it_has_run(
+    restarted: Restarted, tag: str
+) -> None:
+    task, second = restarted.task, restarted.second
+    while not ((h := holder(task, tag)) and h.state == "running" and h.task_id == second.id):
+        assert task.delay(tag, RUN).deduplicated is True
+        time.sleep(0.1)
+
+
+def test_the_call_let_in_after_a_redis_restart_runs_after_the_run_that_lost_its_key(
+    restarted: Restarted, worker_app: Any, tag: str
+) -> None:
+    restarted.first.get(timeout=20)
+    restarted.second.get(timeout=30)
+    runlog = worker_app.runlog(tag)
+    assert [run[0] for run in runlog.runs()] == [restarted.first.id, restarted.second.id]
+    assert runlog.overlaps() == []
