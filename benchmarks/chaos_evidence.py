@@ -1,0 +1,293 @@
+"""What the chaos run checks, from its evidence: every call (producers), every run's start and
+end with its pid (the tasks), and the faults the harness injected, with their times.
+
+A duplicate is an accepted call B whose call returned before an earlier accepted call A of the
+same key stopped holding it: A's last run ended (``unique_until="finished"``), or the prerun of
+A's first run, which comes before its claim (``"started"``). Both bounds are ones no correct
+library can cross, whatever the clocks of the processes say (one host, one clock).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from tests.helpers import RunLog
+
+TASKS = ("finished", "started")
+
+
+@dataclass(frozen=True)
+class Call:
+    task: str
+    key: int
+    task_id: str
+    deduplicated: bool
+    start: float
+    end: float
+    error: str = ""
+
+    def encode(self) -> str:
+        return json.dumps([self.task, self.key, self.task_id, self.deduplicated, self.start,
+                           self.end, self.error])
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Call:
+        return cls(*json.loads(raw))
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault, or a worker the harness had to restart (``stall``)."""
+
+    kind: str  # child kill, worker kill, dedup restart, broker cut, stall
+    start: float
+    end: float
+    detail: str = ""
+    #: A whole-worker kill on the Redis broker: task ids in the queue just before it that were
+    #: neither in the queue nor in kombu's unacked hash just after it.
+    vanished: frozenset[str] = frozenset()
+
+
+@dataclass
+class Evidence:
+    calls: list[Call]
+    runs: dict[tuple[str, int], list[tuple[str, float, float | None]]]
+    overlaps: dict[tuple[str, int], list[Any]]
+    prerun: dict[str, list[float]]
+    faults: list[Fault]
+    keys_left: list[str]
+    t0: float
+    #: Task ids the Redis broker still held after the drain (queued or unacked).
+    held: set[str] = field(default_factory=set)
+
+    @classmethod
+    def read(
+        cls, client: redis.Redis, prefix: str, faults: list[Fault], keys_left: list[str],
+        killed: dict[int, float], t0: float,
+    ) -> Evidence:
+        calls = [Call.decode(raw) for raw in client.lrange(f"{prefix}:calls", 0, -1)]
+        runs, overlaps = {}, {}
+        for task, key in {(call.task, call.key) for call in calls}:
+            log = RunLog(client, f"{prefix}:{task}:{key}")
+            runs[(task, key)] = log.runs(killed)
+            overlaps[(task, key)] = log.overlaps(killed)
+        prerun: dict[str, list[float]] = defaultdict(list)
+        for raw in client.lrange(f"{prefix}:prerun", 0, -1):
+            task_id, at = raw.decode().split()
+            prerun[task_id].append(float(at))
+        return cls(calls, runs, overlaps, prerun, faults, keys_left, t0)
+
+
+@dataclass
+class Row:
+    check: str
+    count: int
+    verdict: str  # "ok", "FAIL", "not ours", "info"
+    details: list[str] = field(default_factory=list)
+
+
+class Checks:
+    """The checks, each a row of the table."""
+
+    def __init__(self, evidence: Evidence, restart_window: float, broker: str) -> None:
+        self.e = evidence
+        self.window = restart_window
+        self.broker = broker
+        self.starts: dict[str, list[float]] = defaultdict(list)
+        self.ends: dict[str, list[float]] = defaultdict(list)
+        for runs in evidence.runs.values():
+            for task_id, start, end in runs:
+                self.starts[task_id].append(start)
+                if end is not None:
+                    self.ends[task_id].append(end)
+
+    def t(self, at: float) -> str:
+        """A time as seconds into the run."""
+        return f"{at - self.e.t0:.2f}s"
+
+    def before(self, at: float) -> str:
+        """The last fault that began before ``at``."""
+        earlier = [fault for fault in self.e.faults if fault.start <= at]
+        if not earlier:
+            return "no fault before"
+        fault = earlier[-1]
+        return f"after {fault.kind} at {self.t(fault.start)} ({fault.detail})"
+
+    def released(self, call: Call) -> float | None:
+        """When an accepted call stopped holding its key at the latest; None if it never ran."""
+        starts = self.starts.get(call.task_id)
+        if not starts:
+            return None
+        if call.task == "finished":
+            return max(self.ends[call.task_id], default=max(starts))
+        first = min(starts)
+        return max((at for at in self.e.prerun.get(call.task_id, []) if at <= first), default=first)
+
+    def duplicates(self) -> list[tuple[Call, Call]]:
+        """(holder, duplicate) pairs: accepted calls made while another still held the key."""
+        by_key: dict[tuple[str, int], list[Call]] = defaultdict(list)
+        for call in self.e.calls:
+            if not call.error and not call.deduplicated:
+                by_key[(call.task, call.key)].append(call)
+        pairs = []
+        for calls in by_key.values():
+            calls.sort(key=lambda call: call.start)
+            holder: Call | None = None
+            held_until = 0.0
+            for call in calls:
+                if holder is not None and call.end < held_until:
+                    pairs.append((holder, call))
+                released = self.released(call)
+                if released is not None and released > held_until:
+                    holder, held_until = call, released
+        return pairs
+
+    def restart_caused(self, holder: Call, duplicate: Call) -> bool:
+        """The holder's record may have been lost in a dedup-Redis restart (accepted before it
+        ended), and the duplicate came within the window after it began."""
+        return any(
+            holder.start <= fault.end and fault.start <= duplicate.end <= fault.end + self.window
+            for fault in self.e.faults
+            if fault.kind == "dedup restart"
+        )
+
+    def duplicate_rows(self) -> list[Row]:
+        outside, inside = [], []
+        for holder, duplicate in self.duplicates():
+            first = min(self.starts[holder.task_id])
+            line = (
+                f"{duplicate.task}[{duplicate.key}] {duplicate.task_id} accepted "
+                f"{self.t(duplicate.start)}-{self.t(duplicate.end)} while {holder.task_id} "
+                f"(accepted {self.t(holder.start)}, first run {self.t(first)}) held the key "
+                f"until {self.t(self.released(holder) or 0)}; {self.before(duplicate.start)}"
+            )
+            (inside if self.restart_caused(holder, duplicate) else outside).append(
+                ((duplicate.task, duplicate.key), line)
+            )
+        per_key = Counter(key for key, _ in inside)
+        crowded = [line for key, line in inside if per_key[key] > 1]
+        return [
+            Row("duplicate queued outside a dedup-Redis restart window", len(outside),
+                _fail(outside), [line for _, line in outside]),
+            Row("duplicates inside the restart window (<= 1 per key allowed)", len(inside),
+                "info", [line for _, line in inside]),
+            Row("keys with more than one duplicate inside the window",
+                sum(1 for count in per_key.values() if count > 1), _fail(crowded), crowded),
+        ]
+
+    def overlap_row(self) -> Row:
+        lines = []
+        for (task, key), pairs in self.e.overlaps.items():
+            for (first, start, end), (second, other_start, other_end) in pairs:
+                lines.append(
+                    f"{task}[{key}] {first} {self.t(start)}-{self.t(end) if end else 'never'} "
+                    f"overlaps {second} {self.t(other_start)}-"
+                    f"{self.t(other_end) if other_end else 'never'}; {self.before(other_start)}"
+                )
+        return Row("overlapping runs of one key", len(lines), _fail(lines), lines)
+
+    def lost_row(self) -> Row:
+        """until=started: every call (accepted or not) has a run of its key starting after it."""
+        starts: dict[int, list[float]] = {
+            key: sorted(start for _, start, _ in runs)
+            for (task, key), runs in self.e.runs.items()
+            if task == "started"
+        }
+        lines = []
+        for call in self.e.calls:
+            if call.task != "started" or call.error:
+                continue
+            later = starts.get(call.key, [])
+            if bisect.bisect_right(later, call.start) == len(later):
+                lines.append(
+                    f"started[{call.key}] call {self.t(call.start)} answered with "
+                    f"{call.task_id} (deduplicated={call.deduplicated}): no run started after "
+                    f"it; {self.before(call.start)}"
+                )
+        return Row("lost calls (until=started: no run starting after the call)", len(lines),
+                   _fail(lines), lines)
+
+    def never_ran_rows(self) -> list[Row]:
+        ours, transport = [], []
+        for call in self.e.calls:
+            if call.error or call.deduplicated or call.task_id in self.starts:
+                continue
+            kill = next((f for f in self.e.faults if call.task_id in f.vanished), None)
+            if kill is not None:
+                transport.append(
+                    f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}: in "
+                    f"the queue before the {kill.kind} at {self.t(kill.start)} ({kill.detail}), "
+                    "in neither the queue nor kombu's unacked hash after it"
+                )
+            else:
+                where = " (its message still in the broker)" if call.task_id in self.e.held else ""
+                ours.append(
+                    f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}, "
+                    f"never ran{where}; {self.before(call.start)}"
+                )
+        return [
+            Row("accepted calls that never ran", len(ours), _fail(ours), ours),
+            Row("kombu: popped by a killed worker before it was unacked (lost)", len(transport),
+                "not ours" if transport else "ok", transport),
+        ]
+
+    def rows(self) -> list[Row]:
+        calls = self.e.calls
+        accepted = sum(1 for call in calls if not call.error and not call.deduplicated)
+        errors = Counter(call.error for call in calls if call.error)
+        runs = sum(len(runs) for runs in self.e.runs.values())
+        stalls = [f for f in self.e.faults if f.kind == "stall"]
+        kombu_stalls = [f"{self.t(f.start)} {f.detail}" for f in stalls if "kombu" in f.detail]
+        other_stalls = [f"{self.t(f.start)} {f.detail}" for f in stalls if "kombu" not in f.detail]
+        return [
+            Row("calls made / accepted / deduplicated", len(calls), "info",
+                [f"{accepted} accepted, {len(calls) - accepted - sum(errors.values())} "
+                 f"deduplicated, {runs} runs"]),
+            Row("calls that raised (broker cut, no message)", sum(errors.values()), "info",
+                [f"{name}: {count}" for name, count in errors.items()]),
+            Row("faults injected", len(self.e.faults) - len(stalls), "info",
+                [f"{self.t(f.start)} {f.kind} ({f.detail})" for f in self.e.faults
+                 if f.kind != "stall"]),
+            *self.duplicate_rows(),
+            self.overlap_row(),
+            Row("keys left after the drain", len(self.e.keys_left), _fail(self.e.keys_left),
+                self.e.keys_left),
+            self.lost_row(),
+            *self.never_ran_rows(),
+            Row("kombu: worker stopped consuming after failed acks (restarted)",
+                len(kombu_stalls), "not ours" if kombu_stalls else "ok", kombu_stalls),
+            Row("worker stalled otherwise (restarted)", len(other_stalls), _fail(other_stalls),
+                other_stalls),
+        ]
+
+
+def _fail(found: Iterable[Any]) -> str:
+    return "FAIL" if list(found) else "ok"
+
+
+def table(title: str, rows: list[Row], details: int = 8) -> str:
+    """One table; under it, up to ``details`` lines for each row that is not ok."""
+    width = max(len(row.check) for row in rows)
+    lines = [title, f"{'check'.ljust(width)}  {'count':>6}  verdict", "-" * (width + 18)]
+    for row in rows:
+        lines.append(f"{row.check.ljust(width)}  {row.count:>6}  {row.verdict}")
+    for row in rows:
+        if row.verdict == "ok" or not row.details:
+            continue
+        shown = row.details if row.verdict == "info" else row.details[:details]
+        lines.append(f"\n{row.check}:")
+        lines.extend(f"  {line}" for line in shown[: max(details, 12)])
+        if len(row.details) > len(shown[: max(details, 12)]):
+            lines.append(f"  ... {len(row.details) - len(shown[: max(details, 12)])} more")
+    return "\n".join(lines)
+
+
+def failed(rows: list[Row]) -> bool:
+    return any(row.verdict == "FAIL" for row in rows)
