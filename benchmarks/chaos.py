@@ -65,7 +65,7 @@ class Params:
 
 
 QUICK = Params(producers=4, calls=150, keys=10, duration=20.0, kills=4, worker_kills=2,
-               cut_seconds=3.0, stall_seconds=15.0, drain=60.0)
+               cut_seconds=3.0, visibility_timeout=15.0, stall_seconds=15.0, drain=60.0)
 
 
 # -- producers (spawned processes) ----------------------------------------------------------

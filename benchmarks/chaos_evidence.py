@@ -59,6 +59,8 @@ class Fault:
 class Evidence:
     calls: list[Call]
     runs: dict[tuple[str, int], list[tuple[str, float, float | None]]]
+    #: Task id -> when each of its runs ended on its own (not with a killed process).
+    completed: dict[str, list[float]]
     overlaps: dict[tuple[str, int], list[Any]]
     prerun: dict[str, list[float]]
     faults: list[Fault]
@@ -74,15 +76,19 @@ class Evidence:
     ) -> Evidence:
         calls = [Call.decode(raw) for raw in client.lrange(f"{prefix}:calls", 0, -1)]
         runs, overlaps = {}, {}
+        completed: dict[str, list[float]] = defaultdict(list)
         for task, key in {(call.task, call.key) for call in calls}:
             log = RunLog(client, f"{prefix}:{task}:{key}")
             runs[(task, key)] = log.runs(killed)
             overlaps[(task, key)] = log.overlaps(killed)
+            for task_id, _, end in log.runs():
+                if end is not None:
+                    completed[task_id].append(end)
         prerun: dict[str, list[float]] = defaultdict(list)
         for raw in client.lrange(f"{prefix}:prerun", 0, -1):
             task_id, at = raw.decode().split()
             prerun[task_id].append(float(at))
-        return cls(calls, runs, overlaps, prerun, faults, keys_left, t0)
+        return cls(calls, runs, completed, overlaps, prerun, faults, keys_left, t0)
 
 
 @dataclass
@@ -121,12 +127,18 @@ class Checks:
         return f"after {fault.kind} at {self.t(fault.start)} ({fault.detail})"
 
     def released(self, call: Call) -> float | None:
-        """When an accepted call stopped holding its key at the latest; None if it never ran."""
+        """When an accepted call stopped holding its key at the latest; None if it never ran.
+
+        ``"finished"``: when its first run completed (a redelivery of a message whose run
+        completed, its ack lost in a broker cut, is the broker's at-least-once, counted apart),
+        else when its last run was killed (acked as failed: the message is gone).
+        """
         starts = self.starts.get(call.task_id)
         if not starts:
             return None
         if call.task == "finished":
-            return max(self.ends[call.task_id], default=max(starts))
+            completed = self.e.completed.get(call.task_id)
+            return min(completed) if completed else max(self.ends[call.task_id], default=max(starts))
         first = min(starts)
         return max((at for at in self.e.prerun.get(call.task_id, []) if at <= first), default=first)
 
@@ -238,6 +250,16 @@ class Checks:
                 "not ours" if transport else "ok", transport),
         ]
 
+    def rerun_row(self) -> Row:
+        lines = []
+        for task_id, ends in self.e.completed.items():
+            later = [at for at in self.starts[task_id] if at > min(ends)]
+            if later:
+                lines.append(f"{task_id} completed {self.t(min(ends))}, ran again "
+                             f"{', '.join(map(self.t, sorted(later)))}; {self.before(min(later))}")
+        return Row("runs again after a completed run (redelivered: ack lost)", len(lines),
+                   "info", lines)
+
     def rows(self) -> list[Row]:
         calls = self.e.calls
         accepted = sum(1 for call in calls if not call.error and not call.deduplicated)
@@ -257,6 +279,7 @@ class Checks:
                  if f.kind != "stall"]),
             *self.duplicate_rows(),
             self.overlap_row(),
+            self.rerun_row(),
             Row("keys left after the drain", len(self.e.keys_left), _fail(self.e.keys_left),
                 self.e.keys_left),
             self.lost_row(),
