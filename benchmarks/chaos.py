@@ -64,8 +64,18 @@ class Params:
         return self.restart_window or 2 * self.lease
 
 
-QUICK = Params(producers=4, calls=150, keys=10, duration=20.0, kills=4, worker_kills=2,
-               cut_seconds=3.0, visibility_timeout=15.0, stall_seconds=15.0, drain=60.0)
+QUICK = Params(
+    producers=4,
+    calls=150,
+    keys=10,
+    duration=20.0,
+    kills=4,
+    worker_kills=2,
+    cut_seconds=3.0,
+    visibility_timeout=15.0,
+    stall_seconds=15.0,
+    drain=60.0,
+)
 
 
 # -- producers (spawned processes) ----------------------------------------------------------
@@ -87,8 +97,14 @@ def _produce(seed: int, params: Params, barrier: Any) -> None:
         start = time.time()
         try:
             result = tasks[name].apply_async((key, 0.05 + (key % 5) * 0.08))
-            call = Call(name, key, result.id, bool(getattr(result, "deduplicated", False)),
-                        start, time.time())
+            call = Call(
+                name,
+                key,
+                result.id,
+                bool(getattr(result, "deduplicated", False)),
+                start,
+                time.time(),
+            )
         except Exception as exc:
             call = Call(name, key, "", False, start, time.time(), type(exc).__name__)
         batch.append(call.encode())
@@ -318,8 +334,13 @@ class Scenario:
         every = p.kills // p.worker_kills if p.worker_kills else 0
         for i in range(p.kills):
             whole = bool(every) and i % every == every // 2 and i // every < p.worker_kills
-            events.append(((i + 0.5) * p.duration / max(p.kills, 1),
-                           "worker kill" if whole else "child kill", (i // 2) % 2))
+            events.append(
+                (
+                    (i + 0.5) * p.duration / max(p.kills, 1),
+                    "worker kill" if whole else "child kill",
+                    (i // 2) % 2,
+                )
+            )
         if p.restart_dedup:
             events.append((0.27 * p.duration, "dedup restart", 0))
         if p.cut_broker:
@@ -379,10 +400,14 @@ class Scenario:
         )
         start = time.time()
         detail = self.fleet.kill_worker(index)
-        self.faults.append(Fault(
-            "stall", start, time.time(),
-            f"{why}; {detail} idle {idle:.0f}s with {length} queued; log {worker.log}",
-        ))
+        self.faults.append(
+            Fault(
+                "stall",
+                start,
+                time.time(),
+                f"{why}; {detail} idle {idle:.0f}s with {length} queued; log {worker.log}",
+            )
+        )
 
     def drained(self) -> bool:
         if self.broker.queue_length(self.queue) != 0:
@@ -430,15 +455,18 @@ class Scenario:
             self._drain()
             keys_left = self._keys_left()
             self.fleet.stop()
-            found = Evidence.read(evidence, self.run_id, self.faults, keys_left,
-                                  self.fleet.killed, t0)
+            found = Evidence.read(
+                evidence, self.run_id, self.faults, keys_left, self.fleet.killed, t0
+            )
             found.held = self._snapshot()
         rows = Checks(found, self.params.window, self.broker.kind).rows()
         seconds = time.time() - began
         mode = "plain Celery tasks" if self.params.plain else "DedupeTask"
-        title = (f"chaos on {self.broker.kind} ({mode}): {self.params.producers} producers x "
-                 f"{self.params.calls} calls, {self.params.keys} keys, {seconds:.0f}s; "
-                 f"worker logs in {LOGDIR}")
+        title = (
+            f"chaos on {self.broker.kind} ({mode}): {self.params.producers} producers x "
+            f"{self.params.calls} calls, {self.params.keys} keys, {seconds:.0f}s; "
+            f"worker logs in {LOGDIR}"
+        )
         return Outcome(self.broker.kind, rows, seconds, table(title, rows))
 
     def _produce_under_faults(self) -> float:
@@ -487,8 +515,11 @@ def _brokers(choice: str) -> Iterator[Broker]:
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Params]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__)
     parser.add_argument("--broker", choices=("redis", "amqp", "both"), default="both")
-    parser.add_argument("--quick", action="store_true",
-                        help="the test suite's short form (its values, then any flag given)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the test suite's short form (its values, then any flag given)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the rows here")
     defaults = Params()
     for name, value in asdict(defaults).items():
@@ -499,8 +530,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Params]:
             parser.add_argument(flag, type=type(value), default=None, metavar="N")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else defaults
-    given = {name: getattr(args, name) for name in asdict(defaults)
-             if getattr(args, name) is not None}
+    given = {
+        name: getattr(args, name) for name in asdict(defaults) if getattr(args, name) is not None
+    }
     return args, replace(base, **given)
 
 
@@ -513,9 +545,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(outcome.text + "\n", flush=True)
         outcomes.append(outcome)
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {o.broker: {"seconds": o.seconds, "rows": [asdict(row) for row in o.rows]}
-             for o in outcomes}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    o.broker: {"seconds": o.seconds, "rows": [asdict(row) for row in o.rows]}
+                    for o in outcomes
+                },
+                indent=1,
+            )
+        )
     return 1 if any(outcome.failed for outcome in outcomes) else 0
 
 

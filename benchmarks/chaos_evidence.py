@@ -34,8 +34,9 @@ class Call:
     error: str = ""
 
     def encode(self) -> str:
-        return json.dumps([self.task, self.key, self.task_id, self.deduplicated, self.start,
-                           self.end, self.error])
+        return json.dumps(
+            [self.task, self.key, self.task_id, self.deduplicated, self.start, self.end, self.error]
+        )
 
     @classmethod
     def decode(cls, raw: bytes) -> Call:
@@ -71,8 +72,13 @@ class Evidence:
 
     @classmethod
     def read(
-        cls, client: redis.Redis, prefix: str, faults: list[Fault], keys_left: list[str],
-        killed: dict[int, float], t0: float,
+        cls,
+        client: redis.Redis,
+        prefix: str,
+        faults: list[Fault],
+        keys_left: list[str],
+        killed: dict[int, float],
+        t0: float,
     ) -> Evidence:
         calls = [Call.decode(raw) for raw in client.lrange(f"{prefix}:calls", 0, -1)]
         runs, overlaps = {}, {}
@@ -108,8 +114,10 @@ class Checks:
         self.broker = broker
         self.starts: dict[str, list[float]] = defaultdict(list)
         self.ends: dict[str, list[float]] = defaultdict(list)
+        self.spans: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
         for runs in evidence.runs.values():
             for task_id, start, end in runs:
+                self.spans[task_id].append((start, end))
                 self.starts[task_id].append(start)
                 if end is not None:
                     self.ends[task_id].append(end)
@@ -117,6 +125,14 @@ class Checks:
     def t(self, at: float) -> str:
         """A time as seconds into the run."""
         return f"{at - self.e.t0:.2f}s"
+
+    def history(self, task_id: str) -> str:
+        """A task id's runs: ``start-end``, ``killed`` where its process was killed."""
+        completed = self.e.completed.get(task_id, [])
+        return ", ".join(
+            f"{self.t(start)}-{self.t(end) if end else '?'}{'' if end in completed else ' killed'}"
+            for start, end in sorted(self.spans[task_id])
+        )
 
     def before(self, at: float) -> str:
         """The last fault that began before ``at``."""
@@ -137,8 +153,9 @@ class Checks:
         if not starts:
             return None
         if call.task == "finished":
-            completed = self.e.completed.get(call.task_id)
-            return min(completed) if completed else max(self.ends[call.task_id], default=max(starts))
+            if completed := self.e.completed.get(call.task_id):
+                return min(completed)
+            return max(self.ends[call.task_id], default=max(starts))
         first = min(starts)
         return max((at for at in self.e.prerun.get(call.task_id, []) if at <= first), default=first)
 
@@ -173,12 +190,12 @@ class Checks:
     def duplicate_rows(self) -> list[Row]:
         outside, inside = [], []
         for holder, duplicate in self.duplicates():
-            first = min(self.starts[holder.task_id])
             line = (
                 f"{duplicate.task}[{duplicate.key}] {duplicate.task_id} accepted "
                 f"{self.t(duplicate.start)}-{self.t(duplicate.end)} while {holder.task_id} "
-                f"(accepted {self.t(holder.start)}, first run {self.t(first)}) held the key "
-                f"until {self.t(self.released(holder) or 0)}; {self.before(duplicate.start)}"
+                f"(accepted {self.t(holder.start)}, runs {self.history(holder.task_id)}) held "
+                f"the key until {self.t(self.released(holder) or 0)}; "
+                f"{self.before(duplicate.start)}"
             )
             (inside if self.restart_caused(holder, duplicate) else outside).append(
                 ((duplicate.task, duplicate.key), line)
@@ -186,12 +203,24 @@ class Checks:
         per_key = Counter(key for key, _ in inside)
         crowded = [line for key, line in inside if per_key[key] > 1]
         return [
-            Row("duplicate queued outside a dedup-Redis restart window", len(outside),
-                _fail(outside), [line for _, line in outside]),
-            Row("duplicates inside the restart window (<= 1 per key allowed)", len(inside),
-                "info", [line for _, line in inside]),
-            Row("keys with more than one duplicate inside the window",
-                sum(1 for count in per_key.values() if count > 1), _fail(crowded), crowded),
+            Row(
+                "duplicate queued outside a dedup-Redis restart window",
+                len(outside),
+                _fail(outside),
+                [line for _, line in outside],
+            ),
+            Row(
+                "duplicates inside the restart window (<= 1 per key allowed)",
+                len(inside),
+                "info",
+                [line for _, line in inside],
+            ),
+            Row(
+                "keys with more than one duplicate inside the window",
+                sum(1 for count in per_key.values() if count > 1),
+                _fail(crowded),
+                crowded,
+            ),
         ]
 
     def overlap_row(self) -> Row:
@@ -223,8 +252,12 @@ class Checks:
                     f"{call.task_id} (deduplicated={call.deduplicated}): no run started after "
                     f"it; {self.before(call.start)}"
                 )
-        return Row("lost calls (until=started: no run starting after the call)", len(lines),
-                   _fail(lines), lines)
+        return Row(
+            "lost calls (until=started: no run starting after the call)",
+            len(lines),
+            _fail(lines),
+            lines,
+        )
 
     def never_ran_rows(self) -> list[Row]:
         ours, transport = [], []
@@ -246,8 +279,12 @@ class Checks:
                 )
         return [
             Row("accepted calls that never ran", len(ours), _fail(ours), ours),
-            Row("kombu: popped by a killed worker before it was unacked (lost)", len(transport),
-                "not ours" if transport else "ok", transport),
+            Row(
+                "kombu: popped by a killed worker before it was unacked (lost)",
+                len(transport),
+                "not ours" if transport else "ok",
+                transport,
+            ),
         ]
 
     def rerun_row(self) -> Row:
@@ -255,10 +292,13 @@ class Checks:
         for task_id, ends in self.e.completed.items():
             later = [at for at in self.starts[task_id] if at > min(ends)]
             if later:
-                lines.append(f"{task_id} completed {self.t(min(ends))}, ran again "
-                             f"{', '.join(map(self.t, sorted(later)))}; {self.before(min(later))}")
-        return Row("runs again after a completed run (redelivered: ack lost)", len(lines),
-                   "info", lines)
+                lines.append(
+                    f"{task_id} completed {self.t(min(ends))}, ran again "
+                    f"{', '.join(map(self.t, sorted(later)))}; {self.before(min(later))}"
+                )
+        return Row(
+            "runs again after a completed run (redelivered: ack lost)", len(lines), "info", lines
+        )
 
     def rows(self) -> list[Row]:
         calls = self.e.calls
@@ -269,25 +309,54 @@ class Checks:
         kombu_stalls = [f"{self.t(f.start)} {f.detail}" for f in stalls if "kombu" in f.detail]
         other_stalls = [f"{self.t(f.start)} {f.detail}" for f in stalls if "kombu" not in f.detail]
         return [
-            Row("calls made / accepted / deduplicated", len(calls), "info",
-                [f"{accepted} accepted, {len(calls) - accepted - sum(errors.values())} "
-                 f"deduplicated, {runs} runs"]),
-            Row("calls that raised (broker cut, no message)", sum(errors.values()), "info",
-                [f"{name}: {count}" for name, count in errors.items()]),
-            Row("faults injected", len(self.e.faults) - len(stalls), "info",
-                [f"{self.t(f.start)} {f.kind} ({f.detail})" for f in self.e.faults
-                 if f.kind != "stall"]),
+            Row(
+                "calls made / accepted / deduplicated",
+                len(calls),
+                "info",
+                [
+                    f"{accepted} accepted, {len(calls) - accepted - sum(errors.values())} "
+                    f"deduplicated, {runs} runs"
+                ],
+            ),
+            Row(
+                "calls that raised (broker cut, no message)",
+                sum(errors.values()),
+                "info",
+                [f"{name}: {count}" for name, count in errors.items()],
+            ),
+            Row(
+                "faults injected",
+                len(self.e.faults) - len(stalls),
+                "info",
+                [
+                    f"{self.t(f.start)} {f.kind} ({f.detail})"
+                    for f in self.e.faults
+                    if f.kind != "stall"
+                ],
+            ),
             *self.duplicate_rows(),
             self.overlap_row(),
             self.rerun_row(),
-            Row("keys left after the drain", len(self.e.keys_left), _fail(self.e.keys_left),
-                self.e.keys_left),
+            Row(
+                "keys left after the drain",
+                len(self.e.keys_left),
+                _fail(self.e.keys_left),
+                self.e.keys_left,
+            ),
             self.lost_row(),
             *self.never_ran_rows(),
-            Row("kombu: worker stopped consuming after failed acks (restarted)",
-                len(kombu_stalls), "not ours" if kombu_stalls else "ok", kombu_stalls),
-            Row("worker stalled otherwise (restarted)", len(other_stalls), _fail(other_stalls),
-                other_stalls),
+            Row(
+                "kombu: worker stopped consuming after failed acks (restarted)",
+                len(kombu_stalls),
+                "not ours" if kombu_stalls else "ok",
+                kombu_stalls,
+            ),
+            Row(
+                "worker stalled otherwise (restarted)",
+                len(other_stalls),
+                _fail(other_stalls),
+                other_stalls,
+            ),
         ]
 
 

@@ -56,8 +56,20 @@ def test_chaos_fails_on_plain_celery_tasks(tmp_path: Path) -> None:
     """The checks can fail: the same calls on tasks without dedupe queue duplicates and
     overlap runs, with no fault injected."""
     report, output = _chaos(
-        tmp_path, "--broker", "redis", "--plain", "--kills", "0", "--no-restart-dedup",
-        "--no-cut-broker", "--duration", "8", "--calls", "60", "--drain", "30",
+        tmp_path,
+        "--broker",
+        "redis",
+        "--plain",
+        "--kills",
+        "0",
+        "--no-restart-dedup",
+        "--no-cut-broker",
+        "--duration",
+        "8",
+        "--calls",
+        "60",
+        "--drain",
+        "30",
     )
     failures = _failures(report["redis"]["rows"])
     assert "duplicate queued outside a dedup-Redis restart window" in failures, output
