@@ -17,7 +17,7 @@ import redis
 from celery import Celery, signals
 
 import dedupe
-from tests.helpers import RunLog
+from tests.helpers import RunLog, worker_conf
 
 BROKER = os.environ.get("CHAOS_BROKER", "redis://127.0.0.1:6379/0")
 DEDUP = os.environ.get("CHAOS_DEDUP", BROKER)
@@ -29,17 +29,19 @@ VISIBILITY = float(os.environ.get("CHAOS_VISIBILITY", "30"))
 
 app = Celery("chaos_app", broker=BROKER, backend=EVIDENCE.rsplit("/", 1)[0] + "/1")
 app.conf.update(
-    task_default_queue=QUEUE,
-    dedupe_redis_url=DEDUP,
-    dedupe_key_prefix=PREFIX,
-    dedupe_default_lease=LEASE,
-    broker_connection_retry_on_startup=True,
-    # A message a killed or cut-off worker held comes back once it is VISIBILITY seconds old,
-    # at the next scan (every 10 s; kombu's default scans every tenth time, 100 s).
-    broker_transport_options={"visibility_timeout": VISIBILITY, "unacked_restore_throttle": 1},
-    worker_prefetch_multiplier=1,
-    worker_hijack_root_logger=False,
-    task_ignore_result=True,
+    worker_conf(
+        QUEUE,
+        DEDUP,
+        PREFIX,
+        LEASE,
+        # A message a killed or cut-off worker held comes back once it is VISIBILITY seconds
+        # old, at the next scan (every 10 s; kombu's default scans every tenth time, 100 s).
+        broker_transport_options={
+            "visibility_timeout": VISIBILITY,
+            "unacked_restore_throttle": 1,
+        },
+        task_ignore_result=True,
+    )
 )
 evidence = redis.Redis.from_url(EVIDENCE)
 
