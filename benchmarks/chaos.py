@@ -220,8 +220,8 @@ class AmqpBroker(Broker):
             return None
 
     def delete(self, queue: str) -> None:
-        with contextlib.suppress(Exception):
-            self.connection.default_channel.queue_delete(queue)
+        with contextlib.suppress(Exception), Connection(AMQP_URL, connect_timeout=2) as fresh:
+            fresh.default_channel.queue_delete(queue)
 
 
 # -- the run ---------------------------------------------------------------------------------
