@@ -129,10 +129,36 @@ class Checks:
     def history(self, task_id: str) -> str:
         """A task id's runs: ``start-end``, ``killed`` where its process was killed."""
         completed = self.e.completed.get(task_id, [])
-        return ", ".join(
+        runs = ", ".join(
             f"{self.t(start)}-{self.t(end) if end else '?'}{'' if end in completed else ' killed'}"
             for start, end in sorted(self.spans[task_id])
         )
+        deferred = self.deferrals(task_id)
+        return f"{runs}, {deferred} deferred" if deferred else runs
+
+    def deferrals(self, task_id: str) -> int:
+        """Deliveries of a task id that did not run its body (the guard deferred them)."""
+        return max(0, len(self.e.prerun.get(task_id, [])) - len(self.spans[task_id]))
+
+    def deferral_row(self) -> Row:
+        counts = {task_id: self.deferrals(task_id) for task_id in self.e.prerun}
+        deferred = {task_id: count for task_id, count in counts.items() if count}
+        calls = {call.task_id: call for call in self.e.calls if not call.deduplicated}
+        waits = sorted(
+            (min(self.starts[task_id]) - calls[task_id].start, task_id)
+            for task_id in deferred
+            if task_id in calls and self.starts.get(task_id)
+        )
+        most = max(deferred.items(), key=lambda item: item[1], default=("-", 0))
+        lines = [
+            f"{len(deferred)} task ids deferred {sum(deferred.values())} times; at most "
+            f"{most[1]} ({most[0]})",
+            *(
+                f"{task_id}: {wait:.1f}s from call to first run, {deferred[task_id]} deferred"
+                for wait, task_id in waits[-3:]
+            ),
+        ]
+        return Row("deliveries deferred by the guard", sum(deferred.values()), "info", lines)
 
     def before(self, at: float) -> str:
         """The last fault that began before ``at``."""
@@ -337,6 +363,7 @@ class Checks:
             *self.duplicate_rows(),
             self.overlap_row(),
             self.rerun_row(),
+            self.deferral_row(),
             Row(
                 "keys left after the drain",
                 len(self.e.keys_left),
