@@ -393,8 +393,10 @@ class Scenario:
         assert worker.process is not None
         born = self.fleet.started_at[worker.process.pid]
         cut_while_alive = any(start > born for start, _ in self.cuts)
+        # billiard logs an ack that raised in the main process's result callback.
+        failed_ack = "Pool callback raised exception" in worker.tail()
         why = (
-            "kombu: acks failed during the broker cut"
+            f"kombu: acks failed during the broker cut (a failed ack in its log: {failed_ack})"
             if cut_while_alive and self.broker.kind == "redis"
             else "no broker cut explains it"
         )
