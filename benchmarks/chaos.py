@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import random
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from celery import signals
 from kombu import Connection
 
 from dedupe._redis_server import RedisServer
@@ -84,6 +86,14 @@ QUICK = Params(
 def _produce(seed: int, params: Params, barrier: Any) -> None:
     from benchmarks import chaos_app
 
+    logging.getLogger("dedupe").addHandler(chaos_app.Warnings())
+    # The id of the message a call was publishing: a call that raises still names it.
+    publishing: list[str] = [""]
+
+    def note(headers: Any = None, **_: Any) -> None:
+        publishing[0] = str((headers or {}).get("id", ""))
+
+    signals.before_task_publish.connect(note, weak=False)
     tasks = {"finished": chaos_app.finished, "started": chaos_app.started}
     if params.plain:
         tasks = {"finished": chaos_app.plain_finished, "started": chaos_app.plain_started}
@@ -94,7 +104,7 @@ def _produce(seed: int, params: Params, barrier: Any) -> None:
     barrier.wait()
     for _ in range(params.calls):
         name, key = rng.choice(list(tasks)), rng.randrange(params.keys)
-        start = time.time()
+        start, publishing[0] = time.time(), ""
         try:
             result = tasks[name].apply_async((key, 0.05 + (key % 5) * 0.08))
             call = Call(
@@ -106,7 +116,7 @@ def _produce(seed: int, params: Params, barrier: Any) -> None:
                 time.time(),
             )
         except Exception as exc:
-            call = Call(name, key, "", False, start, time.time(), type(exc).__name__)
+            call = Call(name, key, publishing[0], False, start, time.time(), type(exc).__name__)
         batch.append(call.encode())
         if len(batch) >= 50:
             chaos_app.evidence.rpush(sink, *batch)

@@ -9,6 +9,7 @@ child, just before the dedup claim (``prerun``: the earliest moment a run can ha
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -59,6 +60,17 @@ def _received(**_: Any) -> None:
 
 
 dedupe.install(app)
+
+
+class Warnings(logging.Handler):
+    """Keeps the library's warnings (a producer's, a worker's) in the evidence, timed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = f"{record.created!r} {os.getpid()} {record.name}: {record.getMessage()}"
+        evidence.rpush(f"{PREFIX}:warnings", line)
 
 
 def runlog(task: str, key: int) -> RunLog:

@@ -67,6 +67,8 @@ class Evidence:
     faults: list[Fault]
     keys_left: list[str]
     t0: float
+    #: The library's warnings in the producers: "<time> <pid> <logger>: <message>".
+    warnings: list[str] = field(default_factory=list)
     #: Task ids the Redis broker still held after the drain (queued or unacked).
     held: set[str] = field(default_factory=set)
 
@@ -94,7 +96,8 @@ class Evidence:
         for raw in client.lrange(f"{prefix}:prerun", 0, -1):
             task_id, at = raw.decode().split()
             prerun[task_id].append(float(at))
-        return cls(calls, runs, completed, overlaps, prerun, faults, keys_left, t0)
+        warnings = [raw.decode() for raw in client.lrange(f"{prefix}:warnings", 0, -1)]
+        return cls(calls, runs, completed, overlaps, prerun, faults, keys_left, t0, warnings)
 
 
 @dataclass
@@ -223,6 +226,8 @@ class Checks:
                 f"the key until {self.t(self.released(holder) or 0)}; "
                 f"{self.before(duplicate.start)}"
             )
+            if any(duplicate.task_id in warning for warning in self.e.warnings):
+                line += " [the producer warned about it: see the warnings row]"
             (inside if self.restart_caused(holder, duplicate) else outside).append(
                 ((duplicate.task, duplicate.key), line)
             )
@@ -313,6 +318,35 @@ class Checks:
             ),
         ]
 
+    def error_row(self, errors: Counter[str]) -> Row:
+        """Calls that raised (the broker cut); any whose message ran anyway, by its id."""
+        lines = [f"{name}: {count}" for name, count in errors.items()]
+        for call in self.e.calls:
+            if call.error and call.task_id and call.task_id in self.starts:
+                lines.append(
+                    f"{call.task}[{call.key}] {call.task_id} raised {call.error} at "
+                    f"{self.t(call.end)} but ran {self.history(call.task_id)}"
+                )
+        return Row("calls that raised (broker cut)", sum(errors.values()), "info", lines)
+
+    def warning_row(self) -> Row:
+        lines = []
+        for warning in self.e.warnings:
+            at, pid, text = warning.split(" ", 2)
+            named = [call for call in self.e.calls if call.task_id and call.task_id in text]
+            told = "; ".join(
+                f"its call {'raised ' + call.error if call.error else 'returned'} at "
+                f"{self.t(call.end)} (deduplicated={call.deduplicated}), runs "
+                f"{self.history(call.task_id) or 'none'}"
+                for call in named
+                if text.split(": ", 1)[-1].startswith(call.task_id) and not call.deduplicated
+            )
+            lines.append(
+                f"{self.t(float(at))} pid {pid} {text}; {told or 'no call of that id'}; "
+                f"{self.before(float(at))}"
+            )
+        return Row("library warnings in the producers", len(lines), "info", lines)
+
     def rerun_row(self) -> Row:
         lines = []
         for task_id, ends in self.e.completed.items():
@@ -344,12 +378,7 @@ class Checks:
                     f"deduplicated, {runs} runs"
                 ],
             ),
-            Row(
-                "calls that raised (broker cut, no message)",
-                sum(errors.values()),
-                "info",
-                [f"{name}: {count}" for name, count in errors.items()],
-            ),
+            self.error_row(errors),
             Row(
                 "faults injected",
                 len(self.e.faults) - len(stalls),
@@ -364,6 +393,7 @@ class Checks:
             self.overlap_row(),
             self.rerun_row(),
             self.deferral_row(),
+            self.warning_row(),
             Row(
                 "keys left after the drain",
                 len(self.e.keys_left),
