@@ -421,20 +421,18 @@ def _fail(found: Iterable[Any]) -> str:
     return "FAIL" if list(found) else "ok"
 
 
-def table(title: str, rows: list[Row], details: int = 8) -> str:
+def table(title: str, rows: list[Row], details: int = 12) -> str:
     """One table; under it, up to ``details`` lines for each row that is not ok."""
     width = max(len(row.check) for row in rows)
     lines = [title, f"{'check'.ljust(width)}  {'count':>6}  verdict", "-" * (width + 18)]
-    for row in rows:
-        lines.append(f"{row.check.ljust(width)}  {row.count:>6}  {row.verdict}")
+    lines.extend(f"{row.check.ljust(width)}  {row.count:>6}  {row.verdict}" for row in rows)
     for row in rows:
         if row.verdict == "ok" or not row.details:
             continue
-        shown = row.details if row.verdict == "info" else row.details[:details]
         lines.append(f"\n{row.check}:")
-        lines.extend(f"  {line}" for line in shown[: max(details, 12)])
-        if len(row.details) > len(shown[: max(details, 12)]):
-            lines.append(f"  ... {len(row.details) - len(shown[: max(details, 12)])} more")
+        lines.extend(f"  {line}" for line in row.details[:details])
+        if len(row.details) > details:
+            lines.append(f"  ... {len(row.details) - details} more")
     return "\n".join(lines)
 
 
