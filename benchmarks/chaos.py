@@ -114,9 +114,11 @@ def _produce(seed: int, params: Params, barrier: Any) -> None:
                 bool(getattr(result, "deduplicated", False)),
                 start,
                 time.time(),
+                pid=os.getpid(),
             )
         except Exception as exc:
-            call = Call(name, key, publishing[0], False, start, time.time(), type(exc).__name__)
+            error = type(exc).__name__
+            call = Call(name, key, publishing[0], False, start, time.time(), error, os.getpid())
         batch.append(call.encode())
         if len(batch) >= 50:
             chaos_app.evidence.rpush(sink, *batch)

@@ -32,10 +32,20 @@ class Call:
     start: float
     end: float
     error: str = ""
+    pid: int = 0  # the producer's
 
     def encode(self) -> str:
         return json.dumps(
-            [self.task, self.key, self.task_id, self.deduplicated, self.start, self.end, self.error]
+            [
+                self.task,
+                self.key,
+                self.task_id,
+                self.deduplicated,
+                self.start,
+                self.end,
+                self.error,
+                self.pid,
+            ]
         )
 
     @classmethod
@@ -330,19 +340,30 @@ class Checks:
         return Row("calls that raised (broker cut)", sum(errors.values()), "info", lines)
 
     def warning_row(self) -> Row:
+        """Each warning, with the call it was logged in (a producer makes one call at a time)
+        and whether the task id it names ever ran."""
         lines = []
         for warning in self.e.warnings:
             at, pid, text = warning.split(" ", 2)
-            named = [call for call in self.e.calls if call.task_id and call.task_id in text]
-            told = "; ".join(
-                f"its call {'raised ' + call.error if call.error else 'returned'} at "
-                f"{self.t(call.end)} (deduplicated={call.deduplicated}), runs "
-                f"{self.history(call.task_id) or 'none'}"
-                for call in named
-                if text.split(": ", 1)[-1].startswith(call.task_id) and not call.deduplicated
+            during = next(
+                (
+                    call
+                    for call in self.e.calls
+                    if call.pid == int(pid) and call.start <= float(at) <= call.end
+                ),
+                None,
             )
+            named = text.split(": ", 1)[-1].split(" ", 1)[0]
+            outcome = (
+                "no call"
+                if during is None
+                else f"logged in a {during.task}[{during.key}] call that "
+                + (f"raised {during.error}" if during.error else f"returned {during.task_id}")
+                + f" at {self.t(during.end)}"
+            )
+            ran = self.history(named) or "never ran"
             lines.append(
-                f"{self.t(float(at))} pid {pid} {text}; {told or 'no call of that id'}; "
+                f"{self.t(float(at))} pid {pid} {text}; {outcome}; {named}: {ran}; "
                 f"{self.before(float(at))}"
             )
         return Row("library warnings in the producers", len(lines), "info", lines)
