@@ -49,7 +49,7 @@ class Call:
         )
 
     @classmethod
-    def decode(cls, raw: bytes) -> Call:
+    def decode(cls, raw: bytes | str) -> Call:
         return cls(*json.loads(raw))
 
 
@@ -227,7 +227,8 @@ class Checks:
         )
 
     def duplicate_rows(self) -> list[Row]:
-        outside, inside = [], []
+        outside: list[tuple[tuple[str, int], str]] = []
+        inside: list[tuple[tuple[str, int], str]] = []
         for holder, duplicate in self.duplicates():
             line = (
                 f"{duplicate.task}[{duplicate.key}] {duplicate.task_id} accepted "
