@@ -1,5 +1,5 @@
-"""Sessions: ``tests`` and ``lint`` run by default (and in CI); ``fast``, ``compat``, ``demo``
-and ``bench`` on demand.
+"""Sessions: ``tests`` and ``lint`` run by default (and in CI); ``fast``, ``compat``, ``demo``,
+``bench`` and ``chaos`` on demand.
 
 Use ``./noxw`` on a machine without nox: it makes a private virtualenv for nox first.
 """
@@ -120,3 +120,11 @@ def bench(session: nox.Session) -> None:
     """Run the benchmarks; results go to benchmarks/results/."""
     session.install("-e", ".[bench]")
     session.run("python", "-m", "benchmarks", *session.posargs)
+
+
+@nox.session
+def chaos(session: nox.Session) -> None:
+    """Run the chaos scenario (kills, a dedup-Redis restart, a broker cut) on both brokers;
+    arguments after -- go to benchmarks/chaos.py (--help lists them)."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "benchmarks.chaos", *session.posargs)

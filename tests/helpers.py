@@ -242,6 +242,23 @@ class BeatProcess(ProcessGroup):
         self.wait_ready(lambda: "beat: Starting..." in self.tail(), "beat")
 
 
+def worker_conf(
+    queue: str, redis_url: str, prefix: str, lease: float, **more: Any
+) -> dict[str, Any]:
+    """The settings of an app that real worker subprocesses run (tests/worker_app.py,
+    benchmarks/chaos_app.py): its queue, its dedup store and prefix, one message at a time."""
+    return {
+        "task_default_queue": queue,
+        "dedupe_redis_url": redis_url,
+        "dedupe_key_prefix": prefix,
+        "dedupe_default_lease": lease,
+        "broker_connection_retry_on_startup": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_hijack_root_logger": False,
+        **more,
+    }
+
+
 class RunLog:
     """Tasks write when each run starts and ends; tests check that runs never overlap."""
 

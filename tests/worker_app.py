@@ -22,7 +22,7 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 import dedupe
 
-from .helpers import RunLog
+from .helpers import RunLog, worker_conf
 
 BROKER = os.environ.get("DEDUPE_TEST_BROKER", "redis://127.0.0.1:6379/0")
 REDIS = os.environ.get("DEDUPE_TEST_REDIS", BROKER)
@@ -38,16 +38,7 @@ VISIBILITY = os.environ.get("DEDUPE_TEST_VISIBILITY")
 ENDING_LEASE = 30.0
 
 app = Celery("worker_app", broker=BROKER, backend=REDIS)
-app.conf.update(
-    task_default_queue=QUEUE,
-    dedupe_redis_url=STORE,
-    dedupe_key_prefix=PREFIX,
-    dedupe_default_lease=LEASE,
-    broker_connection_retry_on_startup=True,
-    worker_prefetch_multiplier=1,
-    worker_hijack_root_logger=False,
-    result_expires=600,
-)
+app.conf.update(worker_conf(QUEUE, STORE, PREFIX, LEASE, result_expires=600))
 if VISIBILITY:
     # Restore unacked messages as soon as the timeout has passed (kombu sweeps every 100 s).
     app.conf.broker_transport_options = {

@@ -1,0 +1,462 @@
+"""What the chaos run checks, from its evidence: every call (producers), every run's start and
+end with its pid (the tasks), and the faults the harness injected, with their times.
+
+A duplicate is an accepted call B whose call returned before an earlier accepted call A of the
+same key stopped holding it: A's last run ended (``unique_until="finished"``), or the prerun of
+A's first run, which comes before its claim (``"started"``). Both bounds are ones no correct
+library can cross, whatever the clocks of the processes say (one host, one clock).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from tests.helpers import RunLog
+
+TASKS = ("finished", "started")
+
+
+@dataclass(frozen=True)
+class Call:
+    task: str
+    key: int
+    task_id: str
+    deduplicated: bool
+    start: float
+    end: float
+    error: str = ""
+    pid: int = 0  # the producer's
+
+    def encode(self) -> str:
+        return json.dumps(
+            [
+                self.task,
+                self.key,
+                self.task_id,
+                self.deduplicated,
+                self.start,
+                self.end,
+                self.error,
+                self.pid,
+            ]
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> Call:
+        return cls(*json.loads(raw))
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault, or a worker the harness had to restart (``stall``)."""
+
+    kind: str  # child kill, worker kill, dedup restart, broker cut, stall
+    start: float
+    end: float
+    detail: str = ""
+    #: A whole-worker kill on the Redis broker: task ids in the queue just before it that were
+    #: neither in the queue nor in kombu's unacked hash just after it.
+    vanished: frozenset[str] = frozenset()
+
+
+@dataclass
+class Evidence:
+    calls: list[Call]
+    runs: dict[tuple[str, int], list[tuple[str, float, float | None]]]
+    #: Task id -> when each of its runs ended on its own (not with a killed process).
+    completed: dict[str, list[float]]
+    overlaps: dict[tuple[str, int], list[Any]]
+    prerun: dict[str, list[float]]
+    faults: list[Fault]
+    keys_left: list[str]
+    t0: float
+    #: The library's warnings in the producers: "<time> <pid> <logger>: <message>".
+    warnings: list[str] = field(default_factory=list)
+    #: Task ids the Redis broker still held after the drain (queued or unacked).
+    held: set[str] = field(default_factory=set)
+
+    @classmethod
+    def read(
+        cls,
+        client: redis.Redis,
+        prefix: str,
+        faults: list[Fault],
+        keys_left: list[str],
+        killed: dict[int, float],
+        t0: float,
+    ) -> Evidence:
+        calls = [Call.decode(raw) for raw in client.lrange(f"{prefix}:calls", 0, -1)]
+        runs, overlaps = {}, {}
+        completed: dict[str, list[float]] = defaultdict(list)
+        for task, key in {(call.task, call.key) for call in calls}:
+            log = RunLog(client, f"{prefix}:{task}:{key}")
+            runs[(task, key)] = log.runs(killed)
+            overlaps[(task, key)] = log.overlaps(killed)
+            for task_id, _, end in log.runs():
+                if end is not None:
+                    completed[task_id].append(end)
+        prerun: dict[str, list[float]] = defaultdict(list)
+        for raw in client.lrange(f"{prefix}:prerun", 0, -1):
+            task_id, at = raw.decode().split()
+            prerun[task_id].append(float(at))
+        warnings = [raw.decode() for raw in client.lrange(f"{prefix}:warnings", 0, -1)]
+        return cls(calls, runs, completed, overlaps, prerun, faults, keys_left, t0, warnings)
+
+
+@dataclass
+class Row:
+    check: str
+    count: int
+    verdict: str  # "ok", "FAIL", "not ours", "info"
+    details: list[str] = field(default_factory=list)
+
+
+class Checks:
+    """The checks, each a row of the table."""
+
+    def __init__(self, evidence: Evidence, restart_window: float, broker: str) -> None:
+        self.e = evidence
+        self.window = restart_window
+        self.broker = broker
+        self.starts: dict[str, list[float]] = defaultdict(list)
+        self.ends: dict[str, list[float]] = defaultdict(list)
+        self.spans: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
+        for runs in evidence.runs.values():
+            for task_id, start, end in runs:
+                self.spans[task_id].append((start, end))
+                self.starts[task_id].append(start)
+                if end is not None:
+                    self.ends[task_id].append(end)
+
+    def t(self, at: float) -> str:
+        """A time as seconds into the run."""
+        return f"{at - self.e.t0:.2f}s"
+
+    def history(self, task_id: str) -> str:
+        """A task id's runs: ``start-end``, ``killed`` where its process was killed."""
+        completed = self.e.completed.get(task_id, [])
+        runs = ", ".join(
+            f"{self.t(start)}-{self.t(end) if end else '?'}{'' if end in completed else ' killed'}"
+            for start, end in sorted(self.spans[task_id])
+        )
+        deferred = self.deferrals(task_id)
+        return f"{runs}, {deferred} deferred" if deferred else runs
+
+    def deferrals(self, task_id: str) -> int:
+        """Deliveries of a task id that did not run its body (the guard deferred them)."""
+        return max(0, len(self.e.prerun.get(task_id, [])) - len(self.spans[task_id]))
+
+    def deferral_row(self) -> Row:
+        counts = {task_id: self.deferrals(task_id) for task_id in self.e.prerun}
+        deferred = {task_id: count for task_id, count in counts.items() if count}
+        calls = {call.task_id: call for call in self.e.calls if not call.deduplicated}
+        waits = sorted(
+            (min(self.starts[task_id]) - calls[task_id].start, task_id)
+            for task_id in deferred
+            if task_id in calls and self.starts.get(task_id)
+        )
+        most = max(deferred.items(), key=lambda item: item[1], default=("-", 0))
+        lines = [
+            f"{len(deferred)} task ids deferred {sum(deferred.values())} times; at most "
+            f"{most[1]} ({most[0]})",
+            *(
+                f"{task_id}: {wait:.1f}s from call to first run, {deferred[task_id]} deferred"
+                for wait, task_id in waits[-3:]
+            ),
+        ]
+        return Row("deliveries deferred by the guard", sum(deferred.values()), "info", lines)
+
+    def before(self, at: float) -> str:
+        """The last fault that began before ``at``."""
+        earlier = [fault for fault in self.e.faults if fault.start <= at]
+        if not earlier:
+            return "no fault before"
+        fault = earlier[-1]
+        return f"after {fault.kind} at {self.t(fault.start)} ({fault.detail})"
+
+    def released(self, call: Call) -> float | None:
+        """When an accepted call stopped holding its key at the latest; None if it never ran.
+
+        ``"finished"``: when its first run completed (a redelivery of a message whose run
+        completed, its ack lost in a broker cut, is the broker's at-least-once, counted apart),
+        else when its last run was killed (acked as failed: the message is gone).
+        """
+        starts = self.starts.get(call.task_id)
+        if not starts:
+            return None
+        if call.task == "finished":
+            if completed := self.e.completed.get(call.task_id):
+                return min(completed)
+            return max(self.ends[call.task_id], default=max(starts))
+        first = min(starts)
+        return max((at for at in self.e.prerun.get(call.task_id, []) if at <= first), default=first)
+
+    def duplicates(self) -> list[tuple[Call, Call]]:
+        """(holder, duplicate) pairs: accepted calls made while another still held the key."""
+        by_key: dict[tuple[str, int], list[Call]] = defaultdict(list)
+        for call in self.e.calls:
+            if not call.error and not call.deduplicated:
+                by_key[(call.task, call.key)].append(call)
+        pairs = []
+        for calls in by_key.values():
+            calls.sort(key=lambda call: call.start)
+            holder: Call | None = None
+            held_until = 0.0
+            for call in calls:
+                if holder is not None and call.end < held_until:
+                    pairs.append((holder, call))
+                released = self.released(call)
+                if released is not None and released > held_until:
+                    holder, held_until = call, released
+        return pairs
+
+    def restart_caused(self, holder: Call, duplicate: Call) -> bool:
+        """The holder's record may have been lost in a dedup-Redis restart (accepted before it
+        ended), and the duplicate came within the window after it began."""
+        return any(
+            holder.start <= fault.end and fault.start <= duplicate.end <= fault.end + self.window
+            for fault in self.e.faults
+            if fault.kind == "dedup restart"
+        )
+
+    def duplicate_rows(self) -> list[Row]:
+        outside: list[tuple[tuple[str, int], str]] = []
+        inside: list[tuple[tuple[str, int], str]] = []
+        for holder, duplicate in self.duplicates():
+            line = (
+                f"{duplicate.task}[{duplicate.key}] {duplicate.task_id} accepted "
+                f"{self.t(duplicate.start)}-{self.t(duplicate.end)} while {holder.task_id} "
+                f"(accepted {self.t(holder.start)}, runs {self.history(holder.task_id)}) held "
+                f"the key until {self.t(self.released(holder) or 0)}; "
+                f"{self.before(duplicate.start)}"
+            )
+            if any(duplicate.task_id in warning for warning in self.e.warnings):
+                line += " [the producer warned about it: see the warnings row]"
+            (inside if self.restart_caused(holder, duplicate) else outside).append(
+                ((duplicate.task, duplicate.key), line)
+            )
+        per_key = Counter(key for key, _ in inside)
+        crowded = [line for key, line in inside if per_key[key] > 1]
+        return [
+            Row(
+                "duplicate queued outside a dedup-Redis restart window",
+                len(outside),
+                _fail(outside),
+                [line for _, line in outside],
+            ),
+            Row(
+                "duplicates inside the restart window (<= 1 per key allowed)",
+                len(inside),
+                "info",
+                [line for _, line in inside],
+            ),
+            Row(
+                "keys with more than one duplicate inside the window",
+                sum(1 for count in per_key.values() if count > 1),
+                _fail(crowded),
+                crowded,
+            ),
+        ]
+
+    def overlap_row(self) -> Row:
+        lines = []
+        for (task, key), pairs in self.e.overlaps.items():
+            for (first, start, end), (second, other_start, other_end) in pairs:
+                lines.append(
+                    f"{task}[{key}] {first} {self.t(start)}-{self.t(end) if end else 'never'} "
+                    f"overlaps {second} {self.t(other_start)}-"
+                    f"{self.t(other_end) if other_end else 'never'}; {self.before(other_start)}"
+                )
+        return Row("overlapping runs of one key", len(lines), _fail(lines), lines)
+
+    def lost_row(self) -> Row:
+        """until=started: every call (accepted or not) has a run of its key starting after it."""
+        starts: dict[int, list[float]] = {
+            key: sorted(start for _, start, _ in runs)
+            for (task, key), runs in self.e.runs.items()
+            if task == "started"
+        }
+        lines = []
+        for call in self.e.calls:
+            if call.task != "started" or call.error:
+                continue
+            later = starts.get(call.key, [])
+            if bisect.bisect_right(later, call.start) == len(later):
+                lines.append(
+                    f"started[{call.key}] call {self.t(call.start)} answered with "
+                    f"{call.task_id} (deduplicated={call.deduplicated}): no run started after "
+                    f"it; {self.before(call.start)}"
+                )
+        return Row(
+            "lost calls (until=started: no run starting after the call)",
+            len(lines),
+            _fail(lines),
+            lines,
+        )
+
+    def never_ran_rows(self) -> list[Row]:
+        ours, transport = [], []
+        for call in self.e.calls:
+            if call.error or call.deduplicated or call.task_id in self.starts:
+                continue
+            kill = next((f for f in self.e.faults if call.task_id in f.vanished), None)
+            if kill is not None:
+                transport.append(
+                    f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}: in "
+                    f"the queue before the {kill.kind} at {self.t(kill.start)} ({kill.detail}), "
+                    "in neither the queue nor kombu's unacked hash after it"
+                )
+            else:
+                where = " (its message still in the broker)" if call.task_id in self.e.held else ""
+                ours.append(
+                    f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}, "
+                    f"never ran{where}; {self.before(call.start)}"
+                )
+        return [
+            Row("accepted calls that never ran", len(ours), _fail(ours), ours),
+            Row(
+                "kombu: popped by a killed worker before it was unacked (lost)",
+                len(transport),
+                "not ours" if transport else "ok",
+                transport,
+            ),
+        ]
+
+    def error_row(self, errors: Counter[str]) -> Row:
+        """Calls that raised (the broker cut); any whose message ran anyway, by its id."""
+        lines = [f"{name}: {count}" for name, count in errors.items()]
+        for call in self.e.calls:
+            if call.error and call.task_id and call.task_id in self.starts:
+                lines.append(
+                    f"{call.task}[{call.key}] {call.task_id} raised {call.error} at "
+                    f"{self.t(call.end)} but ran {self.history(call.task_id)}"
+                )
+        return Row("calls that raised (broker cut)", sum(errors.values()), "info", lines)
+
+    def warning_row(self) -> Row:
+        """Each warning, with the call it was logged in (a producer makes one call at a time)
+        and whether the task id it names ever ran."""
+        lines = []
+        for warning in self.e.warnings:
+            at, pid, text = warning.split(" ", 2)
+            during = next(
+                (
+                    call
+                    for call in self.e.calls
+                    if call.pid == int(pid) and call.start <= float(at) <= call.end
+                ),
+                None,
+            )
+            named = text.split(": ", 1)[-1].split(" ", 1)[0]
+            outcome = (
+                "no call"
+                if during is None
+                else f"logged in a {during.task}[{during.key}] call that "
+                + (f"raised {during.error}" if during.error else f"returned {during.task_id}")
+                + f" at {self.t(during.end)}"
+            )
+            ran = self.history(named) or "never ran"
+            lines.append(
+                f"{self.t(float(at))} pid {pid} {text}; {outcome}; {named}: {ran}; "
+                f"{self.before(float(at))}"
+            )
+        return Row("library warnings in the producers", len(lines), "info", lines)
+
+    def rerun_row(self) -> Row:
+        lines = []
+        for task_id, ends in self.e.completed.items():
+            later = [at for at in self.starts[task_id] if at > min(ends)]
+            if later:
+                lines.append(
+                    f"{task_id} completed {self.t(min(ends))}, ran again "
+                    f"{', '.join(map(self.t, sorted(later)))}; {self.before(min(later))}"
+                )
+        return Row(
+            "runs again after a completed run (redelivered: ack lost)", len(lines), "info", lines
+        )
+
+    def rows(self) -> list[Row]:
+        calls = self.e.calls
+        accepted = sum(1 for call in calls if not call.error and not call.deduplicated)
+        errors = Counter(call.error for call in calls if call.error)
+        runs = sum(len(runs) for runs in self.e.runs.values())
+        stalls = [f for f in self.e.faults if f.kind == "stall"]
+        kombu_stalls = [f"{self.t(f.start)} {f.detail}" for f in stalls if "kombu" in f.detail]
+        other_stalls = [f"{self.t(f.start)} {f.detail}" for f in stalls if "kombu" not in f.detail]
+        return [
+            Row(
+                "calls made / accepted / deduplicated",
+                len(calls),
+                "info",
+                [
+                    f"{accepted} accepted, {len(calls) - accepted - sum(errors.values())} "
+                    f"deduplicated, {runs} runs"
+                ],
+            ),
+            self.error_row(errors),
+            Row(
+                "faults injected",
+                len(self.e.faults) - len(stalls),
+                "info",
+                [
+                    f"{self.t(f.start)} {f.kind} ({f.detail})"
+                    for f in self.e.faults
+                    if f.kind != "stall"
+                ],
+            ),
+            *self.duplicate_rows(),
+            self.overlap_row(),
+            self.rerun_row(),
+            self.deferral_row(),
+            self.warning_row(),
+            Row(
+                "keys left after the drain",
+                len(self.e.keys_left),
+                _fail(self.e.keys_left),
+                self.e.keys_left,
+            ),
+            self.lost_row(),
+            *self.never_ran_rows(),
+            Row(
+                "kombu: worker stopped consuming after failed acks (restarted)",
+                len(kombu_stalls),
+                "not ours" if kombu_stalls else "ok",
+                kombu_stalls,
+            ),
+            Row(
+                "worker stalled otherwise (restarted)",
+                len(other_stalls),
+                _fail(other_stalls),
+                other_stalls,
+            ),
+        ]
+
+
+def _fail(found: Iterable[Any]) -> str:
+    return "FAIL" if list(found) else "ok"
+
+
+def table(title: str, rows: list[Row], details: int = 12) -> str:
+    """One table; under it, up to ``details`` lines for each row that is not ok."""
+    width = max(len(row.check) for row in rows)
+    lines = [title, f"{'check'.ljust(width)}  {'count':>6}  verdict", "-" * (width + 18)]
+    lines.extend(f"{row.check.ljust(width)}  {row.count:>6}  {row.verdict}" for row in rows)
+    for row in rows:
+        if row.verdict == "ok" or not row.details:
+            continue
+        lines.append(f"\n{row.check}:")
+        lines.extend(f"  {line}" for line in row.details[:details])
+        if len(row.details) > details:
+            lines.append(f"  ... {len(row.details) - details} more")
+    return "\n".join(lines)
+
+
+def failed(rows: list[Row]) -> bool:
+    return any(row.verdict == "FAIL" for row in rows)
