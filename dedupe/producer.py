@@ -354,7 +354,7 @@ class PreparedCall:
                 # producer that an exception leaves.
                 refused = exc
             except BaseException:
-                self._decided(decision)
+                self._decided(decision, published=False)
                 raise
         if refused is not None:
             # Celery subscribed to the result of a task id that will never exist.
@@ -389,8 +389,9 @@ class PreparedCall:
             return deciding_at_push(producer, decision)
         return contextlib.nullcontext()
 
-    def _decided(self, decision: PendingDecision | None) -> None:
-        """Settle the overlap path's decision after the publish (or its failure)."""
+    def _decided(self, decision: PendingDecision | None, *, published: bool = True) -> None:
+        """Settle the overlap path's decision after the publish (or, ``published=False``,
+        its failure)."""
         if decision is None:
             return
         decided_at_push = decision.decided
@@ -399,7 +400,8 @@ class PreparedCall:
         except RedisUnavailable:
             holder = None  # the policy said raise, but the message may be out: go on
         self.plan.provisional_written = holder is None
-        if holder is not None and not decided_at_push:
+        # A publish that raised before the push read the verdict sent nothing to warn of.
+        if holder is not None and not decided_at_push and published:
             self._warn_second_message(holder)
 
     def cancel_record(self) -> None:

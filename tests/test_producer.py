@@ -789,3 +789,32 @@ def test_a_dropped_results_channel_is_unsubscribed_by_the_next_call(
     gc.collect()
     tasks.sync_customer.delay(73)
     assert redis_client.pubsub_channels(channel) == []
+
+
+def test_a_held_call_whose_publish_fails_warns_of_no_second_message(
+    make_app: Callable[..., Celery], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The overlap path (a dedup Redis of its own, a task of mostly accepted calls): the
+    # enqueue's verdict is read at the push. A publish that fails before it (the broker cut)
+    # sent nothing, so a "held" verdict read afterwards is no second message (the chaos run
+    # logged that warning for calls that raised and never ran).
+    holder_app = make_app(broker=None)
+    dead = make_app(
+        broker="redis://127.0.0.1:1/0",
+        dedupe_key_prefix=holder_app.conf.dedupe_key_prefix,
+        task_publish_retry=False,
+        broker_connection_timeout=0.5,
+        broker_connection_max_retries=0,
+    )
+    jobs = []
+    for app in (holder_app, dead):
+
+        @app.task(shared=False, base=dedupe.DedupeTask, unique=True, name="jobs.cut")
+        def job(x: int) -> None: ...
+
+        jobs.append(job)
+    held = jobs[0].delay(1)
+    with caplog.at_level(logging.DEBUG, logger="dedupe"), pytest.raises(OperationalError):
+        jobs[1].delay(1)
+    assert "two messages of one call" not in caplog.text
+    assert dedupe.lookup(jobs[0], (1,)).task_id == held.id  # type: ignore[union-attr]
