@@ -81,6 +81,12 @@ def cluster_target(url: str) -> ClusterTarget | None:
     if not url.startswith(CLUSTER_SCHEMES):
         return None
     scheme, _, rest = url.partition("://")
+    rest, _, query = rest.partition("?")
+    if query:
+        raise ConfigurationError(
+            f"a Cluster URL takes no query ({redacted(url)!r}): give connection options in "
+            f"dedupe_redis_options, e.g. {{'ssl_cert_reqs': 'none'}}"
+        )
     # The credentials and the database are written once, around the list of nodes.
     credentials, _, hosts = rest.rpartition("@")
     hosts, _, path = hosts.partition("/")
@@ -90,16 +96,22 @@ def cluster_target(url: str) -> ClusterTarget | None:
         )
     nodes: list[tuple[str, int]] = []
     for host in hosts.split(","):
-        parsed = urlsplit(f"redis://{host.strip()}")
-        if parsed.hostname:
-            nodes.append((parsed.hostname, parsed.port or 6379))
-    if not nodes:
+        name, colon, port = host.strip().rpartition(":")
+        if not colon:
+            name, port = port, ""
+        try:
+            nodes.append((name.strip("[]") or "localhost", int(port) if port else 6379))
+        except ValueError:
+            raise ConfigurationError(
+                f"a Cluster URL's nodes are host:port: {host!r} in {redacted(url)!r}"
+            ) from None
+    if not hosts.strip():
         raise ConfigurationError(f"a Cluster URL names at least one node: {redacted(url)!r}")
-    login = urlsplit(f"redis://{credentials}@x") if credentials else None
+    username, _, password = credentials.partition(":")
     return ClusterTarget(
         tuple(nodes),
-        unquote(login.username) if login and login.username else None,
-        unquote(login.password) if login and login.password else None,
+        unquote(username) or None,
+        unquote(password) or None,
         ssl=scheme == "rediss+cluster",
     )
 

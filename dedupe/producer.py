@@ -255,8 +255,9 @@ class PreparedCall:
         """What the publish writes with the message (made on first use: a duplicate decided
         before its publish never needs it)."""
         if self._plan is None:
+            runtime = self.runtime
             self._plan = PushPlan(
-                store=self.runtime.store,
+                store_of=lambda: runtime.store,
                 keys=self.keys,
                 task_id=self.task_id,
                 nonce=self._nonce,
@@ -309,7 +310,9 @@ class PreparedCall:
             sent = call.publish(call.args, call.kwargs, call.options)
         if self.kind == "eager":
             return mark_result(sent, deduplicated=False)
-        return mark_result(sent, deduplicated=False, keys=self.keys, store=self.store)
+        # (No store when none could be made: a Cluster no node of which answered.)
+        store = self.runtime.existing_store
+        return mark_result(sent, deduplicated=False, keys=self.keys, store=store)
 
     def publish_with_record(self) -> DedupeResult:
         """Publish the message, with its record as the path says (blocking: the asyncio

@@ -73,7 +73,9 @@ class Refused(Exception):
 class PushPlan:
     """What one publish must write with its message, and what became of it."""
 
-    store: Store
+    #: The dedup store, asked for when first needed (the runtime makes it then: a Cluster
+    #: no node of which answers makes none, and the call's first write says so).
+    store_of: Callable[[], Store]
     keys: CallKeys
     task_id: str
     #: The call's nonce, and the fields of its queued record.
@@ -100,6 +102,10 @@ class PushPlan:
     #: leaves it in :attr:`pending` instead of sending it.
     deferred: bool = False
     pending: PendingPush | None = None
+
+    @property
+    def store(self) -> Store:
+        return self.store_of()
 
     # Packed on first use (a duplicate needs the provisional record only, and only a publish
     # needs the queued one); plain attributes, not functools.cached_property, which takes a

@@ -89,10 +89,9 @@ class DedupeResult(AnyAsyncResult):
 
     def __del__(self) -> None:
         if not _OLD_PENDING:
-            # A duplicate's result nobody waited on has nothing of Celery's to cancel (its
-            # __del__ would stop the result consumer for the holder's id when no other
-            # result waits: a lookup and an unsubscribe attempt per dropped duplicate, a
-            # batch's main cost after its round trip). One that waited goes Celery's way.
+            # A duplicate's result whose id nothing waits on has nothing of Celery's to cancel
+            # (its __del__ would look for waiters and try to unsubscribe, per dropped
+            # duplicate: a batch's main cost after its round trip). Else Celery's way.
             if self.deduplicated and not _waits(self):
                 return
             super().__del__()
@@ -141,13 +140,12 @@ def _unsubscribe_dropped(backend: Any) -> None:
 
 
 def _waits(result: AsyncResult[Any]) -> bool:
-    """Is this very result object among those waiting on its id?"""
-    key = id(result)
-    for waiting in getattr(result.backend, "_pending_results", None) or ():
-        waiters = waiting.get(result.id)
-        if waiters is not None and waiters.get(key) is result:
-            return True
-    return False
+    """Does anything wait on this result's id (this very object, another, or a weak waiter
+    the cyclic collector cleared before running this ``__del__``, which leaves its id's
+    entry empty)? Then Celery's own ``__del__`` decides what to cancel."""
+    return any(
+        result.id in waiting for waiting in getattr(result.backend, "_pending_results", None) or ()
+    )
 
 
 def _another_waits(result: AsyncResult[Any]) -> bool:

@@ -14,13 +14,14 @@ from typing import Any
 
 from celery import Celery
 from redis.backoff import FullJitterBackoff
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from . import defaults
 from .async_store import AsyncStore
-from .clients import sync_client
+from .clients import cluster_target, sync_client
 from .config import DedupeConfig
-from .errors import NotInstalled
+from .errors import NotInstalled, RedisUnavailable
 from .heartbeat import Heartbeat
 from .redelivery import is_redis_broker, redis_redelivery
 from .store import Store
@@ -52,6 +53,9 @@ class Runtime:
         """Is the broker kombu's Redis transport on the dedup store's own server and
         database? Then a call's record and message can be written in one step."""
         if self._broker_is_store is None:
+            if cluster_target(self.config.redis_url) is not None:
+                self._broker_is_store = False  # (kombu has no Cluster transport)
+                return False
             connection = self.app.connection_for_write()  # not connected: names the transport
             try:
                 redis_transport = getattr(connection.transport, "driver_type", None) == "redis"
@@ -102,10 +106,20 @@ class Runtime:
                         "retry": Retry(backoff, retries=defaults.RETRIES),
                         **config.redis_options,
                     }
-                    client = sync_client(config.redis_url, options, config.call_budget)
+                    try:
+                        client = sync_client(config.redis_url, options, config.call_budget)
+                    except RedisClusterException as exc:
+                        # A Cluster's client learns the layout as it is made: no node
+                        # answered. Made again at the next call.
+                        raise RedisUnavailable("connect", exc) from exc
                     self._store = Store(
                         client, busy_poll=config.busy_poll, budget=config.call_budget
                     )
+        return self._store
+
+    @property
+    def existing_store(self) -> Store | None:
+        """The store if it was made already (never makes one)."""
         return self._store
 
     def async_store(self) -> AsyncStore:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from types import TracebackType
@@ -24,7 +24,7 @@ from redis.commands.core import Script
 
 from . import defaults
 from .clients import DedupRedis
-from .cluster_runner import ClusterScriptRunner
+from .cluster_runner import ClusterScriptRunner, cluster_unreachable
 from .errors import RedisCommandError, RedisUnavailable, UnexpectedReply
 from .keys import CallKeys
 from .record import Holder, pack_owner
@@ -130,6 +130,7 @@ class Requeue(enum.IntEnum):
 
 
 _Code = TypeVar("_Code", bound=enum.IntEnum)
+_T = TypeVar("_T")
 
 
 def _code(kind: type[_Code], script: str, reply: Any) -> _Code:
@@ -443,31 +444,40 @@ class Store:
     def lookup(self, keys: CallKeys) -> Holder | None:
         """The holder of a call's keys: the queued record first, else the running one."""
         names = keys.names
-        with (
-            reraise_unavailable("lookup", keys.call),
-            self.client.pipeline(transaction=False) as pipe,
-        ):
-            for name in names:
-                pipe.get(name)
-                pipe.pttl(name)
-            return first_holder(names, pipe.execute())
+
+        def read() -> Holder | None:
+            with self.client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.get(name)
+                    pipe.pttl(name)
+                return first_holder(names, pipe.execute())
+
+        with reraise_unavailable("lookup", keys.call):
+            return self._command(read)
 
     def claim_tick(self, key: str, claimant: bytes, ttl_ms: int) -> bool:
         """Claim one tick of a beat entry (:func:`dedupe.keys.tick_key`). True: this beat
         sends the tick; False: another beat claimed it first."""
         with reraise_unavailable("claim_tick", key):
-            return bool(self.client.set(key, claimant, nx=True, px=ttl_ms))
+            return bool(self._command(lambda: self.client.set(key, claimant, nx=True, px=ttl_ms)))
 
     def tick_claimant(self, key: str) -> bytes | None:
         """Who claimed a tick of a beat entry (None: nobody, or the claim expired)."""
         with reraise_unavailable("claim_tick", key):
-            claimant = self.client.get(key)
+            claimant = self._command(lambda: self.client.get(key))
         return claimant if isinstance(claimant, bytes) else None
 
     def clear(self, keys: CallKeys) -> bool:
         """Delete a call's keys whoever holds them. True if anything was deleted."""
         with reraise_unavailable("clear", keys.call):
-            return bool(self.client.delete(*keys.names))
+            return bool(self._command(lambda: self.client.delete(*keys.names)))
+
+    def _command(self, attempt: Callable[[], _T]) -> _T:
+        """A command of the client itself: on a Cluster under the script runner's retries
+        and budget (the cluster client's own are off), else under the client's."""
+        if isinstance(self._run, ClusterScriptRunner):
+            return self._run.command(attempt)
+        return attempt()
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,8 +534,9 @@ def _chunk_replies(reply: Any, size: int) -> list[Any]:
 
 def _raise_first_error(replies: Sequence[Any]) -> None:
     # Inside reraise_unavailable: "not now" refusals become RedisUnavailable, others
-    # RedisCommandError. (A batch is written whole or refused whole: Redis refuses writes
-    # for a reason that holds for every call of it.)
+    # RedisCommandError. (On one server a batch is refused whole, for a reason that holds for
+    # every call of it; on a Cluster the calls that went through stand, provisional: their
+    # ttl frees them.)
     for reply in replies:
         if isinstance(reply, BaseException):
             raise reply
@@ -564,9 +575,11 @@ class reraise_unavailable:
     ) -> None:
         if exc is None:
             return
-        if isinstance(exc, redis_errors) or (
-            isinstance(exc, redis.ResponseError) and _NOT_NOW.search(str(exc))
+        if (
+            isinstance(exc, redis_errors)
+            or (isinstance(exc, redis.ResponseError) and _NOT_NOW.search(str(exc)))
+            or cluster_unreachable(exc)
         ):
             raise RedisUnavailable(self.operation, exc) from exc
-        if isinstance(exc, redis.RedisError):
+        if isinstance(exc, (redis.RedisError, redis.exceptions.RedisClusterException)):
             raise RedisCommandError(self.operation, self.key, exc) from exc

@@ -95,7 +95,11 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     runtime = installed(app)
     if runtime is None:
         return
-    warning = eviction_risk(runtime.store.client)
+    try:
+        warning = eviction_risk(runtime.store.client)
+    except RedisUnavailable as exc:  # (a Cluster no node of which answers yet)
+        logger.warning("cannot check the dedup Redis's eviction settings: %s", exc)
+        return
     if warning:
         logger.warning(warning)
 

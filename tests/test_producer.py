@@ -791,6 +791,25 @@ def test_a_dropped_results_channel_is_unsubscribed_by_the_next_call(
     assert redis_client.pubsub_channels(channel) == []
 
 
+def test_a_duplicate_waited_on_weakly_and_collected_in_a_cycle_leaves_no_subscription(
+    tasks: Any, redis_client: redis.Redis
+) -> None:
+    # The cyclic collector clears a weak waiter before running __del__: the waiter's entry
+    # is empty by then, and Celery's own __del__ must still run to unsubscribe.
+    holder = tasks.sync_customer.delay(74)
+    duplicate = tasks.sync_customer.delay(74)
+    assert duplicate.deduplicated
+    channel = f"celery-task-meta-{holder.id}".encode()
+    del holder
+    gc.collect()
+    duplicate.backend.add_pending_result(duplicate, weak=True)
+    duplicate.then(lambda value, cycle=duplicate: cycle, weak=True)  # a reference cycle
+    del duplicate
+    gc.collect()
+    tasks.sync_customer.delay(75)  # (Celery < 5.7: the next call unsubscribes)
+    assert redis_client.pubsub_channels(channel) == []
+
+
 def test_a_held_call_whose_publish_fails_warns_of_no_second_message(
     make_app: Callable[..., Celery], caplog: pytest.LogCaptureFixture
 ) -> None:
