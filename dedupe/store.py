@@ -38,6 +38,7 @@ __all__ = [
     "Renewal",
     "Requeue",
     "Store",
+    "Wait",
     "first_holder",
     "read_cancel",
     "read_claim",
@@ -47,6 +48,7 @@ __all__ = [
     "read_release",
     "read_renew",
     "read_requeue",
+    "read_wait",
     "redis_errors",
     "reraise_unavailable",
     "script_text",
@@ -119,6 +121,19 @@ class Renewal(enum.IntEnum):
     PENDING = 3
 
 
+class Wait(enum.IntEnum):
+    """wait.lua's replies."""
+
+    #: Left alone: a queued record of another task id, or a run another call waits in.
+    LEFT = 0
+    #: The key was free and holds this task id's queued record again.
+    QUEUED = 1
+    #: This task id waits in the run that holds the key, and gets the key when it ends.
+    WAITS = 2
+    #: The key holds this task id's record already.
+    OWN = 3
+
+
 class Requeue(enum.IntEnum):
     """requeue.lua's replies."""
 
@@ -179,6 +194,10 @@ def read_claim(key: str, reply: Any) -> Holder | None:
 
 def read_renew(reply: Any) -> Renewal:
     return _code(Renewal, "renew", reply)
+
+
+def read_wait(reply: Any) -> Wait:
+    return _code(Wait, "wait", reply)
 
 
 def read_requeue(reply: Any) -> Requeue:
@@ -257,6 +276,7 @@ class Store:
         self._claim = self._register("claim")
         self._renew = self._register("renew")
         self._requeue = self._register("requeue")
+        self._wait = self._register("wait")
         self._release = self._register("release")
         self._cancel = self._register("cancel")
         self._publish = self._register("publish")
@@ -422,6 +442,13 @@ class Store:
                 self._requeue, [keys.call, keys.run], [pack_owner(task_id), token, record, ttl_ms]
             )
         return read_requeue(reply)
+
+    def wait(self, keys: CallKeys, task_id: str, record: bytes, ttl_ms: int) -> Wait:
+        """Give a deferred message whose record is gone its place again: the free key, or
+        the place of the call that gets the key when the holder's run ends."""
+        with reraise_unavailable("wait", keys.call):
+            reply = self._run(self._wait, [keys.call], [pack_owner(task_id), record, ttl_ms])
+        return read_wait(reply)
 
     def release(self, keys: CallKeys, task_id: str, token: str = "") -> int:
         """Delete what this task id (and run, when a token is given) holds; returns the count."""

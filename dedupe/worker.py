@@ -281,6 +281,8 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
             countdown = backoff(spec.running_countdown, deferrals, config.deferral_cap)
             deferral = deferrals + 1
             emit(DEFERRED, task.name, task_id, key, holder, countdown=countdown, deferral=deferral)
+            if spec.until == "finished" and spec.carried and holder.task_id != task_id:
+                _wait_in_line(runtime_of(task.app), task.name, task_id, spec)
             _defer(task, request, countdown, deferral)
         logger.warning(
             "%s[%s] gives up after %d deferrals: %s is still %s (dedupe_max_deferrals)",
@@ -297,6 +299,19 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
     emit(SKIPPED, task.name, task_id, spec.keys.run, holder)
     _store_skipped(task, request, task_id, holder, reason)
     raise Ignore()
+
+
+def _wait_in_line(runtime: Runtime, task_name: str, task_id: str, spec: RunSpec) -> None:
+    # A message the producer accepted, held off by another task id: its own record is gone
+    # (a Redis restart or failover lost it), or that task could not hold the key. It takes
+    # its place again, so that calls made while it waits are its duplicates, not new tasks
+    # that win the key before its next try (and again, and again).
+    record = pack_queued(task_id, time.time(), None)
+    try:
+        runtime.store.wait(spec.keys, task_id, record, milliseconds(spec.ttl))
+    except RedisUnavailable as exc:
+        action = "waits without its key"
+        emit(UNAVAILABLE, task_name, task_id, spec.keys.call, action=action, error=exc.cause)
 
 
 def _free_given_up(runtime: Runtime, task_name: str, task_id: str, spec: RunSpec) -> None:

@@ -23,7 +23,7 @@ from dedupe._redis_server import RedisServer
 from dedupe.keys import CallKeys, call_keys
 from dedupe.record import pack_owner, pack_provisional, pack_queued, pack_running, unpack_owner
 from dedupe.run import new_token
-from dedupe.store import Lease, Store
+from dedupe.store import Lease, Store, Wait
 
 from .helpers import require
 
@@ -704,3 +704,36 @@ def test_a_batch_larger_than_one_script_decides_every_call_in_order(
     assert [answers[5].task_id, answers[300].task_id] == ["h5", "h300"]  # type: ignore[union-attr]
     again = store.enqueue_many([(keys[599], pack_provisional("t599", 2), 60_000)])
     assert again == [None]  # these very bytes: the resend of the batch's last call
+
+
+def test_a_message_that_lost_its_record_takes_the_free_key_again(
+    store: Store, finished: CallKeys
+) -> None:
+    assert store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS) is Wait.QUEUED
+    assert store.lookup(finished).task_id == "A"  # type: ignore[union-attr]
+
+
+def test_a_message_that_lost_its_record_waits_in_the_run_and_gets_the_key_at_its_end(
+    store: Store, finished: CallKeys, redis_client: redis.Redis
+) -> None:
+    claim(store, finished, "B", "t1")
+    assert store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS) is Wait.WAITS
+    assert redis_client.pttl(finished.call) > LEASE_MS  # the waiting record's ttl, not the lease
+    assert store.lookup(finished).task_id == "B"  # type: ignore[union-attr]
+    assert store.release(finished, "B", "t1") == 1
+    assert store.lookup(finished).task_id == "A"  # type: ignore[union-attr]
+
+
+def test_a_message_that_lost_its_record_leaves_a_queued_call_alone(
+    store: Store, finished: CallKeys
+) -> None:
+    store.enqueue(finished, pack_queued("B", time.time(), None), TTL_MS)
+    assert store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS) is Wait.LEFT
+    assert store.lookup(finished).task_id == "B"  # type: ignore[union-attr]
+
+
+def test_one_message_at_a_time_waits_in_a_run(store: Store, finished: CallKeys) -> None:
+    claim(store, finished, "B", "t1")
+    assert store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS) is Wait.WAITS
+    assert store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS) is Wait.WAITS
+    assert store.wait(finished, "C", pack_queued("C", time.time(), None), TTL_MS) is Wait.LEFT

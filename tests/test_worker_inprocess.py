@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import pytest
 import redis
 from celery import Celery, signals
@@ -870,3 +871,35 @@ def test_a_worker_whose_app_was_never_installed_refuses_the_run_and_frees_its_ke
             result.get(timeout=15)
     assert dedupe.lookup(producer_job, (1,)) is None
     assert f"jobs.uninstalled[{result.id}] is refused, and its key" in log.text
+
+
+def test_a_message_whose_record_was_lost_waits_behind_the_run_and_gets_the_key_next(
+    app: Celery, gated: Any, gate: threading.Event, runlog: RunLog, redis_client: redis.Redis
+) -> None:
+    # A Redis restart lost the queued record of a message: a call made meanwhile was accepted
+    # and runs. The message, deferred, takes its place behind that run; calls made while it
+    # waits for its next try are its duplicates (they used to win the key before its next
+    # try, again and again: the chaos run saw one message never run).
+    lost = gated.apply_async((1,), countdown=1)
+    assert lost.keys is not None
+    redis_client.delete(lost.keys.call)
+    with in_process_worker(app, pool="threads", concurrency=2):
+        running = gated.delay(1)
+        wait_for(
+            lambda: (
+                len(msgpack.unpackb(redis_client.get(lost.keys.call) or b"\x90", raw=True)) == 7
+            ),
+            timeout=10,
+            message="the lost message waiting in the run's record",
+        )
+        assert gated.delay(1).id == running.id  # the run holds the key still
+        gate.set()
+        assert running.get(timeout=10) == running.id
+        wait_for(
+            lambda: (h := dedupe.lookup(gated, (1,))) is not None and h.task_id == lost.id,
+            timeout=10,
+            message="the key given to the lost message",
+        )
+        assert gated.delay(1).id == lost.id  # a call now is its duplicate, not a new task
+        assert lost.get(timeout=20) == lost.id
+    assert runlog.overlaps() == []
