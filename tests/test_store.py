@@ -737,3 +737,33 @@ def test_one_message_at_a_time_waits_in_a_run(store: Store, finished: CallKeys) 
     assert store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS) is Wait.WAITS
     assert store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS) is Wait.WAITS
     assert store.wait(finished, "C", pack_queued("C", time.time(), None), TTL_MS) is Wait.LEFT
+
+
+def test_a_dead_redeliverable_run_waits_behind_the_call_that_takes_its_key_over(
+    store: Store, finished: CallKeys
+) -> None:
+    # A's worker died (acks_late: its message comes back); B waited in A's record and takes
+    # the key over. A's message must keep its place: the key goes to A when B's run ends.
+    lost_to_a_new_call(store, finished)
+    fields = msgpack.unpackb(store.client.get(finished.run), raw=True)
+    fields[5] = server_seconds(store) - 1
+    store.client.set(finished.run, msgpack.packb(fields, use_bin_type=False), px=TTL_MS)
+    now = int(time.time())
+    assert store.claim(finished, "B", "t2", LEASE_MS, "h", 7, now, record_ttl_ms=TTL_MS) is None
+    assert store.release(finished, "B", "t2") == 1
+    holder = store.lookup(finished)
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("A", "queued")
+    assert claim_redeliverable(store, finished, "A", "t4") is None  # the redelivered message
+
+
+def test_a_dead_run_whose_message_is_gone_leaves_no_place_behind_the_takeover(
+    store: Store, finished: CallKeys
+) -> None:
+    lost_to_a_new_call(store, finished)
+    fields = msgpack.unpackb(store.client.get(finished.run), raw=True)
+    fields[5] = server_seconds(store) - 1
+    store.client.set(finished.run, msgpack.packb(fields, use_bin_type=False), px=TTL_MS)
+    assert claim(store, finished, "B", "t2") is None  # (not acks_late: A's message is gone)
+    assert store.release(finished, "B", "t2") == 1
+    assert store.lookup(finished) is None

@@ -26,13 +26,19 @@
 -- will deliver again: it is held like a queued record. A run of this very task id whose
 -- lease is over is taken over: this is its message, delivered again. A dead run with a call
 -- waiting in it (see successor()) is that call's queued record for every other task id.
+-- When that call takes the key over and the dead run's message comes back (acks_late: this
+-- task's records outlive their lease), the dead run's task id waits in line behind it.
 local id, token = ARGV[1], ARGV[2]
 local run, raw = load_record(KEYS[2])
 local waiting = nil
+local comes_back = nil
 if run then
   local running = run_token(run)
   local dead = running and running ~= token and lease_over(run, server_seconds())
   if dead and run[1] ~= id and successor(run) then
+    if (tonumber(ARGV[8]) or 0) > tonumber(ARGV[3]) then
+      comes_back = cmsgpack.pack({run[1], 0, tonumber(ARGV[6])})  -- (a queued record)
+    end
     raw = successor(run)
     run, running = cmsgpack.unpack(raw), nil
   end
@@ -41,6 +47,8 @@ if run then
   end
   if running then
     waiting = successor(run)  -- (this run's own record, or its dead copy's: the call waits on)
+  else
+    waiting = comes_back
   end
 end
 if KEYS[1] ~= KEYS[2] and ARGV[7] ~= '1' then
