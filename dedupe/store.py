@@ -407,17 +407,30 @@ class Store:
         *,
         keep_record: bool = False,
         record_ttl_ms: int = 0,
+        accepted: bool = False,
     ) -> Holder | None:
         """Start a run. None: claimed; a Holder: another run is live on the key.
         ``keep_record``: leave the call's queued record in place (a throttle window).
         ``record_ttl_ms``: keep the running record this long past each renewal, its lease
-        carried inside (a run whose message the broker would deliver again); 0: the lease."""
+        carried inside (a run whose message the broker would deliver again); 0: the lease.
+        ``accepted``: the message carries the producer's key (it was accepted): one that
+        finds another call's queued record runs, and that call waits in its run."""
         keep = 1 if keep_record else 0
         with reraise_unavailable("claim", keys.call):
             reply = self._run(
                 self._claim,
                 [keys.call, keys.run],
-                [pack_owner(task_id), token, lease_ms, host, pid, now, keep, record_ttl_ms],
+                [
+                    pack_owner(task_id),
+                    token,
+                    lease_ms,
+                    host,
+                    pid,
+                    now,
+                    keep,
+                    record_ttl_ms,
+                    1 if accepted else 0,
+                ],
             )
         return read_claim(keys.run, reply)
 

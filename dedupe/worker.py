@@ -162,10 +162,14 @@ def on_prerun(
         return
     if spec is None:
         return
-    attach(request, _claim(runtime, task, task_id, spec))
+    # A message the producer accepted, on its first delivery: its call was accepted, so it
+    # runs even where another call's queued record holds the key (that call goes next). A
+    # message deferred before carries the key of its re-publication, not of an acceptance.
+    accepted = spec.carried and not deferrals_of(getattr(request, "headers", None))
+    attach(request, _claim(runtime, task, task_id, spec, accepted))
 
 
-def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
+def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec, accepted: bool) -> Run:
     token = new_token()
     lease_ms = milliseconds(spec.lease)
     pid = os.getpid()
@@ -183,6 +187,7 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Run:
             int(now),
             keep_record=window,
             record_ttl_ms=record_ttl_ms,
+            accepted=accepted,
         )
     except RedisUnavailable as exc:
         # The message is consumed already: running it beats losing it.

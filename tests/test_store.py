@@ -177,13 +177,53 @@ def test_claim_of_an_absent_key_runs_a_message_that_bypassed_the_producer(
 
 
 def test_claim_is_held_by_another_calls_queued_record(store: Store, finished: CallKeys) -> None:
-    # B's message may have been handed to callers as the holder: it must run, not A.
+    # B's message may have been handed to callers as the holder: it must run, and this
+    # message, which the producer never saw, is a duplicate of its work.
     enqueue(store, finished, "B")
     before = store.client.get(finished.call)
     holder = claim(store, finished, "A", "t1")
     assert holder is not None
     assert (holder.task_id, holder.state) == ("B", "queued")  # type: ignore[attr-defined]
     assert store.client.get(finished.call) == before
+
+
+def test_an_accepted_messages_claim_over_another_calls_queued_record_keeps_it_next_in_line(
+    store: Store, finished: CallKeys
+) -> None:
+    # B's message may have been handed to callers as the holder: it must run. So must A's,
+    # which the producer accepted too (its own record lost in a restart): A runs now, and
+    # B's record waits in A's run: the key is B's again when A's run ends.
+    enqueue(store, finished, "B")
+    before = store.client.get(finished.call)
+    now = int(time.time())
+    assert store.claim(finished, "A", "t1", LEASE_MS, "h", 7, now, accepted=True) is None
+    holder = store.lookup(finished)
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("A", "running")
+    assert store.release(finished, "A", "t1") == 1
+    assert store.client.get(finished.call) == before
+    assert claim(store, finished, "B", "t2") is None
+
+
+def test_claim_is_held_by_another_calls_provisional_record(
+    store: Store, finished: CallKeys
+) -> None:
+    # B's message is being published: its record is not queued yet.
+    store.enqueue(finished, pack_provisional("B", 1), TTL_MS)
+    now = int(time.time())
+    holder = store.claim(finished, "A", "t1", LEASE_MS, "h", 7, now, accepted=True)
+    assert holder is not None
+    assert holder.task_id == "B"  # type: ignore[attr-defined]
+
+
+def test_claim_is_held_by_another_calls_queued_record_in_started_mode(
+    store: Store, started: CallKeys
+) -> None:
+    # (The run lock holds runs only; the queued record is another key, left to its call.)
+    store.enqueue(started, pack_queued("B", time.time(), None), TTL_MS)
+    now = int(time.time())
+    assert store.claim(started, "A", "t1", LEASE_MS, "h", 7, now, accepted=True) is None
+    assert record(store, started.call)["id"] == "B"  # type: ignore[index]
 
 
 def test_claim_is_held_by_another_tasks_run(store: Store, finished: CallKeys) -> None:

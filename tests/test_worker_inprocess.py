@@ -903,3 +903,25 @@ def test_a_message_whose_record_was_lost_waits_behind_the_run_and_gets_the_key_n
         assert gated.delay(1).id == lost.id  # a call now is its duplicate, not a new task
         assert lost.get(timeout=20) == lost.id
     assert runlog.overlaps() == []
+
+
+def test_an_accepted_message_that_lost_its_record_runs_before_a_queued_call_which_goes_next(
+    app: Celery, gated: Any, gate: threading.Event, runlog: RunLog, redis_client: redis.Redis
+) -> None:
+    # A Redis restart lost the queued record of an accepted message; a call made meanwhile
+    # was accepted and waits in the queue. Both must run: the message runs when it comes
+    # (it used to wait for a next try, and lose the key to every call made in between), and
+    # the queued call waits in its run's record, the key going back to it at the end.
+    lost = gated.apply_async((1,), countdown=1)
+    assert lost.keys is not None
+    redis_client.delete(lost.keys.call)
+    queued = gated.apply_async((1,), countdown=3)
+    assert not queued.deduplicated
+    with in_process_worker(app, pool="threads", concurrency=2):
+        wait_for(lambda: runlog.runs() != [], timeout=10, message="the lost message's run")
+        assert gated.delay(1).id == lost.id  # its run holds the key
+        gate.set()
+        assert lost.get(timeout=10) == lost.id
+        assert queued.get(timeout=15) == queued.id
+    assert [run[0] for run in runlog.runs()] == [lost.id, queued.id]
+    assert runlog.overlaps() == []

@@ -14,14 +14,23 @@
 -- ARGV[8]  time to live of the running record, ms: the redelivery horizon of a run whose
 --          message the broker delivers again if the run dies (acks_late); the lease (or
 --          less, or absent) for any other run
+-- ARGV[9]  "1": the message carries the producer's key (the producer accepted it)
 --
 -- Returns
 --   1                    claimed (also when this very run claimed already: a re-sent command)
---   "<pttl>:<record>"    held: the run key holds another task id (queued or running), or
---                        another live run of this task id; its ttl in ms and its record
+--   "<pttl>:<record>"    held: the run key holds another task id's run (or, outside
+--                        unique_until="finished", queued record; or its provisional
+--                        record), or another live run of this task id; its ttl in ms and
+--                        its record
 --
 -- A queued record of another task id is never taken over: its message may have been handed
--- to callers as the holder of this call, so it must run, and this run is the one guarded.
+-- to callers as the holder of this call, so it must run. A message the producer never saw
+-- (a bypass) is held by it: that call does the same work. A message the producer accepted
+-- too (its own record lost in a Redis restart, or a canvas member, never refused) must run
+-- as well: with unique_until="finished" it runs now, and that call waits in its record
+-- (successor()), the key going back to it when this run ends. Held instead, it would wait
+-- for a next try, and every call made when the key freed before that try would be accepted,
+-- again and again. A provisional record (a call being published) holds it.
 -- A run of another task id whose lease is over stands for its message, which the broker
 -- will deliver again: it is held like a queued record. A run of this very task id whose
 -- lease is over is taken over: this is its message, delivered again. A dead run with a call
@@ -35,17 +44,20 @@ local comes_back = nil
 if run then
   local running = run_token(run)
   local dead = running and running ~= token and lease_over(run, server_seconds())
+  local took_dead = false
   if dead and run[1] ~= id and successor(run) then
     if (tonumber(ARGV[8]) or 0) > tonumber(ARGV[3]) then
       comes_back = cmsgpack.pack({run[1], 0, tonumber(ARGV[6])})  -- (a queued record)
     end
     raw = successor(run)
-    run, running = cmsgpack.unpack(raw), nil
+    run, running, took_dead = cmsgpack.unpack(raw), nil, true
   end
-  if run[1] ~= id or (running and running ~= token and not dead) then
+  local accepted = ARGV[9] == '1' and KEYS[1] == KEYS[2]
+  if accepted and run[1] ~= id and not running and #run >= 3 and not took_dead then
+    waiting = raw  -- another call's queued record: it waits in this run
+  elseif run[1] ~= id or (running and running ~= token and not dead) then
     return held(KEYS[2], raw)
-  end
-  if running then
+  elseif running then
     waiting = successor(run)  -- (this run's own record, or its dead copy's: the call waits on)
   else
     waiting = comes_back
