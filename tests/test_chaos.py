@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .helpers import ROOT, rabbitmq_available
+from .helpers import ROOT, rabbitmq_available, require
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +41,8 @@ def _failures(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("broker", ["redis", "amqp"])
 def test_chaos_short_form_keeps_the_invariants(tmp_path: Path, broker: str) -> None:
-    if broker == "amqp" and not rabbitmq_available():
-        pytest.skip("RabbitMQ is not reachable at 127.0.0.1:5672")
+    if broker == "amqp":
+        require(rabbitmq_available(), "RabbitMQ is not reachable at 127.0.0.1:5672")
     report, output = _chaos(tmp_path, "--broker", broker)
     rows = report[broker]["rows"]
     print(output)
