@@ -93,6 +93,35 @@ def _args_in_one_slot(task: Any, count: int, start: int = 0) -> tuple[int, list[
     return slot, found
 
 
+class Burst:
+    """A thread calling ``task(x)`` for each of ``args``, over and over, until the block
+    ends: the ids each call got, and any error (policy "raise": an error the cluster's
+    change causes surfaces here)."""
+
+    def __init__(self, task: Any, args: list[int]) -> None:
+        self.task, self.args = task, args
+        self.ids: dict[int, set[str]] = {x: set() for x in args}
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._call)
+
+    def _call(self) -> None:
+        while not self._stop.is_set():
+            for x in self.args:
+                try:
+                    self.ids[x].add(self.task.delay(x).id)
+                except BaseException as exc:
+                    self.errors.append(exc)
+
+    def __enter__(self) -> Burst:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
 def test_a_cluster_url_names_its_nodes_and_their_login() -> None:
     target = cluster_target("rediss+cluster://user:p%40ss@h1:7000,h2/0")
     assert target is not None
@@ -266,29 +295,12 @@ def test_a_failover_during_a_burst_of_calls_lets_no_duplicate_in(
 ) -> None:
     args = _args_on_every_master(job, cluster, per_master=4)
     first = {x: job.delay(x).id for x in args}
-    ids: dict[int, set[str]] = {x: set() for x in args}
-    errors: list[BaseException] = []
-    stop = threading.Event()
-
-    def burst() -> None:
-        while not stop.is_set():
-            for x in args:
-                try:  # policy "raise": an error the failover causes would surface here
-                    ids[x].add(job.delay(x).id)
-                except BaseException as exc:
-                    errors.append(exc)
-
-    caller = threading.Thread(target=burst)
-    caller.start()
-    try:
+    with Burst(job, args) as burst:
         time.sleep(0.3)
         cluster.failover(cluster.master_of_slot(_client(cluster).keyslot(_key(job, args[0]))))
         time.sleep(1.0)  # calls on the new master
-    finally:
-        stop.set()
-        caller.join(30)
-    assert errors == []
-    assert ids == {x: {first[x]} for x in args}  # every call of a key named its first id
+    assert burst.errors == []
+    assert burst.ids == {x: {first[x]} for x in args}  # every call of a key named its first id
 
 
 def test_runs_keys_follow_their_runs_through_a_failover_and_are_freed_at_their_end(
@@ -331,33 +343,16 @@ def test_runs_keys_follow_their_runs_through_a_failover_and_are_freed_at_their_e
 def test_a_slot_migrated_during_calls_lets_no_duplicate_in(job: Any, cluster: ClusterSet) -> None:
     slot, args = _args_in_one_slot(job, 8, start=1000)
     first = {x: job.delay(x).id for x in args[:4]}  # half the keys exist before the move
-    ids: dict[int, set[str]] = {x: set() for x in args}
-    errors: list[BaseException] = []
-    stop = threading.Event()
-
-    def burst() -> None:
-        while not stop.is_set():
-            for x in args:
-                try:
-                    ids[x].add(job.delay(x).id)
-                except BaseException as exc:
-                    errors.append(exc)
-
     source = cluster.master_of_slot(slot)
     target = next(port for port in cluster.masters() if port != source)
-    caller = threading.Thread(target=burst)
-    caller.start()
-    try:
+    with Burst(job, args) as burst:
         time.sleep(0.2)
         moved = cluster.migrate_slot(slot, target, pause=0.2)  # callers meet it half moved
         time.sleep(0.5)
-    finally:
-        stop.set()
-        caller.join(30)
-    assert errors == []
+    assert burst.errors == []
     assert moved >= 4
-    assert all(ids[x] == {first[x]} for x in args[:4])
-    assert all(len(ids[x]) == 1 for x in args[4:])  # a new key is accepted once, wherever
+    assert all(burst.ids[x] == {first[x]} for x in args[:4])
+    assert all(len(burst.ids[x]) == 1 for x in args[4:])  # a new key is accepted once, anywhere
     assert cluster.master_of_slot(slot) == target
     assert all(cluster.client(target).exists(_key(job, x)) for x in args)
 

@@ -435,11 +435,16 @@ def test_the_end_of_the_run_gives_the_key_to_the_call_waiting_in_it(
     assert claim(store, finished, "B", "t2") is None
 
 
+def lease_over(store: Store, keys: CallKeys) -> None:
+    """End the lease of the run holding ``keys``: its worker died."""
+    fields = msgpack.unpackb(store.client.get(keys.run), raw=True)
+    fields[5] = server_seconds(store) - 1
+    store.client.set(keys.run, msgpack.packb(fields, use_bin_type=False), px=TTL_MS)
+
+
 def test_the_call_waiting_in_a_dead_run_claims_the_key(store: Store, finished: CallKeys) -> None:
     queued = lost_to_a_new_call(store, finished)
-    fields = msgpack.unpackb(store.client.get(finished.run), raw=True)
-    fields[5] = server_seconds(store) - 1  # A's lease is over: its worker died
-    store.client.set(finished.run, msgpack.packb(fields, use_bin_type=False), px=TTL_MS)
+    lease_over(store, finished)
     holder = claim(store, finished, "C", "t3")
     assert holder is not None
     assert (holder.task_id, holder.state) == ("B", "queued")  # type: ignore[attr-defined]
@@ -785,9 +790,7 @@ def test_a_dead_redeliverable_run_waits_behind_the_call_that_takes_its_key_over(
     # A's worker died (acks_late: its message comes back); B waited in A's record and takes
     # the key over. A's message must keep its place: the key goes to A when B's run ends.
     lost_to_a_new_call(store, finished)
-    fields = msgpack.unpackb(store.client.get(finished.run), raw=True)
-    fields[5] = server_seconds(store) - 1
-    store.client.set(finished.run, msgpack.packb(fields, use_bin_type=False), px=TTL_MS)
+    lease_over(store, finished)
     now = int(time.time())
     assert store.claim(finished, "B", "t2", LEASE_MS, "h", 7, now, record_ttl_ms=TTL_MS) is None
     assert store.release(finished, "B", "t2") == 1
@@ -801,9 +804,7 @@ def test_a_dead_run_whose_message_is_gone_leaves_no_place_behind_the_takeover(
     store: Store, finished: CallKeys
 ) -> None:
     lost_to_a_new_call(store, finished)
-    fields = msgpack.unpackb(store.client.get(finished.run), raw=True)
-    fields[5] = server_seconds(store) - 1
-    store.client.set(finished.run, msgpack.packb(fields, use_bin_type=False), px=TTL_MS)
+    lease_over(store, finished)
     assert claim(store, finished, "B", "t2") is None  # (not acks_late: A's message is gone)
     assert store.release(finished, "B", "t2") == 1
     assert store.lookup(finished) is None
