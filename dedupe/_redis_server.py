@@ -273,8 +273,13 @@ class SentinelSet(_StartedInBlock):
     def _watching(self) -> bool:
         for port in self.sentinel_ports:
             try:
-                state: Any = self.client(port).sentinel_master(self.master_name)
+                # (sentinel_masters, not sentinel_master: redis-py 6.4.0's passes its parser
+                # an argument it does not take)
+                masters: Any = self.client(port).sentinel_masters()
             except redis.RedisError:
+                return False
+            state = masters.get(self.master_name)
+            if state is None:
                 return False
             if int(str(state["num-slaves"])) < 1 or int(str(state["num-other-sentinels"])) < 2:
                 return False
