@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -58,6 +59,46 @@ def wait_for(
 
 def keys_with_prefix(client: redis.Redis, prefix: str) -> list[bytes]:
     return sorted(client.scan_iter(match=f"{prefix}:*", count=1000))
+
+
+def fail_on_keys_left(client: redis.Redis, prefix: str, within: float) -> None:
+    """Wait up to ``within`` seconds for the keys of ``prefix`` to go; fail (and delete
+    them, for the next test) if any is left."""
+    deadline = time.monotonic() + within
+    while (left := keys_with_prefix(client, prefix)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        client.delete(*left)
+        pytest.fail(f"keys left behind: {left}")
+
+
+class Lines(logging.Handler):
+    """The lines one logger logs at ``level`` or above during the block, held on the logger
+    itself (with that level set meanwhile): an in-process worker sets up Celery's logging,
+    which takes the root logger's handlers (pytest's caplog) away and sets it to ERROR."""
+
+    def __init__(self, name: str, level: int = logging.DEBUG) -> None:
+        super().__init__(level)
+        self.logger = logging.getLogger(name)
+        self.lines: list[str] = []
+        self._restore = logging.NOTSET
+
+    @property
+    def text(self) -> str:
+        return "".join(line + "\n" for line in self.lines)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> Lines:
+        self._restore = self.logger.level
+        self.logger.addHandler(self)
+        self.logger.setLevel(self.level)
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.logger.setLevel(self._restore)
+        self.logger.removeHandler(self)
 
 
 def rabbitmq_available(url: str = "amqp://guest:guest@127.0.0.1:5672//") -> bool:

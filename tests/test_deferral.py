@@ -20,7 +20,7 @@ import dedupe
 from dedupe import events
 
 from .conftest import in_process_worker
-from .helpers import wait_for
+from .helpers import Lines, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -81,22 +81,11 @@ def test_each_deferral_is_logged_naming_the_holder(make_app: Callable[..., Celer
     app = make_app(dedupe_max_deferrals=2, dedupe_deferral_cap=0.2)
     refresh = refresh_task(app)
     holder = refresh.apply_async((1,), countdown=60)
-    lines: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    runs = logging.getLogger("dedupe.runs")
-    level = runs.level
-    runs.addHandler(handler)
-    runs.setLevel(logging.INFO)  # (an in-process worker sets the root logger to ERROR)
-    try:
-        with in_process_worker(app, queues=["bypass"]):
-            bypass = app.send_task(refresh.name, args=(1,), queue="bypass")
-            with pytest.raises(TaskRevokedError):
-                bypass.get(timeout=10)
-    finally:
-        runs.setLevel(level)
-        runs.removeHandler(handler)
-    waits = [line for line in lines if "waits:" in line]
+    with Lines("dedupe.runs", logging.INFO) as log, in_process_worker(app, queues=["bypass"]):
+        bypass = app.send_task(refresh.name, args=(1,), queue="bypass")
+        with pytest.raises(TaskRevokedError):
+            bypass.get(timeout=10)
+    waits = [line for line in log.lines if "waits:" in line]
     head = f"{refresh.name}[{bypass.id}] waits: {holder.id} is queued"
     assert waits == [
         f"{head} (deferral 1, tries again in 0.1s)",

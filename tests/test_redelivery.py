@@ -13,7 +13,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from celery import Celery
 import dedupe
 
 from .conftest import in_process_worker
-from .helpers import WorkerProcess, keys_with_prefix, wait_for
+from .helpers import Lines, WorkerProcess, fail_on_keys_left, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +34,7 @@ VISIBILITY = 8.0
 @pytest.fixture(autouse=True)
 def no_key_left_behind(redis_client: redis.Redis, worker_app: Any) -> Iterator[None]:
     yield
-    prefix = worker_app.PREFIX
-    deadline = time.monotonic() + 3 * worker_app.LEASE + 3
-    while (left := keys_with_prefix(redis_client, prefix)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        redis_client.delete(*left)
-        pytest.fail(f"keys left behind: {left}")
+    fail_on_keys_left(redis_client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3)
 
 
 def running(task: Any, *args: Any) -> dedupe.Holder:
@@ -144,24 +137,6 @@ def test_a_killed_worker_keeps_the_key_of_an_acks_late_message_rabbitmq_gives_ba
     assert [run[0] for run in worker_app.runlog(tag).runs()] == [result.id, result.id]
 
 
-@contextmanager
-def worker_warnings() -> Iterator[list[str]]:
-    """The warnings dedupe.worker logs meanwhile (a handler and level of its own: an
-    in-process worker sets the root logger to ERROR as it starts)."""
-    messages: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("dedupe.worker")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING)
-    try:
-        yield messages
-    finally:
-        logger.setLevel(level)
-        logger.removeHandler(handler)
-
-
 def test_a_worker_on_the_redis_broker_warns_at_start_how_long_a_dead_runs_key_waits(
     make_app: Callable[..., Celery],
 ) -> None:
@@ -170,9 +145,9 @@ def test_a_worker_on_the_redis_broker_warns_at_start_how_long_a_dead_runs_key_wa
     @app.task(base=dedupe.DedupeTask, unique=True, acks_late=True, unique_lease=10, shared=False)
     def report(day: str) -> None: ...
 
-    with worker_warnings() as warnings, in_process_worker(app):
+    with Lines("dedupe.worker", logging.WARNING) as log, in_process_worker(app):
         pass
-    (warning,) = [message for message in warnings if "visibility_timeout" in message]
+    (warning,) = [message for message in log.lines if "visibility_timeout" in message]
     assert report.name in warning
     assert "700 s" in warning  # the timeout and kombu's restore sweep (10 x 10 s)
 
@@ -185,9 +160,9 @@ def test_a_worker_on_rabbitmq_gives_no_visibility_warning(
     @app.task(base=dedupe.DedupeTask, unique=True, acks_late=True, shared=False)
     def nightly(day: str) -> None: ...
 
-    with worker_warnings() as warnings, in_process_worker(app):
+    with Lines("dedupe.worker", logging.WARNING) as log, in_process_worker(app):
         pass
-    assert not [message for message in warnings if "visibility_timeout" in message]
+    assert not [message for message in log.lines if "visibility_timeout" in message]
 
 
 def record_ttl_while_running(app: Celery, task: Any, key: Callable[[Any], str]) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from celery.exceptions import Ignore, Reject, Retry, TaskRevokedError
 import dedupe
 
 from .conftest import RedisFactory, in_process_worker
-from .helpers import RunLog, keys_with_prefix, wait_for
+from .helpers import Lines, RunLog, keys_with_prefix, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -822,26 +821,6 @@ def test_a_release_after_the_server_lost_its_scripts_and_connections_mid_run_lan
         finish.set()
         assert result.get(timeout=15) == 1
         wait_for(lambda: dedupe.lookup(gated, (1,)) is None, timeout=5, message="key freed")
-
-
-class Lines(logging.Handler):
-    """The lines of one logger, held on the logger itself: an in-process worker sets up
-    Celery's logging, which takes the root logger's handlers (pytest's caplog) away."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(logging.DEBUG)
-        self.logger = logging.getLogger(name)
-        self.text = ""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.text += record.getMessage() + "\n"
-
-    def __enter__(self) -> Lines:
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self.logger.removeHandler(self)
 
 
 def test_a_worker_whose_app_was_never_installed_refuses_the_run_and_frees_its_key(

@@ -22,7 +22,7 @@ from .helpers import (
     CELERY_REQUEUES_TIMEOUTS,
     CELERY_RETRIES_LOST_RUNS,
     WorkerProcess,
-    keys_with_prefix,
+    fail_on_keys_left,
     wait_for,
 )
 
@@ -36,13 +36,7 @@ def no_key_left_behind(
     yield
     if request.node.get_closest_marker("leaves_keys"):
         return
-    prefix = worker_app.PREFIX
-    deadline = time.monotonic() + 3 * worker_app.LEASE + 3
-    while (left := keys_with_prefix(redis_client, prefix)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if left:
-        redis_client.delete(*left)
-        pytest.fail(f"keys left behind: {left}")
+    fail_on_keys_left(redis_client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3)
 
 
 def holder(task: Any, *args: Any) -> dedupe.Holder | None:
