@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -198,11 +199,23 @@ class Checks:
         first = min(starts)
         return max((at for at in self.e.prerun.get(call.task_id, []) if at <= first), default=first)
 
+    def unrecorded(self) -> set[str]:
+        """Task ids a producer published without dedup: the dedup Redis was unreachable (the
+        restart) and ``dedupe_on_redis_error="enqueue"`` (the default) publishes anyway, by
+        design. They hold no key, so they are nobody's duplicate and nobody's holder."""
+        return {
+            task_id
+            for warning in self.e.warnings
+            if "is published without dedup" in warning
+            and (task_id := _task_id_in(warning.split(" ", 2)[2]))
+        }
+
     def duplicates(self) -> list[tuple[Call, Call]]:
         """(holder, duplicate) pairs: accepted calls made while another still held the key."""
         by_key: dict[tuple[str, int], list[Call]] = defaultdict(list)
+        unrecorded = self.unrecorded()
         for call in self.e.calls:
-            if not call.error and not call.deduplicated:
+            if not call.error and not call.deduplicated and call.task_id not in unrecorded:
                 by_key[(call.task, call.key)].append(call)
         pairs = []
         for calls in by_key.values():
@@ -354,7 +367,7 @@ class Checks:
                 ),
                 None,
             )
-            named = text.split(": ", 1)[-1].split(" ", 1)[0]
+            named = _task_id_in(text)
             outcome = (
                 "no call"
                 if during is None
@@ -401,6 +414,17 @@ class Checks:
                 ],
             ),
             self.error_row(errors),
+            Row(
+                "published without dedup (dedup Redis unreachable; policy 'enqueue')",
+                len(unrecorded := self.unrecorded()),
+                "info",
+                [
+                    f"{call.task}[{call.key}] {call.task_id} at {self.t(call.start)}: "
+                    f"{self.history(call.task_id) or 'never ran'}"
+                    for call in calls
+                    if call.task_id in unrecorded
+                ],
+            ),
             Row(
                 "faults injected",
                 len(self.e.faults) - len(stalls),
@@ -460,3 +484,9 @@ def table(title: str, rows: list[Row], details: int = 12) -> str:
 
 def failed(rows: list[Row]) -> bool:
     return any(row.verdict == "FAIL" for row in rows)
+
+
+def _task_id_in(text: str) -> str:
+    """The task id a library warning names: ``... task.name[<id>] ...`` (else "")."""
+    match = re.search(r"\[([0-9a-f-]{36})\]", text)
+    return match.group(1) if match else ""

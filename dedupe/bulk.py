@@ -4,8 +4,10 @@ A batch decides first: one pipelined round trip of ``enqueue`` writes a provisio
 each distinct call and answers which are duplicates (no message is built for those). The
 accepted calls are then published through Celery, each message as Celery and kombu build it;
 on a Redis broker that is the dedup store their pushes are held back and sent together, each
-with its record through ``publish``, in a second round trip. Elsewhere each publish goes to the
-broker and the records are confirmed without waiting (as a single call does).
+with its record through ``publish``, in a second round trip, and what Celery's apply_async
+would read again for every call is read once for the batch (:mod:`dedupe.send_many`).
+Elsewhere each publish goes to the broker and the records are confirmed without waiting (as
+a single call does).
 
 Calls of one batch with the same key are duplicates of the first of them. Results come back
 in call order, each with its ``deduplicated`` flag; duplicates are always returned, never
@@ -39,6 +41,7 @@ from .publish_seam import pushing_through_many
 from .record import Holder
 from .result import DedupeResult
 from .runtime import Runtime
+from .send_many import BatchSender
 from .store import Push
 
 __all__ = ["aapply_many", "apply_many", "publish_many"]
@@ -73,7 +76,14 @@ def apply_many(
     task, name, app = resolve_task(task_or_name, app)
     publish = publisher_for(task, name, app)
     batch = [Call(app, task, name, args, kwargs, dict(options), publish) for args, kwargs in calls]
-    return publish_many(batch)
+    if not batch:
+        return []
+    # Calls of one task with the same options: prepared alike, but for their arguments.
+    first = PreparedCall(batch[0], decide_first=True)
+    shape = first.shape
+    return _publish_prepared(
+        [first, *(PreparedCall(call, decide_first=True, shape=shape) for call in batch[1:])]
+    )
 
 
 async def aapply_many(
@@ -96,7 +106,10 @@ async def aapply_many(
 def publish_many(calls: Sequence[Call]) -> list[DedupeResult]:
     """Publish ``calls`` (one task's or several), deciding the plain ones in one round trip;
     canvas members, continuations and eager calls go one by one, as they would alone."""
-    prepared = [PreparedCall(call, decide_first=True) for call in calls]
+    return _publish_prepared([PreparedCall(call, decide_first=True) for call in calls])
+
+
+def _publish_prepared(prepared: list[PreparedCall]) -> list[DedupeResult]:
     results: list[DedupeResult | None] = [None] * len(prepared)
     leaders: list[int] = []
     followers: list[tuple[int, int]] = []
@@ -196,6 +209,8 @@ def _build_messages(
     failure: Exception | None = None
     given = prepared[accepted[0]].call.options.get("producer")  # (the batch's options)
     acquired = app.producer_pool.acquire(block=True) if given is None else None
+    # One sender per publish (a batch of apply_many has one; publish_many's, any number).
+    senders: dict[int, BatchSender | None] = {}
     with (
         acquired if acquired is not None else nullcontext(given) as producer,
         pushing_through_many(producer, plans),
@@ -203,12 +218,26 @@ def _build_messages(
         for index in accepted:
             call = prepared[index]
             call.call.options["producer"] = producer
+            key = id(call.call.publish)
+            if key not in senders:
+                senders[key] = BatchSender.of(
+                    call.call, producer, alike=_alike(prepared, accepted, call)
+                )
             try:
-                results[index] = call.publish()
+                results[index] = call.publish(senders[key])
             except Exception as exc:
                 call.cancel_record()
                 failure = failure or exc
     return failure
+
+
+def _alike(prepared: list[PreparedCall], accepted: list[int], call: PreparedCall) -> bool:
+    """Are the accepted calls of ``call``'s publish prepared alike (one shape: the same
+    options, apply_many's), but for their arguments?"""
+    publish = call.call.publish
+    return all(
+        prepared[i].shape is call.shape for i in accepted if prepared[i].call.publish is publish
+    )
 
 
 def _settle(

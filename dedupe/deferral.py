@@ -12,16 +12,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DEFERRALS", "backoff", "deferrals_of"]
+__all__ = ["DEFERRALS", "SINCE", "backoff", "deferrals_of", "since_of"]
 
 #: The header that counts a message's deferrals (absent: none yet).
 DEFERRALS = "celery_dedupe_deferrals"
+#: The header that says when a message was first deferred (the deferring host's clock):
+#: a call accepted after it came while this message was already waiting.
+SINCE = "celery_dedupe_since"
 
 
 def deferrals_of(headers: Mapping[str, Any] | None) -> int:
     """How many times this message was deferred already."""
     value = (headers or {}).get(DEFERRALS)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def since_of(headers: Mapping[str, Any] | None) -> float | None:
+    """When this message was first deferred (None: not yet)."""
+    value = (headers or {}).get(SINCE)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def backoff(base: float, deferrals: int, cap: float) -> float:

@@ -45,6 +45,7 @@ __all__ = [
     "key_reclaimed",
     "key_recreated",
     "key_released",
+    "key_restored",
     "lease_lost",
     "redis_unavailable",
     "run_claimed",
@@ -79,6 +80,9 @@ key_reclaimed = _signal("key_reclaimed", "requeued")
 lease_lost = _signal("lease_lost")
 #: A running task's heartbeat found its key gone (restart, failover, eviction) and wrote it.
 key_recreated = _signal("key_recreated")
+#: A worker found the dedup Redis's data lost and wrote back the key of a message the Redis
+#: broker holds for a worker (reserved, running, or its worker dead and the message due back).
+key_restored = _signal("key_restored")
 #: The dedup Redis could not be asked; ``action`` says what happened instead ("published",
 #: "raised", "ran unguarded", "not freed", "not requeued") and ``error`` why.
 redis_unavailable = _signal("redis_unavailable", "action", "error")
@@ -159,6 +163,14 @@ RECREATED = Event(
     "re-created %(key)s for running task %(task_id)s: the key was gone (Redis restarted, "
     "failed over or evicted it)",
 )
+RESTORED = Event(
+    "key_restored",
+    key_restored,
+    _keys,
+    logging.WARNING,
+    "restored %(key)s for %(task_name)s[%(task_id)s], a message the broker holds for a worker: "
+    "the key was gone (the dedup Redis lost its data)",
+)
 UNAVAILABLE = Event(
     "redis_unavailable",
     redis_unavailable,
@@ -180,6 +192,7 @@ EVENTS = {
         RECLAIMED,
         LEASE_LOST,
         RECREATED,
+        RESTORED,
         UNAVAILABLE,
     )
 }

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import RedisUnavailable
@@ -40,8 +41,15 @@ class _Held:
 class Heartbeat:
     """Renews the leases of the runs this process holds, in one round trip per beat."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self, store: Store, watch: Callable[[], None] | None = None, every: float = 1.0
+    ) -> None:
         self._store = store
+        #: Called by the thread every ``every`` seconds once it runs, runs held or not (see
+        #: dedupe.unacked.RestartWatch): a worker whose runs are all shorter than a third
+        #: of their lease never beats.
+        self._watch = watch
+        self._watch_every = every
         self._reset()
 
     def _reset(self) -> None:
@@ -55,6 +63,9 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         #: When the thread next looks at its leases (monotonic; 0 while it renews).
         self._wake_at = 0.0
+        #: When the thread next calls the watch (monotonic; one period after it starts, so
+        #: that a run's own cost stays a claim and a release).
+        self._watch_at = 0.0
 
     def hold(self, lease: Lease, task_name: str = "") -> None:
         """Start renewing ``lease`` (of a run of ``task_name``, which events name)."""
@@ -65,6 +76,7 @@ class Heartbeat:
         with self._wake:
             self._held[id(lease)] = held
             if self._thread is None or not self._thread.is_alive():
+                self._watch_at = time.monotonic() + self._watch_every
                 self._thread = threading.Thread(
                     target=self._run, name="dedupe-heartbeat", daemon=True
                 )
@@ -88,16 +100,25 @@ class Heartbeat:
         while True:
             with self._wake:
                 due = self._due()
-                while not due:
+                while not due and not self._watch_due():
                     next_due = self._next_due()
-                    self._wake_at = (
-                        next_due if next_due is not None else time.monotonic() + _IDLE_WAIT
-                    )
-                    self._wake.wait(max(self._wake_at - time.monotonic(), 0))
+                    wake_at = next_due if next_due is not None else time.monotonic() + _IDLE_WAIT
+                    if self._watch is not None:
+                        wake_at = min(wake_at, self._watch_at)
+                    self._wake_at = wake_at
+                    self._wake.wait(max(wake_at - time.monotonic(), 0))
                     due = self._due()
                 self._wake_at = 0.0
-            with self._renewing:
-                self._beat(due)
+            if due:
+                with self._renewing:
+                    self._beat(due)
+            if self._watch is not None and self._watch_due():
+                self._watch_at = time.monotonic() + self._watch_every
+                # Outside the locks: it may take a while, and drop() must not wait for it.
+                self._watch()
+
+    def _watch_due(self) -> bool:
+        return self._watch is not None and time.monotonic() >= self._watch_at
 
     def _due(self) -> list[_Held]:
         now = time.monotonic()

@@ -28,6 +28,7 @@ __all__ = [
     "RUN_SUFFIX",
     "Binder",
     "CallKeys",
+    "alive_key",
     "binder_for",
     "call_digest",
     "call_keys",
@@ -75,6 +76,15 @@ def call_keys(prefix: str, task_name: str, digest: str, *, separate_run_lock: bo
     """Name the keys of a call from its digest."""
     name = tag_safe(task_name)
     return CallKeys.of(f"{prefix}:{{{name}:{digest}}}", separate_run_lock=separate_run_lock)
+
+
+def alive_key(prefix: str) -> str:
+    """The marker key whose absence tells a worker that the dedup Redis lost its data.
+
+    >>> alive_key("dedupe")
+    'dedupe:alive'
+    """
+    return f"{prefix}:alive"
 
 
 def tick_key(prefix: str, entry_name: str, tick: int) -> str:

@@ -41,7 +41,7 @@ from .events import ACCEPTED, DEDUPLICATED, UNAVAILABLE, emit
 from .header import HEADER, KeyHeader, publishing
 from .keys import CallKeys, keys_for
 from .liveness import lost_run_token
-from .options import options_for, pop_call_options
+from .options import UniqueOptions, options_for, pop_call_options
 from .publish_seam import (
     PendingDecision,
     PushPlan,
@@ -58,8 +58,10 @@ from .timing import delay_seconds, milliseconds, seconds_to_expiry
 
 __all__ = [
     "Call",
+    "CallShape",
     "PreparedCall",
     "Publish",
+    "TaskPublish",
     "apply_async",
     "forget_result",
     "lookup",
@@ -142,7 +144,45 @@ def publisher_for(
     publish: Publish | None = getattr(task, "_dedupe_publish", None)
     if publish is not None:
         return publish
-    return lambda args, kwargs, options: task.apply_async(args, kwargs, **options)
+    return TaskPublish(task)
+
+
+class TaskPublish:
+    """Publishes with ``task.apply_async`` (a class: a batch tells it from other publishes)."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+
+    def __call__(
+        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: dict[str, Any]
+    ) -> AsyncResult[Any]:
+        result: AsyncResult[Any] = self.task.apply_async(args, kwargs, **options)
+        return result
+
+
+class CallShape:
+    """What preparing a call takes from its app, its task and its dedup options, not from its
+    arguments: the same for every call of a batch (whose calls share their options).
+
+    A plain class with slots: one is made for every single call, and a frozen dataclass
+    costs it a microsecond more."""
+
+    __slots__ = ("provisional_ttl_ms", "runtime", "task_expires", "unique")
+
+    def __init__(self, call: Call, overrides: Mapping[str, Any] | None) -> None:
+        runtime = self.runtime = runtime_of(call.app)
+        config = runtime.config
+        #: The call's dedup options; None under ``task_always_eager`` (nothing to deduplicate).
+        self.unique: UniqueOptions | None = (
+            None
+            if _always_eager(call.app)
+            else options_for(call.task, call.task_name, config, overrides)
+        )
+        #: The task's own ``expires`` (a call's ``expires`` option comes first).
+        self.task_expires: Any = getattr(call.task, "expires", None)
+        self.provisional_ttl_ms = milliseconds(config.provisional_ttl)
 
 
 class PreparedCall:
@@ -180,19 +220,25 @@ class PreparedCall:
     #: The run token a continuation speaks for; None when made outside any run.
     token: str | None
 
-    def __init__(self, call: Call, *, decide_first: bool = False) -> None:
+    def __init__(
+        self, call: Call, *, decide_first: bool = False, shape: CallShape | None = None
+    ) -> None:
         """``decide_first``: take the decide or confirm path whatever the task's recent
-        calls were (a batch decides all its calls in one round trip first)."""
+        calls were (a batch decides all its calls in one round trip first). ``shape``: the
+        :attr:`shape` of a call of the same app and task with the same options."""
         self.call = call
         self._decide_first = decide_first
         app, options = call.app, call.options
-        runtime = self.runtime = runtime_of(app)
         overrides = pop_call_options(options)
-        if _always_eager(app):
+        if shape is None:
+            shape = CallShape(call, overrides)
+        self.shape = shape
+        runtime = self.runtime = shape.runtime
+        unique = shape.unique
+        if unique is None:
             self.kind = "eager"
             return
         config = runtime.config
-        unique = options_for(call.task, call.task_name, config, overrides)
         self.on_duplicate = unique.on_duplicate
         task_id: Any = options.get("task_id")
         continuation = None
@@ -234,7 +280,7 @@ class PreparedCall:
         self._enqueued_at, self._eta = now, (now + delay if delay else None)
         # A message that expires lives until it runs or expires, whatever unique_ttl says:
         # its key lives as long (an expired message met by a worker frees it sooner).
-        expires = options.get("expires", getattr(call.task, "expires", None))
+        expires = options.get("expires", shape.task_expires)
         expiry = (
             None
             if expires is None
@@ -245,6 +291,8 @@ class PreparedCall:
         else:
             self._ttl = max(expiry, _EXPIRED_TTL)
         self._plan: PushPlan | None = None
+        #: The provisional record the first write sent, if it was packed already.
+        self._provisional: bytes | None = None
         #: The call's first write failed as unavailable: later writes of this call are not
         #: tried (each would wait out the retry policy again, for a record whose fate is
         #: unknown and which the provisional ttl frees anyway).
@@ -264,7 +312,8 @@ class PreparedCall:
                 enqueued_at=self._enqueued_at,
                 eta=self._eta,
                 ttl_ms=milliseconds(self._ttl),
-                provisional_ttl_ms=milliseconds(self.runtime.config.provisional_ttl),
+                provisional_ttl_ms=self.shape.provisional_ttl_ms,
+                _provisional=self._provisional,
                 # Canvas members and continuations are never refused: a refused member would
                 # cut its workflow, a continuation is the same task id going on.
                 force=self.kind != "enqueue",
@@ -274,8 +323,8 @@ class PreparedCall:
     def enqueue_arguments(self) -> tuple[CallKeys, bytes, int]:
         """The arguments of the first write of a call that decides first (a provisional
         record: the same bytes the plan packs)."""
-        provisional = pack_provisional(self.task_id, self._nonce)
-        return self.keys, provisional, milliseconds(self.runtime.config.provisional_ttl)
+        provisional = self._provisional = pack_provisional(self.task_id, self._nonce)
+        return self.keys, provisional, self.shape.provisional_ttl_ms
 
     def _path(self, runtime: Runtime) -> Literal["one-step", "decide", "overlap", "confirm"]:
         one_step = runtime.broker_is_store
@@ -299,15 +348,16 @@ class PreparedCall:
         """The call writes its record before the publish (a provisional one)."""
         return self.kind != "eager" and self.path in ("decide", "confirm")
 
-    def publish(self) -> DedupeResult:
-        """Send the message through Celery, as it is (blocking)."""
+    def publish(self, through: Publish | None = None) -> DedupeResult:
+        """Send the message through Celery, as it is (blocking); ``through``: a publish that
+        stands for the call's own (a batch's sender)."""
         call = self.call
         if self.kind != "eager":
             headers = dict(call.options.get("headers") or {})
             headers[HEADER] = self.header.encode()
             call.options["headers"] = headers
         with publishing():
-            sent = call.publish(call.args, call.kwargs, call.options)
+            sent = (through or call.publish)(call.args, call.kwargs, call.options)
         if self.kind == "eager":
             return mark_result(sent, deduplicated=False)
         # (No store when none could be made: a Cluster no node of which answered.)

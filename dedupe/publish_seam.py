@@ -28,6 +28,10 @@ a dedup store on another server or database than the broker, a fanout exchange (
 those with PUBLISH), queues of different expiries. kombu retrying a publish on a new
 channel after a connection error publishes through kombu alone; the producer then writes the
 record after the fact (:attr:`PushPlan.pushed` stays None).
+
+A batch (:func:`pushing_through_many`) holds every push back and sends them together: the
+channel is taken over once for its publishes, and kombu's ``Producer.publish`` of its
+messages is spared two things that would do nothing (:class:`_HeldBack`).
 """
 
 from __future__ import annotations
@@ -159,44 +163,159 @@ def pushing_through(producer: Any, plan: PushPlan) -> ContextManager[None]:
 
 def pushing_through_many(producer: Any, plans: Mapping[str, PushPlan]) -> ContextManager[None]:
     """:func:`pushing_through` for every publish of the block, each with the plan of its task
-    id (``plans``; a message of another id goes out through kombu as it would)."""
+    id (``plans``; a message of another id goes out through kombu as it would). When every
+    plan holds its push back (a batch), kombu's ``Producer.publish`` of their messages is
+    spared what it would do for nothing (:class:`_HeldBack`)."""
     channel = producer.channel
     if not is_redis_channel(channel):
         return nullcontext()
-    kombu_publish = type(channel).basic_publish
+    seam = _Seam(channel, plans)
+    if plans and all(plan.deferred for plan in plans.values()):
+        return _both(seam.installed(), _HeldBack(producer, seam).installed())
+    return seam.installed()
 
-    def basic_publish(message: dict[str, Any], exchange: str, routing_key: str, **kw: Any) -> Any:
-        plan = plans.get(str((message.get("headers") or {}).get("id")))
+
+@contextmanager
+def _both(first: ContextManager[None], second: ContextManager[None]) -> Iterator[None]:
+    with first, second:
+        yield
+
+
+class _Seam:
+    """The channel's ``basic_publish`` and ``_put`` for a block of publishes: shadowed once for
+    the block (a batch makes many publishes through it)."""
+
+    def __init__(self, channel: Any, plans: Mapping[str, PushPlan]) -> None:
+        self.channel = channel
+        self.plans = plans
+        self.kombu = type(channel)
+        #: The lists and fanouts kombu hands ``_put`` in the publish of a plan (None: in
+        #: no such publish, ``_put`` is kombu's).
+        self.queues: list[str] | None = None
+        self.fanouts: list[tuple[Any, ...]] = []
+        #: Is the dedup store on the channel's server? (per store: asked once per block)
+        self.same_server: dict[int, bool] = {}
+
+    def installed(self) -> ContextManager[None]:
+        return _shadowing(
+            self.channel,
+            basic_publish=self.basic_publish,
+            _put=self.put,
+            _put_fanout=self.put_fanout,
+        )
+
+    def put(self, queue: str, message: Any, **kwargs: Any) -> Any:
+        if self.queues is None:
+            return self.kombu._put(self.channel, queue, message, **kwargs)
+        self.queues.append(queue)
+        return None
+
+    def put_fanout(self, *args: Any, **kwargs: Any) -> Any:
+        if self.queues is None:
+            return self.kombu._put_fanout(self.channel, *args, **kwargs)
+        self.fanouts.append((args, kwargs))
+        return None
+
+    def basic_publish(
+        self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any
+    ) -> Any:
+        plan = self.plans.get(str((message.get("headers") or {}).get("id")))
         if plan is None:
-            return kombu_publish(channel, message, exchange, routing_key, **kw)
-        return _publish(channel, plan, message, exchange, routing_key, kw)
+            return self.kombu.basic_publish(self.channel, message, exchange, routing_key, **kwargs)
+        queues: list[str] = []
+        fanouts: list[tuple[Any, ...]] = []
+        self.queues, self.fanouts = queues, fanouts
+        try:
+            self.kombu.basic_publish(self.channel, message, exchange, routing_key, **kwargs)
+        finally:
+            self.queues = None
+        return _publish(self, plan, message, queues, fanouts)
 
-    return _shadowing(channel, basic_publish=basic_publish)
+    def on_same_server(self, plan: PushPlan) -> bool:
+        store = plan.store
+        known = self.same_server.get(id(store))
+        if known is None:
+            known = self.same_server[id(store)] = _same_server(self.channel, store)
+        return known
+
+
+class _HeldBack:
+    """kombu's ``Producer.publish`` on one producer instance, for a block whose planned pushes
+    are all held back (a batch): a publish declares nothing its connection's declaration
+    cache holds, and a planned message whose push is sure to be held back skips kombu's
+    retry wrapper. Both would do nothing: ``maybe_declare`` returns on finding the entity
+    in the cache (after binding two copies of it to the channel), and ``ensure`` retries
+    connection errors of a publish that, held back, does no I/O (a direct route to one list
+    of the store's own server: no fanout, no expiries apart, no provisional publish).
+
+    kombu 5.7 also copies a retry policy into the connection's transport options: the
+    wrapper is skipped only for a policy that a publish of the block has given kombu."""
+
+    def __init__(self, producer: Any, seam: _Seam) -> None:
+        self.producer = producer
+        self.seam = seam
+        self.kombu = type(producer).publish
+        #: The retry policies kombu was given, with retry, by a publish of the block.
+        self.policies: list[Any] = []
+
+    def installed(self) -> ContextManager[None]:
+        return _shadowing(self.producer, publish=self.publish)
+
+    def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+        declare = kwargs.get("declare")
+        if declare and _all_declared(self.seam.channel, declare):
+            kwargs["declare"] = declare = []
+        retry, policy = bool(kwargs.get("retry")) and not args, kwargs.get("retry_policy")
+        if retry and policy in self.policies and not declare and self._held_back(kwargs):
+            kwargs["retry"] = False
+            return self.kombu(self.producer, body, **kwargs)
+        sent = self.kombu(self.producer, body, *args, **kwargs)
+        if retry and policy not in self.policies:
+            self.policies.append(policy)  # (once kombu took it: not if it raised before)
+        return sent
+
+    def _held_back(self, kwargs: Mapping[str, Any]) -> bool:
+        """Is the push of this publish sure to be held back, with no I/O on its way?"""
+        plan = self.seam.plans.get(str((kwargs.get("headers") or {}).get("id")))
+        return (
+            plan is not None
+            and plan.deferred
+            and kwargs.get("exchange") == ""  # a direct route: to the one list it names
+            and bool(kwargs.get("routing_key"))
+            and not self.producer.exchange.name  # (nor would kombu declare the producer's)
+            # (kombu 5.7's Producer.batch() publishes when its block ends)
+            and getattr(getattr(self.producer, "_batch_local", None), "current", None) is None
+            and self.seam.on_same_server(plan)
+        )
+
+
+def _all_declared(channel: Any, entities: Any) -> bool:
+    """Would kombu's ``maybe_declare`` find each of ``entities`` declared, and return?"""
+    connection = getattr(channel, "connection", None)
+    if connection is None:
+        return False  # a closed channel: kombu revives the entity and declares it again
+    declared = connection.client.declared_entities
+    for entity in entities:
+        if not getattr(entity, "can_cache_declaration", False) or hash(entity) not in declared:
+            return False
+    return True
 
 
 def _publish(
-    channel: Any,
+    seam: _Seam,
     plan: PushPlan,
     message: dict[str, Any],
-    exchange: str,
-    routing_key: str,
-    kwargs: Mapping[str, Any],
+    queues: list[str],
+    fanouts: list[tuple[Any, ...]],
 ) -> Any:
-    kombu_publish = type(channel).basic_publish
-    queues: list[str] = []
-    fanouts: list[tuple[Any, ...]] = []
-    with _shadowing(
-        channel,
-        _put=lambda queue, message, **kw: queues.append(queue),
-        _put_fanout=lambda *args, **kw: fanouts.append((args, kw)),
-    ):
-        kombu_publish(channel, message, exchange, routing_key, **kwargs)
+    """Write ``plan``'s record with the message kombu routed to ``queues`` (and ``fanouts``)."""
+    channel = seam.channel
     if not queues and not fanouts:
         plan.unroutable = True  # kombu drops what no queue is bound for
         return None
     queue_expiry = getattr(channel, "_expires", None) or {}  # x-expires, kombu 5.6.2+
     expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
-    if fanouts or len(expiries) > 1 or not _same_server(channel, plan):
+    if fanouts or len(expiries) > 1 or not seam.on_same_server(plan):
         _publish_provisionally(channel, plan, message, queues, fanouts)
         return None
     pri = channel._get_message_priority(message, reverse=False)
@@ -250,11 +369,11 @@ def _publish_provisionally(
     plan.needs_confirm = plan.provisional_written
 
 
-def _same_server(channel: Any, plan: PushPlan) -> bool:
+def _same_server(channel: Any, store: Store) -> bool:
     """Is the channel's Redis the dedup store's server and database? (Spelled alike: a
     broker at ``localhost`` and a store at ``127.0.0.1`` count as two.)"""
-    store = plan.store.server
-    return store is not None and _address(channel.pool.connection_kwargs) == _address(store)
+    server = store.server
+    return server is not None and _address(channel.pool.connection_kwargs) == _address(server)
 
 
 def _address(kwargs: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -16,7 +16,9 @@ that record lives up to the redelivery, and its lease says whether the run is al
 without it (any other run, and records of older versions) live for the lease only. ``next``
 is the queued record of a call accepted while the run's key was lost (a Redis restart or
 failover): the run's heartbeat took the key back with that call waiting in it, and the key
-goes to the call when the run ends.
+goes to the call when the run ends. A running record whose token and host are ``"restored"``
+was written back for a message the Redis broker holds unacked, after the dedup Redis lost its
+data (:mod:`dedupe.unacked`): it stands for every run of its task id.
 
 The nonce is a random number drawn once per call: a command that redis-py sends again after a
 timeout carries the same record, a second call never does (not even one with the same explicit
@@ -41,11 +43,13 @@ from ._packing import shared_pack
 from .errors import RecordFormatError
 
 __all__ = [
+    "RESTORED_TOKEN",
     "Holder",
     "new_nonce",
     "pack_owner",
     "pack_provisional",
     "pack_queued",
+    "pack_restored",
     "pack_running",
     "unpack_owner",
 ]
@@ -122,6 +126,17 @@ def pack_queued(
     if eta is None:
         return bytes(_pack((owner, nonce, enqueued_at)))
     return bytes(_pack((owner, nonce, enqueued_at, float(eta))))
+
+
+#: The run token (and host) of a restored record (see dedupe/lua/restore.lua): not one run's,
+#: it stands for every run of its task id.
+RESTORED_TOKEN = "restored"
+
+
+def pack_restored(task_id: str, delivered_at: float) -> bytes:
+    """The record of a message the broker holds for a worker, written back after Redis lost
+    its key (restore.lua adds its lease)."""
+    return pack_running(task_id, RESTORED_TOKEN, RESTORED_TOKEN, 0, delivered_at)
 
 
 def pack_running(task_id: str, token: str, host: str, pid: int, started_at: float) -> bytes:

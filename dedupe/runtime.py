@@ -25,6 +25,7 @@ from .errors import NotInstalled, RedisUnavailable
 from .heartbeat import Heartbeat
 from .redelivery import is_redis_broker, redis_redelivery
 from .store import Store
+from .unacked import RestartWatch
 
 __all__ = ["Runtime", "add_runtime", "installed", "runtime_of"]
 
@@ -138,10 +139,21 @@ class Runtime:
     def heartbeat(self) -> Heartbeat:
         if self._heartbeat is None:
             store = self.store
+            watch = self._restart_watch(store)
+            every = self.config.default_lease / 3
             with self._lock:
                 if self._heartbeat is None:
-                    self._heartbeat = Heartbeat(store)
+                    self._heartbeat = Heartbeat(store, watch, every)
         return self._heartbeat
+
+    def _restart_watch(self, store: Store) -> RestartWatch | None:
+        # Only a Redis broker keeps unacked messages where a worker can read them; one that
+        # is the dedup store loses them with the records; a Cluster has many servers to lose.
+        redelivery = self.redis_redelivery
+        if redelivery is None or store.server is None or self.broker_is_store:
+            return None
+        config = self.config
+        return RestartWatch(self.app, store, config.key_prefix, config.default_lease, redelivery)
 
 
 def _same_address(broker: tuple[Any, Any, Any], store: Mapping[str, Any]) -> bool:

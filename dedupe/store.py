@@ -37,6 +37,8 @@ __all__ = [
     "Push",
     "Renewal",
     "Requeue",
+    "Restoration",
+    "Restore",
     "Store",
     "Wait",
     "first_holder",
@@ -48,6 +50,7 @@ __all__ = [
     "read_release",
     "read_renew",
     "read_requeue",
+    "read_restore",
     "read_wait",
     "redis_errors",
     "reraise_unavailable",
@@ -124,7 +127,7 @@ class Renewal(enum.IntEnum):
 class Wait(enum.IntEnum):
     """wait.lua's replies."""
 
-    #: Left alone: a queued record of another task id, or a run another call waits in.
+    #: Left alone: a call being published into the key, or a run another call waits in.
     LEFT = 0
     #: The key was free and holds this task id's queued record again.
     QUEUED = 1
@@ -132,6 +135,9 @@ class Wait(enum.IntEnum):
     WAITS = 2
     #: The key holds this task id's record already.
     OWN = 3
+    #: The key held a call accepted since the loss: this task id holds it now (a restored
+    #: record), that call waiting in it.
+    AHEAD = 4
 
 
 class Requeue(enum.IntEnum):
@@ -142,6 +148,22 @@ class Requeue(enum.IntEnum):
     QUEUED = 1
     #: Another live run of this task id (a redelivered copy) holds it: left alone.
     LIVE_RUN = 2
+
+
+class Restore(enum.IntEnum):
+    """restore.lua's replies."""
+
+    #: Left alone: the key's holder is a run another call waits in already.
+    LEFT = 0
+    #: The key was free and holds the message's restored record.
+    RESTORED = 1
+    #: Restored with the call accepted since waiting in it; or the message waits in the run
+    #: of another task id that holds the key.
+    JOINED = 2
+    #: The key holds this task id's record already.
+    OWN = 3
+    #: A call accepted since is still being published into the key.
+    PENDING = 4
 
 
 _Code = TypeVar("_Code", bound=enum.IntEnum)
@@ -204,6 +226,10 @@ def read_requeue(reply: Any) -> Requeue:
     return _code(Requeue, "requeue", reply)
 
 
+def read_restore(reply: Any) -> Restore:
+    return _code(Restore, "restore", reply)
+
+
 def read_release(reply: Any) -> int:
     """The number of keys deleted."""
     if not isinstance(reply, int) or not 0 <= reply <= 2:
@@ -243,6 +269,13 @@ class Lease:
     #: How long the record lives past each renewal: the redelivery horizon of a run whose
     #: message the broker would deliver again if it died; 0 (the lease) for any other run.
     record_ttl_ms: int = 0
+    #: The call's record key when it is not the run key (``unique_until="started"``).
+    call_key: str = ""
+
+    @property
+    def keys(self) -> list[str]:
+        """renew.lua's KEYS."""
+        return [self.key, self.call_key] if self.call_key else [self.key]
 
     def args(self) -> list[Any]:
         """renew.lua's ARGV."""
@@ -253,6 +286,23 @@ class Lease:
             self.record,
             self.record_ttl_ms,
         ]
+
+
+@dataclass(frozen=True, slots=True)
+class Restoration:
+    """The record of one message the broker holds for a worker, to write back."""
+
+    keys: CallKeys
+    task_id: str
+    #: :func:`dedupe.record.pack_restored`'s record; the queued record, to wait in a run.
+    record: bytes
+    queued: bytes
+    ttl_ms: int
+    lease_ms: int
+
+    def args(self) -> list[Any]:
+        """restore.lua's ARGV."""
+        return [pack_owner(self.task_id), self.record, self.queued, self.ttl_ms, self.lease_ms]
 
 
 class Store:
@@ -277,6 +327,7 @@ class Store:
         self._renew = self._register("renew")
         self._requeue = self._register("requeue")
         self._wait = self._register("wait")
+        self._restore = self._register("restore")
         self._release = self._register("release")
         self._cancel = self._register("cancel")
         self._publish = self._register("publish")
@@ -439,9 +490,9 @@ class Store:
         with reraise_unavailable("renew"):
             if len(leases) == 1:
                 lease = leases[0]
-                return [read_renew(self._run(self._renew, [lease.key], lease.args()))]
+                return [read_renew(self._run(self._renew, lease.keys, lease.args()))]
             replies = self._run.call_many(
-                self._renew, [([lease.key], lease.args()) for lease in leases]
+                self._renew, [(lease.keys, lease.args()) for lease in leases]
             )
             _raise_first_error(replies)
             return [read_renew(reply) for reply in replies]
@@ -456,12 +507,38 @@ class Store:
             )
         return read_requeue(reply)
 
-    def wait(self, keys: CallKeys, task_id: str, record: bytes, ttl_ms: int) -> Wait:
+    def wait(
+        self, keys: CallKeys, task_id: str, record: bytes, ttl_ms: int, since: float = 0.0
+    ) -> Wait:
         """Give a deferred message whose record is gone its place again: the free key, or
-        the place of the call that gets the key when the holder's run ends."""
+        the place of the call that gets the key when the holder's run ends, or the key ahead
+        of a call accepted after ``since`` (when the message was first deferred)."""
         with reraise_unavailable("wait", keys.call):
-            reply = self._run(self._wait, [keys.call], [pack_owner(task_id), record, ttl_ms])
+            reply = self._run(self._wait, [keys.call], [pack_owner(task_id), record, ttl_ms, since])
         return read_wait(reply)
+
+    def restore(self, restorations: Sequence[Restoration]) -> list[Restore]:
+        """Write back the records of messages the broker holds, in one round trip (per
+        master), one answer each."""
+        if not restorations:
+            return []
+        with reraise_unavailable("restore"):
+            replies = self._run.call_many(
+                self._restore, [([item.keys.call], item.args()) for item in restorations]
+            )
+            _raise_first_error(replies)
+            return [read_restore(reply) for reply in replies]
+
+    def mark_alive(self, key: str) -> bool:
+        """Set the marker ``key`` if it is missing. True: it was (the server lost its data,
+        or was never used): the records of messages in flight may be gone."""
+        with reraise_unavailable("mark_alive", key):
+            return bool(self._command(lambda: self.client.set(key, b"1", nx=True)))
+
+    def unmark_alive(self, key: str) -> None:
+        """Delete the marker ``key``: the next :meth:`mark_alive` answers True again."""
+        with reraise_unavailable("mark_alive", key):
+            self._command(lambda: self.client.delete(key))
 
     def release(self, keys: CallKeys, task_id: str, token: str = "") -> int:
         """Delete what this task id (and run, when a token is given) holds; returns the count."""

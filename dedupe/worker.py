@@ -35,7 +35,7 @@ from celery.exceptions import Ignore, Retry
 
 from .checks import eviction_risk
 from .config import SettingReader
-from .deferral import DEFERRALS, backoff, deferrals_of
+from .deferral import DEFERRALS, SINCE, backoff, deferrals_of, since_of
 from .errors import DedupeError, KeyDerivationError, NotInstalled, RedisUnavailable
 from .events import CLAIMED, DEFERRED, RELEASED, SKIPPED, UNAVAILABLE, emit
 from .header import KeyHeader, is_publishing
@@ -206,7 +206,8 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec, accepted: b
             )
         return Run(spec, token, "held", holder=holder)
     record = pack_running(task_id, token, HOST, pid, now)
-    lease = Lease(spec.keys.run, task_id, token, lease_ms, record, record_ttl_ms)
+    call_key = spec.keys.call if spec.keys.call != spec.keys.run else ""
+    lease = Lease(spec.keys.run, task_id, token, lease_ms, record, record_ttl_ms, call_key)
     runtime.heartbeat.hold(lease, task.name)
     emit(CLAIMED, task.name, task_id, spec.keys.run)
     return Run(spec, token, "claimed", lease=lease)
@@ -281,14 +282,16 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
         # and a message gives up after max_deferrals (a holder that never lets go).
         key = spec.keys.run
         config = runtime_of(task.app).config
-        deferrals = deferrals_of(getattr(request, "headers", None))
+        headers = getattr(request, "headers", None)
+        deferrals = deferrals_of(headers)
         if deferrals < config.max_deferrals:
             countdown = backoff(spec.running_countdown, deferrals, config.deferral_cap)
             deferral = deferrals + 1
+            since = since_of(headers) or time.time()
             emit(DEFERRED, task.name, task_id, key, holder, countdown=countdown, deferral=deferral)
-            if spec.until == "finished" and spec.carried and holder.task_id != task_id:
-                _wait_in_line(runtime_of(task.app), task.name, task_id, spec)
-            _defer(task, request, countdown, deferral)
+            if spec.until != "window" and spec.carried and holder.task_id != task_id:
+                _wait_in_line(runtime_of(task.app), task.name, task_id, spec, since)
+            _defer(task, request, countdown, deferral, since)
         logger.warning(
             "%s[%s] gives up after %d deferrals: %s is still %s (dedupe_max_deferrals)",
             task.name,
@@ -306,14 +309,16 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
     raise Ignore()
 
 
-def _wait_in_line(runtime: Runtime, task_name: str, task_id: str, spec: RunSpec) -> None:
+def _wait_in_line(
+    runtime: Runtime, task_name: str, task_id: str, spec: RunSpec, since: float
+) -> None:
     # A message the producer accepted, held off by another task id: its own record is gone
     # (a Redis restart or failover lost it), or that task could not hold the key. It takes
     # its place again, so that calls made while it waits are its duplicates, not new tasks
     # that win the key before its next try (and again, and again).
     record = pack_queued(task_id, time.time(), None)
     try:
-        runtime.store.wait(spec.keys, task_id, record, milliseconds(spec.ttl))
+        runtime.store.wait(spec.keys, task_id, record, milliseconds(spec.ttl), since)
     except RedisUnavailable as exc:
         action = "waits without its key"
         emit(UNAVAILABLE, task_name, task_id, spec.keys.call, action=action, error=exc.cause)
@@ -348,12 +353,14 @@ def _store_skipped(
         )
 
 
-def _defer(task: Task[Any, Any], request: Any, countdown: float, deferral: int) -> NoReturn:
+def _defer(
+    task: Task[Any, Any], request: Any, countdown: float, deferral: int, since: float
+) -> NoReturn:
     # Like task.retry(), but a deferral does not count as a retry: the task's own
     # max_retries is left for its own failures. The message counts its deferrals itself.
     signature = task.signature_from_request(request, countdown=countdown)
     headers = signature.options.get("headers") or {}
-    signature.options["headers"] = {**headers, DEFERRALS: deferral}
+    signature.options["headers"] = {**headers, DEFERRALS: deferral, SINCE: since}
     signature.apply_async()
     # (celery-types wants numbers.Real for `when`, which a float is but mypy cannot see.)
     raise Retry(when=cast("Any", countdown), sig=signature)

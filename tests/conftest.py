@@ -23,6 +23,7 @@ from kombu.asynchronous import set_event_loop
 
 import dedupe
 from dedupe._redis_server import RedisServer, find_redis_server
+from dedupe.store import Store
 
 from .helpers import RunLog, WorkerProcess, keys_with_prefix, rabbitmq_available, require
 
@@ -114,6 +115,14 @@ def module_redis_factory(redis_server: RedisServer) -> Iterator[RedisFactory]:
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
+    client.close()
+
+
+@pytest.fixture
+def store(redis_url: str) -> Iterator[Store]:
+    """A store on the session's Redis, with a client of its own."""
+    client = redis.Redis.from_url(redis_url)
+    yield Store(client)
     client.close()
 
 

@@ -19,6 +19,8 @@ import redis
 from celery.app.task import Task
 from celery.backends.redis import ResultConsumer
 
+from dedupe.keys import alive_key
+
 # Celery 5.7 requeues a timed-out acks_late message (acks_on_timeout off) and can retry a run
 # lost with its child (retry_on_worker_lost); before, such a message is gone.
 CELERY_REQUEUES_TIMEOUTS = hasattr(Task, "acks_on_timeout")
@@ -58,7 +60,10 @@ def wait_for(
 
 
 def keys_with_prefix(client: redis.Redis, prefix: str) -> list[bytes]:
-    return sorted(client.scan_iter(match=f"{prefix}:*", count=1000))
+    """The keys of calls, runs and beat ticks under ``prefix`` (not the server's marker,
+    which lives as long as the server's data: dedupe.unacked)."""
+    marker = alive_key(prefix).encode()
+    return sorted(key for key in client.scan_iter(match=f"{prefix}:*", count=1000) if key != marker)
 
 
 def fail_on_keys_left(client: redis.Redis, prefix: str, within: float) -> None:

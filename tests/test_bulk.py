@@ -19,7 +19,7 @@ from dedupe._redis_server import RedisServer
 from dedupe.header import HEADER, KeyHeader
 from dedupe.script_runner import ScriptRunner
 
-from .conftest import RedisFactory
+from .conftest import RedisFactory, unique_name
 from .helpers import ROOT
 
 QueueLength = Callable[[Celery], int]
@@ -210,6 +210,43 @@ def test_a_batch_published_past_the_seam_still_writes_each_record(
         assert not holder.provisional
         assert holder.ttl is not None
         assert holder.ttl > 3000
+
+
+def test_a_batchs_dedup_options_reach_every_call(
+    make_app: Callable[..., Celery], store_broker: RedisServer
+) -> None:
+    # The calls of a batch are prepared alike: the first call's dedup options are every call's.
+    app = make_app(broker=store_broker.url, dedupe_redis_url=store_broker.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def remind(user: int, channel: str) -> None: ...
+
+    calls = [((user, channel), {}) for user in (1, 2) for channel in ("mail", "sms")]
+    results = dedupe.apply_many(remind, calls, unique_on=("user",), unique_ttl=120)
+    assert [r.deduplicated for r in results] == [False, True, False, True]
+    for user in (1, 2):
+        holder = dedupe.lookup(remind, (user, "any"), unique_on=("user",))
+        assert holder is not None
+        assert holder.ttl is not None
+        assert 100 < holder.ttl <= 120
+
+
+def test_a_batch_to_a_queue_never_declared_declares_it(
+    make_app: Callable[..., Celery], store_broker: RedisServer
+) -> None:
+    # kombu declares a queue on a connection once: the batch skips only what it declared.
+    app = make_app(broker=store_broker.url, dedupe_redis_url=store_broker.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def remind(user: int) -> None: ...
+
+    fresh = unique_name("fresh")
+    results = remind.map_unique([(1,), (2,), (3,)], queue=fresh)
+    assert [r.deduplicated for r in results] == [False, False, False]
+    client = redis.Redis.from_url(store_broker.url)
+    assert client.llen(fresh) == 3
+    bindings = client.smembers(f"_kombu.binding.{fresh}")
+    assert any(fresh.encode() in binding for binding in bindings)
 
 
 # -- many producers at once ---------------------------------------------------------------

@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
 from celery.exceptions import TaskRevokedError
 
 import dedupe
 from dedupe import events
+from dedupe.deferral import DEFERRALS, SINCE
 
 from .conftest import in_process_worker
 from .helpers import Lines, wait_for
@@ -75,6 +76,34 @@ def test_a_message_gives_up_after_the_last_deferral_and_its_result_names_the_hol
         with pytest.raises(TaskRevokedError, match=f"{holder.id}.* is queued.*gave up after 3"):
             bypass.get(timeout=10)
     assert len(deferred) == 3
+
+
+def test_a_deferred_message_carries_when_it_was_first_deferred(
+    make_app: Callable[..., Celery],
+) -> None:
+    # A call accepted after that moment came while this message waited (a restart lost its
+    # record): wait.lua lets the message hold its key ahead of that call.
+    app = make_app(dedupe_max_deferrals=3, dedupe_deferral_cap=0.2)
+    refresh = refresh_task(app)
+    refresh.apply_async((1,), countdown=60)
+    sent: list[Any] = []
+
+    def on_publish(headers: Any = None, **_: Any) -> None:
+        if headers and headers.get(DEFERRALS):
+            sent.append(headers.get(SINCE))
+
+    signals.before_task_publish.connect(on_publish, weak=False)
+    try:
+        start = time.time()
+        with in_process_worker(app, queues=["bypass"]):
+            bypass = app.send_task(refresh.name, args=(1,), queue="bypass")
+            with pytest.raises(TaskRevokedError):
+                bypass.get(timeout=10)
+    finally:
+        signals.before_task_publish.disconnect(on_publish)
+    assert len(sent) == 3
+    assert len(set(sent)) == 1
+    assert start <= sent[0] <= time.time()
 
 
 def test_each_deferral_is_logged_naming_the_holder(make_app: Callable[..., Celery]) -> None:

@@ -237,6 +237,7 @@ def test_every_event_has_a_signal_a_family_logger_and_a_line_that_formats() -> N
         "key_reclaimed",
         "lease_lost",
         "key_recreated",
+        "key_restored",
         "redis_unavailable",
     }
     fields = {

@@ -8,7 +8,7 @@ base       errors, defaults, _generics, canonical, timing, config, options, keys
            header, events, clients, script_runner, cluster_runner, store, async_store,
            publish_seam, heartbeat, runtime, run, liveness, result, inventory, checks,
            _redis_server
-producer   producer, aio, bulk (never the worker side)
+producer   producer, aio, send_many, bulk (never the worker side)
 worker     worker, prefork_parent (never the producer side)
 entry      task, installer, web, cli, django, demo, prometheus, beat, and the package itself
 =========  ====================================================================================
@@ -24,7 +24,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dedupe"
 
-PRODUCER = {"dedupe.producer", "dedupe.aio", "dedupe.bulk"}
+PRODUCER = {"dedupe.producer", "dedupe.aio", "dedupe.send_many", "dedupe.bulk"}
 WORKER = {"dedupe.worker", "dedupe.prefork_parent"}
 ENTRY = {
     "dedupe",

@@ -23,11 +23,22 @@ pytestmark = pytest.mark.slow
 MASTER = SentinelSet.master_name
 
 
-@pytest.fixture
-def sentinels() -> Iterator[SentinelSet]:
+def _sentinel_set() -> Iterator[SentinelSet]:
     require(find_redis_server() is not None, "no redis-server to start a Sentinel set with")
     with SentinelSet() as found:
         yield found
+
+
+@pytest.fixture
+def sentinels() -> Iterator[SentinelSet]:
+    """A set of a test's own: the failover tests change its master."""
+    yield from _sentinel_set()
+
+
+@pytest.fixture(scope="module")
+def steady_sentinels() -> Iterator[SentinelSet]:
+    """A set the tests without a failover share (starting one takes seconds)."""
+    yield from _sentinel_set()
 
 
 @pytest.fixture
@@ -35,22 +46,28 @@ def sentinel_app(make_app: Callable[..., Celery], sentinels: SentinelSet) -> Cel
     return make_app(dedupe_redis_url=sentinels.url, dedupe_redis_options={"master_name": MASTER})
 
 
+@pytest.fixture
+def steady_app(make_app: Callable[..., Celery], steady_sentinels: SentinelSet) -> Celery:
+    url = steady_sentinels.url
+    return make_app(dedupe_redis_url=url, dedupe_redis_options={"master_name": MASTER})
+
+
 def test_calls_deduplicate_on_the_master_the_sentinels_name(
-    sentinel_app: Celery, sentinels: SentinelSet
+    steady_app: Celery, steady_sentinels: SentinelSet
 ) -> None:
-    @sentinel_app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    @steady_app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def job(x: int) -> None: ...
 
     first = job.delay(1)
     assert job.delay(1).deduplicated
-    record = sentinels.client(sentinels.master_port()).get(first.keys.call)
+    record = steady_sentinels.client(steady_sentinels.master_port()).get(first.keys.call)
     assert record is not None
 
 
 def test_asyncio_calls_deduplicate_on_the_master_the_sentinels_name(
-    sentinel_app: Celery, sentinels: SentinelSet
+    steady_app: Celery, steady_sentinels: SentinelSet
 ) -> None:
-    @sentinel_app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    @steady_app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def job(x: int) -> None: ...
 
     async def twice() -> list[dedupe.DedupeResult]:
@@ -58,13 +75,13 @@ def test_asyncio_calls_deduplicate_on_the_master_the_sentinels_name(
 
     first, second = asyncio.run(twice())
     assert (first.deduplicated, second.deduplicated) == (False, True)
-    assert sentinels.client(sentinels.master_port()).exists(first.keys.call)
+    assert steady_sentinels.client(steady_sentinels.master_port()).exists(first.keys.call)
 
 
 def test_a_url_without_the_master_name_says_how_to_give_it(
-    make_app: Callable[..., Celery], sentinels: SentinelSet
+    make_app: Callable[..., Celery], steady_sentinels: SentinelSet
 ) -> None:
-    app = make_app(dedupe_redis_url=sentinels.url)
+    app = make_app(dedupe_redis_url=steady_sentinels.url)
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def job(x: int) -> None: ...
@@ -74,15 +91,15 @@ def test_a_url_without_the_master_name_says_how_to_give_it(
 
 
 def test_a_sentinel_broker_gives_the_store_its_master(
-    make_app: Callable[..., Celery], sentinels: SentinelSet
+    make_app: Callable[..., Celery], steady_sentinels: SentinelSet
 ) -> None:
     app = make_app(
-        broker=sentinels.url,
+        broker=steady_sentinels.url,
         broker_transport_options={"master_name": MASTER},
         dedupe_redis_url=None,
     )
     config = dedupe.runtime.runtime_of(app).config
-    assert config.redis_url == sentinels.url
+    assert config.redis_url == steady_sentinels.url
     assert config.redis_options["master_name"] == MASTER
 
 

@@ -32,13 +32,6 @@ TTL_MS = 60_000
 
 
 @pytest.fixture
-def store(redis_url: str) -> Iterator[Store]:
-    client = redis.Redis.from_url(redis_url)
-    yield Store(client)
-    client.close()
-
-
-@pytest.fixture
 def finished(request: pytest.FixtureRequest) -> CallKeys:
     """Keys of a unique_until="finished" call: one key, queued then running."""
     key = f"store:{{{request.node.name}}}"
@@ -769,12 +762,92 @@ def test_a_message_that_lost_its_record_waits_in_the_run_and_gets_the_key_at_its
     assert store.lookup(finished).task_id == "A"  # type: ignore[union-attr]
 
 
-def test_a_message_that_lost_its_record_leaves_a_queued_call_alone(
+def test_a_message_that_lost_its_record_holds_the_key_ahead_of_the_call_accepted_since(
+    store: Store, finished: CallKeys
+) -> None:
+    since = time.time() - 5  # A waited already when B was accepted
+    queued_b = pack_queued("B", time.time(), None)
+    store.enqueue(finished, queued_b, TTL_MS)
+    assert store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS, since) is (
+        Wait.AHEAD
+    )
+    assert store.lookup(finished).task_id == "A"  # type: ignore[union-attr]
+    assert claim(store, finished, "A", "t1") is None  # A's next try: B waits in its run
+    assert store.release(finished, "A", "t1") == 1
+    assert store.client.get(finished.call) == queued_b
+
+
+def test_a_message_that_lost_its_record_leaves_a_call_queued_before_its_wait_alone(
     store: Store, finished: CallKeys
 ) -> None:
     store.enqueue(finished, pack_queued("B", time.time(), None), TTL_MS)
-    assert store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS) is Wait.LEFT
+    since = time.time() + 5  # A was first deferred after B was accepted
+    assert store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS, since) is (
+        Wait.LEFT
+    )
     assert store.lookup(finished).task_id == "B"  # type: ignore[union-attr]
+
+
+def test_the_call_that_waits_behind_a_deferred_message_may_run_first_and_keep_its_place(
+    store: Store, finished: CallKeys
+) -> None:
+    store.enqueue(finished, pack_queued("B", time.time(), None), TTL_MS)
+    store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS, time.time() - 5)
+    assert claim(store, finished, "B", "t2") is None  # (not acks_late: A comes back anyway)
+    assert store.release(finished, "B", "t2") == 1
+    holder = store.lookup(finished)
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("A", "queued")
+
+
+def test_a_deferred_message_goes_ahead_of_a_call_accepted_since_that_waits_in_a_run(
+    store: Store, finished: CallKeys
+) -> None:
+    # Three messages of one key across a restart: A runs, B was accepted into the lost key
+    # (A's heartbeat took it back with B inside), D was deferred before the restart.
+    since = time.time() - 5
+    queued_b = lost_to_a_new_call(store, finished)  # A runs, B waits in its record
+    assert store.wait(finished, "D", pack_queued("D", time.time(), None), TTL_MS, since) is (
+        Wait.WAITS
+    )
+    assert store.release(finished, "A", "t1") == 1  # the run ends: D goes first
+    holder = store.lookup(finished)
+    assert holder is not None
+    assert holder.task_id == "D"
+    assert claim(store, finished, "D", "t4") is None
+    assert store.release(finished, "D", "t4") == 1
+    assert store.client.get(finished.call) == queued_b
+
+
+def test_a_deferred_message_that_gives_up_leaves_the_call_behind_it_waiting_in_the_run(
+    store: Store, finished: CallKeys
+) -> None:
+    queued_b = lost_to_a_new_call(store, finished)
+    store.wait(finished, "D", pack_queued("D", time.time(), None), TTL_MS, time.time() - 5)
+    assert store.cancel(finished, "D") is True
+    assert store.release(finished, "A", "t1") == 1
+    assert store.client.get(finished.call) == queued_b
+
+
+def test_a_deferred_message_that_gives_up_hands_the_key_to_the_call_waiting_in_it(
+    store: Store, finished: CallKeys
+) -> None:
+    queued_b = pack_queued("B", time.time(), None)
+    store.enqueue(finished, queued_b, TTL_MS)
+    store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS, time.time() - 5)
+    assert store.cancel(finished, "A") is True
+    assert store.client.get(finished.call) == queued_b
+
+
+def test_a_started_call_that_waited_behind_a_deferred_message_leaves_it_when_it_starts(
+    store: Store, started: CallKeys
+) -> None:
+    store.enqueue(started, pack_queued("B", time.time(), None), TTL_MS)
+    store.wait(started, "A", pack_queued("A", time.time(), None), TTL_MS, time.time() - 5)
+    assert claim(store, started, "B", "t2") is None
+    assert store.release(started, "B", "t2") == 1  # its run lock
+    assert claim(store, started, "A", "t1") is None
+    assert store.client.exists(started.call) == 0  # B ran: nothing of it is left to hand over
 
 
 def test_one_message_at_a_time_waits_in_a_run(store: Store, finished: CallKeys) -> None:

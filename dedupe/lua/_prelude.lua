@@ -8,6 +8,7 @@
 -- redelivery, and a run whose lease is over is dead. Without it (and in records of older
 -- versions) the record lives for the lease only, so a record that exists is a live run.
 -- next (see successor() below) is the queued record of a call that waits for this run.
+-- A running record of token RESTORED (below) stands for a message the broker holds unacked.
 -- The owner is the task id as dedupe.record.pack_owner packs it; scripts get it packed too.
 
 -- Returns the decoded record stored at key and its raw bytes, or nil when the key is absent.
@@ -26,6 +27,12 @@ local function run_token(rec)
   end
   return nil
 end
+
+-- The run token of a restored record (restore.lua): the record of a message the broker
+-- holds for a worker (reserved or running) written back after Redis lost the key. It stands
+-- for every run of its task id: the live run, if there is one, takes it back as its own
+-- (renew, release, requeue), and a redelivered copy takes it over (its lease is over).
+local RESTORED = 'restored'
 
 -- The server's clock, whole seconds: leases are judged by Redis's time, never by the hosts'.
 local function server_seconds()
@@ -85,11 +92,63 @@ local function waits_in(rec, owner)
   return waiting ~= nil and cmsgpack.unpack(waiting)[1] == owner
 end
 
--- The call waiting in the run record rec (stored at key) is withdrawn: the run keeps the key.
+-- The call waiting in the run record rec (stored at key) is withdrawn: the run keeps the key
+-- (and the call that waited behind the withdrawn one, if any, waits in the run instead).
 local function drop_successor(key, rec)
-  rec[7] = nil
+  rec[7] = successor(cmsgpack.unpack(rec[7]))
   redis.call('SET', key, cmsgpack.pack(rec), 'KEEPTTL')
   return 1
+end
+
+-- A restored record (see RESTORED) of the message of owner, made now: dedupe.record's
+-- pack_restored builds the same array. Its lease and the call waiting in it come after.
+local function restored(owner)
+  return {owner, RESTORED, RESTORED, 0, server_seconds()}
+end
+
+-- The call of the queued record (bytes) waits in rec, another task id's run stored at key:
+-- it gets the key when the run ends. The record outlives its lease for it (ttl_ms at least).
+-- Returns 2 (waits, now or already), or 0 when another call waits in that run already and
+-- was queued before since (when this message was first deferred; nil: any call).
+local function wait_in_run(key, rec, owner, queued, ttl_ms, since)
+  local waiting = successor(rec)
+  if waiting then
+    if waits_in(rec, owner) then
+      return 2
+    end
+    local behind = cmsgpack.unpack(waiting)
+    if not since or #behind < 3 or #behind > 4 or behind[3] <= since then
+      return 0
+    end
+    -- The call waiting in the run came while this message waited: this one goes first, as a
+    -- restored record (see hold_ahead) with that call inside, and gets the key at the run's end.
+    local mine = restored(owner)
+    mine[6], mine[7] = 0, waiting
+    rec[7] = cmsgpack.pack(mine)
+    local pttl = math.max(redis.call('PTTL', key), 1)
+    redis.call('SET', key, cmsgpack.pack(rec), 'PX', math.max(pttl, ttl_ms))
+    return 2
+  end
+  local pttl = math.max(redis.call('PTTL', key), 1)
+  if #rec < 6 then
+    -- The record lived for its lease: that lease, carried inside now that it lives longer.
+    rec[6] = server_seconds() + math.ceil(pttl / 1000)
+  end
+  rec[7] = queued
+  redis.call('SET', key, cmsgpack.pack(rec), 'PX', math.max(pttl, ttl_ms))
+  return 2
+end
+
+-- The message of rec (a RESTORED record, its lease ending lease_ms from now) holds key, and
+-- the call accepted since (its queued record raw, or none) waits in it: that call's message
+-- runs first if it comes first (claim.lua: the message of a restored record comes back).
+local function hold_ahead(key, rec, raw, lease_ms, ttl_ms)
+  rec[6] = server_seconds() + math.ceil(lease_ms / 1000)
+  if raw then
+    rec[7] = raw
+    ttl_ms = math.max(ttl_ms, redis.call('PTTL', key))
+  end
+  redis.call('SET', key, cmsgpack.pack(rec), 'PX', ttl_ms)
 end
 
 -- The answer of a script refused because key is held: "<pttl>:<record>", one bulk string

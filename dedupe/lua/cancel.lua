@@ -5,12 +5,16 @@
 -- ARGV[1]  owner (packed task id)
 --
 -- Returns 1 if the queued record was deleted (or withdrawn from the run it waited in, see
--- successor()), else 0. A running record is never touched: a revoke without terminate does
+-- successor()), or its restored record ended (a message that gives up), else 0. A running
+-- record is never touched otherwise: a revoke without terminate does
 -- not stop a run that started, and the run frees its key when it ends (task_revoked, or the
 -- lease).
 local rec = load_record(KEYS[1])
 if rec and rec[1] == ARGV[1] and not run_token(rec) then
   return redis.call('DEL', KEYS[1])
+end
+if rec and rec[1] == ARGV[1] and run_token(rec) == RESTORED then
+  return end_run(KEYS[1], rec)  -- (the call waiting in it gets the key)
 end
 if rec and run_token(rec) and waits_in(rec, ARGV[1]) then
   return drop_successor(KEYS[1], rec)

@@ -36,7 +36,8 @@
 -- lease is over is taken over: this is its message, delivered again. A dead run with a call
 -- waiting in it (see successor()) is that call's queued record for every other task id.
 -- When that call takes the key over and the dead run's message comes back (acks_late: this
--- task's records outlive their lease), the dead run's task id waits in line behind it.
+-- task's records outlive their lease; or a restored record: a message the broker holds),
+-- the dead run's task id waits in line behind it.
 local id, token = ARGV[1], ARGV[2]
 local run, raw = load_record(KEYS[2])
 local waiting = nil
@@ -46,7 +47,7 @@ if run then
   local dead = running and running ~= token and lease_over(run, server_seconds())
   local took_dead = false
   if dead and run[1] ~= id and successor(run) then
-    if (tonumber(ARGV[8]) or 0) > tonumber(ARGV[3]) then
+    if (tonumber(ARGV[8]) or 0) > tonumber(ARGV[3]) or running == RESTORED then
       comes_back = cmsgpack.pack({run[1], 0, tonumber(ARGV[6])})  -- (a queued record)
     end
     raw = successor(run)
@@ -66,7 +67,9 @@ end
 if KEYS[1] ~= KEYS[2] and ARGV[7] ~= '1' then
   local queued = load_record(KEYS[1])
   if queued and queued[1] == id then
-    redis.call('DEL', KEYS[1])
+    end_run(KEYS[1], queued)  -- (a restored record may hold a call accepted since: its key)
+  elseif queued and run_token(queued) and waits_in(queued, id) then
+    drop_successor(KEYS[1], queued)  -- (this call waited in a restored record: it runs now)
   end
 end
 local rec = {id, token, ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])}

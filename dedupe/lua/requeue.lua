@@ -26,7 +26,7 @@ if rec and rec[1] ~= id then
   return 0
 end
 local running = rec and run_token(rec)
-if running and token ~= '' and running ~= token then
+if running and token ~= '' and running ~= token and running ~= RESTORED then
   return 2
 end
 redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])

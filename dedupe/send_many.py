@@ -1,0 +1,249 @@
+"""Celery's ``Task.apply_async``, for the accepted calls of a batch: per call what differs
+between calls, once per batch what cannot.
+
+A batch publishes many calls of one task with the same options through one producer. Per
+call, Celery's ``apply_async`` and ``send_task`` spend much of their time on what is the same
+for every call of a batch: the task's and the app's settings, read through the app's layered
+configuration, and the producer's context (kombu's part is the batch seam's:
+:mod:`dedupe.publish_seam`). :class:`BatchSender` reads the task's and the app's part once,
+and per call does what ``send_task`` does with it:
+
+- the argument check and ``shadow_name``, the task's execution options merged as
+  ``apply_async`` merges them;
+- the route by the app's router (once for calls with the same options, where the app has no
+  ``task_routes``: an entry there may look at the arguments), ``expires`` as the message's
+  expiration, the parent's ids and priority;
+- the message by the app's ``create_task_message`` (``as_task_v2``; its origin, this
+  process on this host, named once per batch), the result backend's
+  ``on_task_call``, and the send by the app's ``send_task_message`` (which fires
+  ``before_task_publish`` and ``after_task_publish``, sends the ``task-sent`` event, and
+  resolves the exchange, the routing key and the declarations as for any call);
+- the result by the task's ``AsyncResult``, added to the parent's trail.
+
+Each step is what ``send_task`` does on every Celery this package supports (5.3 to 5.7) for
+the options a sender takes; a call with any other option that ``apply_async`` or
+``send_task`` treats itself goes through Celery's own ``apply_async``, as does a batch of a
+task or app that overrides them (tests/test_bulk_messages.py compares the messages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from celery import Celery
+from celery.app.routes import Router
+from celery.app.task import Task as CeleryTask
+from celery.result import AsyncResult
+from celery.utils.nodenames import anon_nodename
+
+from .producer import Call, Publish, TaskPublish
+from .publish_seam import is_redis_channel
+
+__all__ = ["BatchSender"]
+
+#: Options that ``apply_async`` or ``send_task`` take as parameters of their own and treat
+#: in ways a sender does not: a call with one of them goes through Celery's apply_async.
+#: (A sender treats ``task_id``, ``producer``, ``countdown``, ``eta``, ``expires``,
+#: ``time_limit``, ``soft_time_limit``, ``ignore_result`` and ``add_to_parent``; every other
+#: option goes on to the router, the message and kombu as with Celery.)
+_CELERY_TREATS = frozenset(
+    {
+        "link",
+        "link_error",
+        "shadow",
+        "connection",
+        "router",
+        "result_cls",
+        "publisher",
+        "group_id",
+        "group_index",
+        "retries",
+        "chord",
+        "chain",
+        "reply_to",
+        "root_id",
+        "parent_id",
+        "route_name",
+        "task_type",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "origin",  # (a sender names the batch's origin itself)
+    }
+)
+
+
+class BatchSender:
+    """Publishes calls of one task as its ``apply_async`` would (a :data:`Publish`)."""
+
+    def __init__(
+        self, task: Any, app: Celery, fallback: Publish, *, as_tuple: bool, alike: bool
+    ) -> None:
+        self._task = task
+        self._name: str = task.name
+        self._fallback = fallback
+        #: DedupeTask's publish hands apply_async a tuple and a dict, whatever it was given.
+        self._as_tuple = as_tuple
+        self._preopts: Mapping[str, Any] = task._get_exec_options()
+        self._check = getattr(task, "__header__", None) if task.typing else None
+        amqp = app.amqp
+        router: Any = amqp.router
+        self._router = router
+        # Calls with the same options (``alike``) have the same route where the app routes by
+        # the options alone (a task_routes entry may look at the arguments): routed once.
+        self._route_once = alike and type(router) is Router and not getattr(router, "routes", True)
+        #: The first call's route (its options as the router gave them back).
+        self._routed: dict[str, Any] | None = None
+        # (Cached properties of kombu's, read through a descriptor at each access.)
+        self._create_task_message: Any = amqp.create_task_message
+        self._send_task_message: Any = amqp.send_task_message
+        self._backend = app.backend
+        conf = app.conf
+        self._sent_event = conf.task_send_sent_event
+        self._reply_to = app.thread_oid
+        # What as_task_v2 would name each message's origin: this process, on this host.
+        self._origin = anon_nodename()
+        parent = app.current_worker_task
+        self._parent: Any = parent or None
+        self._root_id = self._parent_id = None
+        self._inherit_priority = False
+        if parent:
+            self._root_id = parent.request.root_id or parent.request.id
+            self._parent_id = parent.request.id
+            self._inherit_priority = bool(conf.task_inherit_parent_priority)
+
+    @classmethod
+    def of(cls, call: Call, producer: Any, *, alike: bool = False) -> BatchSender | None:
+        """A sender for the calls of ``call``'s task with its publish through ``producer``
+        (of a Redis broker), or None where only Celery's own apply_async will do.
+        ``alike``: the calls have the same options, but for their task id and headers."""
+        task, publish = call.task, call.publish
+        if task is None or not is_redis_channel(producer.channel):
+            return None  # (send_task's quorum-queue countdown is for RabbitMQ brokers)
+        app = task._get_app()  # apply_async's app: the task's, whatever the call was given
+        if not _sends_through_celery(app) or app.conf.task_always_eager:
+            return None
+        if isinstance(publish, TaskPublish) and publish.task is task:
+            reaches = _apply_async_of(type(task), task)
+            as_tuple = False
+        elif _is_dedupe_publish(task, publish):
+            reaches = _apply_async_after(type(task), type(task)._dedupe_publish)
+            as_tuple = True
+        else:
+            return None
+        if reaches is not CeleryTask.apply_async:
+            return None
+        if (
+            task.__v2_compat__
+            or getattr(task, "_dump_pydantic_arguments", None) is not None
+            # Celery 5.5+ refuses such a task in apply_async, earlier ones do not.
+            or (task.soft_time_limit and task.time_limit)
+        ):
+            return None
+        return cls(task, app, publish, as_tuple=as_tuple, alike=alike)
+
+    def takes(self, options: Mapping[str, Any]) -> bool:
+        """Does the sender send a call with these options? (Else Celery's apply_async does.)"""
+        if not _CELERY_TREATS.isdisjoint(options):
+            return False
+        # A time to expire at is read against the clock at each send; a negative delay warns.
+        expires = options["expires"] if "expires" in options else self._preopts.get("expires")
+        return expires is None or (isinstance(expires, (int, float)) and expires >= 0)
+
+    def __call__(
+        self,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+        call_options: dict[str, Any],
+    ) -> AsyncResult[Any]:
+        if (
+            not self.takes(call_options)
+            or not call_options.get("task_id")
+            or call_options.get("producer") is None
+        ):
+            return self._fallback(args, kwargs, call_options)
+        own = dict(call_options)
+        task_id = own.pop("task_id")
+        producer = own.pop("producer")
+        if self._as_tuple:
+            args = tuple(args) if args is not None else None
+            kwargs = dict(kwargs) if kwargs is not None else None
+        task = self._task
+        # -- Task.apply_async
+        if self._check is not None:
+            self._check(*(args or ()), **(kwargs or {}))
+        shadow = task.shadow_name(args, kwargs, own)
+        options = dict(self._preopts, **own)
+        options.setdefault("ignore_result", task.ignore_result)
+        # -- Celery.send_task
+        countdown = options.pop("countdown", None)
+        eta = options.pop("eta", None)
+        time_limit = options.pop("time_limit", None)
+        soft_time_limit = options.pop("soft_time_limit", None)
+        expires = options.pop("expires", None)
+        add_to_parent = options.pop("add_to_parent", True)
+        ignore_result = options.pop("ignore_result")
+        name = self._name
+        options = self._route(options, args, kwargs)
+        if expires is not None:
+            options["expiration"] = expires
+        parent = self._parent
+        if self._inherit_priority:
+            options.setdefault("priority", parent.request.delivery_info.get("priority"))
+        message = self._create_task_message(
+            task_id, name, args, kwargs, countdown, eta, None, None, expires, 0, None,
+            None, None, self._reply_to, time_limit, soft_time_limit, self._sent_event,
+            self._root_id, self._parent_id, shadow, None,
+            ignore_result=ignore_result, replaced_task_nesting=0, origin=self._origin,
+            **options,
+        )  # fmt: skip
+        with producer.connection._reraise_as_library_errors():
+            if not ignore_result:
+                self._backend.on_task_call(producer, task_id)
+            self._send_task_message(producer, name, message, **options)
+        result: AsyncResult[Any] = task.AsyncResult(task_id)
+        result.ignored = ignore_result
+        if add_to_parent and parent is not None:
+            parent.add_trail(result)
+        return result
+
+    def _route(self, options: dict[str, Any], args: Any, kwargs: Any) -> dict[str, Any]:
+        """The app's route of a call with ``options``."""
+        routed, headers = self._routed, options.get("headers")
+        if routed is not None and isinstance(headers, dict):
+            # What the router gives back: the first call's route with this call's headers in
+            # their place (it copies every option but the None ones).
+            return {**routed, "headers": headers}
+        route: dict[str, Any] = self._router.route(options, self._name, args, kwargs, self._task)
+        if self._route_once and isinstance(headers, dict):
+            self._routed = dict(route)
+        return route
+
+
+def _sends_through_celery(app: Celery) -> bool:
+    return "send_task" not in vars(app) and type(app).send_task is Celery.send_task
+
+
+def _apply_async_of(cls: type, task: Any) -> Any:
+    return None if "apply_async" in vars(task) else getattr(cls, "apply_async", None)
+
+
+def _is_dedupe_publish(task: Any, publish: Publish) -> bool:
+    """Is ``publish`` DedupeTask's own (not an override), bound to ``task``?"""
+    function = getattr(type(task), "_dedupe_publish", None)
+    return (
+        getattr(function, "__module__", None) == "dedupe.task"
+        and getattr(function, "__qualname__", None) == "DedupeTask._dedupe_publish"
+        and getattr(publish, "__self__", None) is task
+        and getattr(publish, "__func__", None) is function
+    )
+
+
+def _apply_async_after(cls: type, function: Any) -> Any:
+    """The apply_async that ``super()`` finds in ``function``, of a class of ``cls``'s MRO."""
+    mro = cls.__mro__
+    owner = next(i for i, klass in enumerate(mro) if function in vars(klass).values())
+    for klass in mro[owner + 1 :]:
+        if "apply_async" in vars(klass):
+            return vars(klass)["apply_async"]
+    return None

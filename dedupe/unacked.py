@@ -1,0 +1,184 @@
+"""After the dedup Redis lost its data: the keys of the messages the Redis broker holds.
+
+A worker's heartbeat re-creates the keys of its own live runs. A message whose worker was
+killed before the loss has no heartbeat: on the Redis broker it stays unacked until the
+visibility timeout gives it back, and with its key gone every call made meanwhile is
+accepted, one after the other as each run ends. The broker still holds those messages (and
+the reserved and running ones of every worker) in its ``unacked`` hash, with the producer's
+key header: the first worker to notice the loss writes their records back (``restore.lua``).
+
+The loss is noticed by a marker key that the heartbeat thread of each worker process that ran
+a unique task sets if missing, every third of the default lease: present since the server
+started, gone with a restart that kept no data, a failover to a replica that never had it, or
+a FLUSHALL. The keys of ``unique_until="finished"`` and ``"started"`` calls are restored (a
+throttle window's key is its window, which the broker does not know). A ``"started"`` message
+that runs already has no claim on its call's key: its heartbeat withdraws its restored record.
+Not on a Redis Cluster (the marker lives on one master of many), nor where the broker is the
+dedup Redis itself (its loss takes the unacked messages with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Container, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import RedisUnavailable
+from .events import RESTORED, emit
+from .header import KeyHeader
+from .keys import alive_key
+from .record import RESTORED_TOKEN, pack_queued, pack_restored
+from .store import Restoration, Restore, Store
+
+__all__ = ["Ours", "RestartWatch", "restorations", "restore_unacked"]
+
+logger = logging.getLogger("dedupe.keys")
+
+# A message of these modes holds its call's key until it runs (or, "finished", until its run
+# ends); a throttle window's key is its window, which a restore cannot know.
+_RESTORED_MODES = ("finished", "started")
+
+
+class RestartWatch:
+    """Called by the heartbeat thread every third of a lease: restores the keys of the
+    broker's unacked messages when the dedup Redis lost its data."""
+
+    def __init__(
+        self,
+        app: Any,
+        store: Store,
+        prefix: str,
+        lease: float,
+        redelivery: float,
+    ) -> None:
+        self._app = app
+        self._store = store
+        self._prefix = prefix
+        self._marker = alive_key(prefix)
+        self._lease = lease
+        self._redelivery = redelivery
+        self._restoring: threading.Thread | None = None
+
+    def __call__(self) -> None:
+        if self._restoring is not None and self._restoring.is_alive():
+            return
+        try:
+            if not self._store.mark_alive(self._marker):
+                return
+        except RedisUnavailable:
+            return  # (the heartbeat's own renewals say so)
+        # In a thread of its own: a broker that hangs must not stop the heartbeat's renewals.
+        self._restoring = threading.Thread(target=self._restore, name="dedupe-restore", daemon=True)
+        self._restoring.start()
+
+    def _restore(self) -> None:
+        try:
+            restore_unacked(self._app, self._store, self._prefix, self._lease, self._redelivery)
+        except Exception as exc:
+            reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
+            logger.warning("could not restore the keys of unacked messages: %r", reason)
+            # The next check (this process's or another's) tries again.
+            with contextlib.suppress(RedisUnavailable):
+                self._store.unmark_alive(self._marker)
+
+
+def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redelivery: float) -> int:
+    """Write back the records of the messages the Redis broker holds unacked (of ``app``'s
+    tasks and key prefix: a broker may serve other apps); withdraw those whose message was
+    acked meanwhile (their run ended between the read and the write). Returns how many were
+    restored."""
+    # kombu's own channel: its client knows the broker's URL forms (Sentinel, sockets, TLS)
+    # and global_keyprefix, and the channel the names of the unacked hash and index.
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        client = channel.client
+        messages = client.hgetall(channel.unacked_key)
+        index = client.zrange(channel.unacked_index_key, 0, -1, withscores=True)
+        delivered = {tag: float(score) for tag, score in index}
+        ours = Ours(prefix, frozenset(app.tasks.keys()))
+        items = restorations(messages, delivered, ours, time.time(), lease, redelivery)
+        if not items:
+            return 0
+        tags = list(items)
+        replies = store.restore([items[tag][1] for tag in tags])
+        present = client.hmget(channel.unacked_key, tags)
+    restored = 0
+    for tag, reply, value in zip(tags, replies, present, strict=True):
+        task, item = items[tag]
+        if value is None:
+            store.release(item.keys, item.task_id, RESTORED_TOKEN)
+        elif reply in (Restore.RESTORED, Restore.JOINED):
+            restored += 1
+            emit(RESTORED, task, item.task_id, item.keys.call)
+    return restored
+
+
+@dataclass(frozen=True)
+class Ours:
+    """What tells an app's messages from other apps' on one broker."""
+
+    prefix: str
+    tasks: Container[str]
+
+    def owns(self, task: str, header: KeyHeader) -> bool:
+        """Is a message of ``task`` with ``header`` one of this app's?"""
+        return task in self.tasks and header.keys.call.startswith(f"{self.prefix}:{{")
+
+
+def restorations(
+    messages: Mapping[bytes, bytes],
+    delivered: Mapping[bytes, float],
+    ours: Ours,
+    now: float,
+    lease: float,
+    redelivery: float,
+) -> dict[bytes, tuple[str, Restoration]]:
+    """What to write back for kombu's unacked hash (delivery tag -> ``[message, exchange,
+    routing key]`` as JSON) and index (tag -> delivery time): the unique ``"finished"`` and
+    ``"started"`` messages in ``ours`` (task name, task id, header), each with its task name,
+    held until the broker gives it back (``redelivery`` after its delivery) and a lease more."""
+    items = {}
+    lease_ms = max(int(lease * 1000), 1)
+    for tag, value in messages.items():
+        found = _message_key(value)
+        if found is None:
+            continue
+        task, task_id, header = found
+        if not ours.owns(task, header):
+            continue
+        at = delivered.get(tag, now)
+        ttl_ms = max(int((at + redelivery + lease - now) * 1000), lease_ms)
+        items[tag] = (
+            task,
+            Restoration(
+                keys=header.keys,
+                task_id=task_id,
+                record=pack_restored(task_id, at),
+                queued=pack_queued(task_id, at, None),
+                ttl_ms=ttl_ms,
+                lease_ms=lease_ms,
+            ),
+        )
+    return items
+
+
+def _message_key(value: bytes) -> tuple[str, str, KeyHeader] | None:
+    # Its task name, task id and header; None for anything that is no Celery protocol 2
+    # message with our header.
+    try:
+        message = json.loads(value)[0]
+        headers = message["headers"]
+        header = KeyHeader.read(headers)
+        task, task_id = headers["task"], headers["id"]
+    except (ValueError, LookupError, TypeError):
+        return None
+    if header is None or header.until not in _RESTORED_MODES:
+        return None
+    if not isinstance(task, str) or not isinstance(task_id, str):
+        return None
+    return task, task_id, header

@@ -1,0 +1,425 @@
+"""After the dedup Redis lost its data, the keys of the messages the Redis broker holds unacked
+are written back: a worker killed with an ``acks_late`` message before the loss no longer lets
+a call in after every run of its key until the visibility timeout gives the message back.
+
+The store's restore transition against a real Redis; the broker's unacked hash as kombu
+writes it; and the double fault itself with real prefork workers, killed and restarted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+import redis
+from celery import Celery
+
+import dedupe
+from dedupe.header import HEADER, KeyHeader
+from dedupe.keys import CallKeys, alive_key
+from dedupe.record import (
+    RESTORED_TOKEN,
+    pack_provisional,
+    pack_queued,
+    pack_restored,
+    pack_running,
+)
+from dedupe.runtime import runtime_of
+from dedupe.store import Lease, Renewal, Requeue, Restoration, Restore, Store
+from dedupe.unacked import Ours, RestartWatch, restorations, restore_unacked
+
+from .conftest import RedisFactory
+from .helpers import Lines, WorkerProcess, fail_on_keys_left, free_port, wait_for
+
+LEASE_MS = 5_000
+TTL_MS = 60_000
+
+
+@pytest.fixture
+def keys(request: pytest.FixtureRequest) -> CallKeys:
+    return CallKeys.of(
+        f"restore:{{{request.node.name}:{uuid.uuid4().hex}}}", separate_run_lock=False
+    )
+
+
+def restore(store: Store, keys: CallKeys, task_id: str, lease_ms: int = LEASE_MS) -> Restore:
+    item = Restoration(
+        keys,
+        task_id,
+        pack_restored(task_id, time.time()),
+        pack_queued(task_id, time.time(), None),
+        TTL_MS,
+        lease_ms,
+    )
+    [reply] = store.restore([item])
+    return reply
+
+
+def claim(store: Store, keys: CallKeys, task_id: str, token: str) -> dedupe.Holder | None:
+    # (acks_late: its record outlives the lease, up to the redelivery)
+    now = int(time.time())
+    return store.claim(keys, task_id, token, LEASE_MS, "h", 1, now, record_ttl_ms=TTL_MS)
+
+
+def lease_over(store: Store, keys: CallKeys) -> None:
+    fields = msgpack.unpackb(store.client.get(keys.run), raw=True)
+    fields[5] = 0
+    store.client.set(keys.run, msgpack.packb(fields, use_bin_type=False), px=TTL_MS)
+
+
+def fields(store: Store, keys: CallKeys) -> list[Any]:
+    found: list[Any] = msgpack.unpackb(store.client.get(keys.run), raw=True)
+    return found
+
+
+# -- the transition ---------------------------------------------------------------------------
+
+
+def test_a_restored_key_holds_off_new_calls_with_the_messages_task_id(
+    store: Store, keys: CallKeys
+) -> None:
+    assert restore(store, keys, "A") is Restore.RESTORED
+    holder = store.enqueue(keys, pack_queued("B", time.time(), None), TTL_MS)
+    assert holder is not None
+    assert (holder.task_id, holder.state, holder.worker) == ("A", "running", "restored:0")
+    assert store.client.pttl(keys.call) > LEASE_MS  # until the broker gives the message back
+
+
+def test_the_live_run_of_the_message_takes_its_restored_key_back_as_its_own(
+    store: Store, keys: CallKeys
+) -> None:
+    restore(store, keys, "A")
+    record = pack_running("A", "t1", "h", 1, time.time())
+    lease = Lease(keys.run, "A", "t1", LEASE_MS, record, TTL_MS)
+    assert store.renew([lease]) == [Renewal.RECREATED]
+    assert fields(store, keys)[1] == b"t1"
+    assert store.renew([lease]) == [Renewal.RENEWED]
+
+
+def test_the_live_run_of_the_message_frees_its_restored_key_at_its_end(
+    store: Store, keys: CallKeys
+) -> None:
+    restore(store, keys, "A")
+    assert store.release(keys, "A", "t1") == 1
+    assert store.lookup(keys) is None
+
+
+def test_a_retry_of_the_live_run_queues_over_its_restored_key(store: Store, keys: CallKeys) -> None:
+    restore(store, keys, "A")
+    queued = pack_queued("A", time.time(), None)
+    assert store.requeue(keys, "A", "t1", queued, TTL_MS) is Requeue.QUEUED
+    assert store.client.get(keys.call) == queued
+
+
+def test_a_redelivered_copy_waits_for_the_restored_lease_then_takes_the_key_over(
+    store: Store, keys: CallKeys
+) -> None:
+    restore(store, keys, "A")
+    assert claim(store, keys, "A", "t2") is not None  # a live run may still take it back
+    lease_over(store, keys)
+    assert claim(store, keys, "A", "t2") is None
+    assert fields(store, keys)[1] == b"t2"
+
+
+def test_the_call_accepted_since_waits_in_the_restored_key_and_gets_it_after_the_message(
+    store: Store, keys: CallKeys
+) -> None:
+    queued_b = pack_queued("B", time.time(), None)
+    assert store.enqueue(keys, queued_b, TTL_MS) is None  # accepted while the key was lost
+    assert restore(store, keys, "A") is Restore.JOINED
+    assert store.enqueue(keys, pack_queued("C", time.time(), None), TTL_MS).task_id == "A"  # type: ignore[union-attr]
+    lease_over(store, keys)  # the message comes back after the visibility timeout
+    assert claim(store, keys, "A", "t1") is None
+    assert store.release(keys, "A", "t1") == 1
+    assert store.client.get(keys.call) == queued_b
+
+
+def test_a_message_whose_key_a_run_holds_waits_in_that_run(store: Store, keys: CallKeys) -> None:
+    assert claim(store, keys, "B", "t1") is None
+    assert restore(store, keys, "A") is Restore.JOINED
+    assert store.release(keys, "B", "t1") == 1
+    holder = store.lookup(keys)
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("A", "queued")
+
+
+def test_a_key_that_holds_the_messages_own_record_is_left_alone(
+    store: Store, keys: CallKeys
+) -> None:
+    queued = pack_queued("A", time.time(), None)
+    store.enqueue(keys, queued, TTL_MS)
+    assert restore(store, keys, "A") is Restore.OWN
+    assert store.client.get(keys.call) == queued
+
+
+def test_a_call_being_published_into_the_key_is_left_to_publish(
+    store: Store, keys: CallKeys
+) -> None:
+    provisional = pack_provisional("B", 1)
+    store.client.set(keys.call, provisional, px=TTL_MS)
+    assert restore(store, keys, "A") is Restore.PENDING
+    assert store.client.get(keys.call) == provisional
+
+
+def test_a_restored_key_whose_message_was_acked_meanwhile_is_withdrawn(
+    store: Store, keys: CallKeys
+) -> None:
+    queued_b = pack_queued("B", time.time(), None)
+    store.enqueue(keys, queued_b, TTL_MS)
+    restore(store, keys, "A")
+    assert store.release(keys, "A", RESTORED_TOKEN) == 1
+    assert store.client.get(keys.call) == queued_b  # the call waiting in it has the key again
+
+
+def test_withdrawing_a_restored_key_leaves_the_live_run_that_took_it_back(
+    store: Store, keys: CallKeys
+) -> None:
+    restore(store, keys, "A")
+    record = pack_running("A", "t1", "h", 1, time.time())
+    store.renew([Lease(keys.run, "A", "t1", LEASE_MS, record, TTL_MS)])
+    assert store.release(keys, "A", RESTORED_TOKEN) == 0
+    assert fields(store, keys)[1] == b"t1"
+
+
+# unique_until="started": the call's record key is restored; the run holds the run lock.
+
+
+@pytest.fixture
+def started(request: pytest.FixtureRequest) -> CallKeys:
+    return CallKeys.of(
+        f"restore:{{{request.node.name}:{uuid.uuid4().hex}}}", separate_run_lock=True
+    )
+
+
+def claim_started(store: Store, keys: CallKeys, task_id: str, token: str) -> dedupe.Holder | None:
+    return store.claim(keys, task_id, token, LEASE_MS, "h", 1, int(time.time()))
+
+
+def test_a_started_message_frees_its_restored_key_when_it_starts(
+    store: Store, started: CallKeys
+) -> None:
+    restore(store, started, "A")
+    assert store.enqueue(started, pack_queued("B", time.time(), None), TTL_MS) is not None
+    assert claim_started(store, started, "A", "t1") is None
+    assert store.client.exists(started.call) == 0
+
+
+def test_a_started_message_hands_its_restored_key_to_the_call_accepted_since_when_it_starts(
+    store: Store, started: CallKeys
+) -> None:
+    queued_b = pack_queued("B", time.time(), None)
+    store.enqueue(started, queued_b, TTL_MS)
+    assert restore(store, started, "A") is Restore.JOINED
+    assert claim_started(store, started, "A", "t1") is None
+    assert store.client.get(started.call) == queued_b
+
+
+def test_the_heartbeat_of_a_started_run_withdraws_its_restored_call_key(
+    store: Store, started: CallKeys
+) -> None:
+    # The message was running when Redis lost its data: it holds the run lock, not the call.
+    assert claim_started(store, started, "A", "t1") is None
+    store.client.delete(started.run)
+    restore(store, started, "A")
+    record = pack_running("A", "t1", "h", 1, time.time())
+    lease = Lease(started.run, "A", "t1", LEASE_MS, record, 0, started.call)
+    assert store.renew([lease]) == [Renewal.RECREATED]
+    assert store.client.exists(started.call) == 0
+    assert store.enqueue(started, pack_queued("B", time.time(), None), TTL_MS) is None
+
+
+# -- what is restored, from kombu's unacked hash -------------------------------------------
+
+
+def unacked(task_id: str, header: str | None, task: str = "proj.work") -> bytes:
+    headers: dict[str, Any] = {"id": task_id, "task": task, "lang": "py"}
+    if header is not None:
+        headers[HEADER] = header
+    message = {"body": "", "headers": headers, "properties": {"delivery_tag": "x"}}
+    return json.dumps([message, "", "celery"]).encode()
+
+
+def test_the_unique_finished_messages_are_restored_until_the_broker_gives_them_back() -> None:
+    messages = {
+        b"t1": unacked("A", "finished|60.0|dedupe:{proj.work:aa}"),
+        b"t2": unacked("B", "window|60.0|dedupe:{proj.work:bb}"),  # the key is the window
+        b"t3": unacked("C", None),  # no unique call
+        b"t6": unacked("D", "started|60.0|dedupe:{proj.work:dd}"),
+        b"t4": b"not json",
+        b"t5": json.dumps([{"body": "", "headers": {}}, "", ""]).encode(),  # protocol 1
+    }
+    now = 1_000_000.0
+    ours = Ours("dedupe", {"proj.work"})
+    items = restorations(messages, {b"t1": now - 10}, ours, now, lease=6.0, redelivery=30.0)
+    assert list(items) == [b"t1", b"t6"]
+    task, item = items[b"t1"]
+    assert (task, item.task_id, item.keys.call) == ("proj.work", "A", "dedupe:{proj.work:aa}")
+    assert item.lease_ms == 6000
+    assert item.ttl_ms == 26_000  # delivered 10 s ago: 30 s to the redelivery, a lease more
+
+
+def test_a_message_past_its_redelivery_is_restored_for_a_lease() -> None:
+    keys = CallKeys.of("dedupe:{w:aa}", separate_run_lock=False)
+    messages = {b"t": unacked("A", KeyHeader(keys, "finished", None).encode(), "w")}
+    items = restorations(messages, {b"t": 0.0}, Ours("dedupe", {"w"}), 1e3, 6, 30)
+    assert items[b"t"][1].ttl_ms == 6000
+
+
+def test_messages_of_other_apps_on_the_broker_are_left_alone() -> None:
+    messages = {
+        b"t1": unacked("A", "finished|60.0|other:{proj.work:aa}"),  # another key prefix
+        b"t2": unacked("B", "finished|60.0|dedupe:{billing.charge:bb}", "billing.charge"),
+    }
+    assert restorations(messages, {}, Ours("dedupe", {"proj.work"}), 1e3, 6, 30) == {}
+
+
+@pytest.fixture
+def broker_app(redis_factory: RedisFactory, tag: str) -> Iterator[Celery]:
+    """An app whose Redis broker and dedup Redis are two private servers."""
+    broker, dedup = redis_factory(), redis_factory()
+    app = Celery("restore", broker=broker.url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"restore-{tag}", dedupe_redis_url=dedup.url, dedupe_default_lease=6
+    )
+    dedupe.install(app)
+    yield app
+    app.close()
+
+
+def test_a_worker_restores_the_key_of_a_message_kombu_holds_unacked(broker_app: Celery) -> None:
+    @broker_app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+    def work(n: int) -> None: ...
+
+    restored: list[dict[str, Any]] = []
+
+    def on_restored(**kwargs: Any) -> None:
+        restored.append(kwargs)
+
+    dedupe.events.key_restored.connect(on_restored)
+    result = work.delay(1)
+    runtime = runtime_of(broker_app)
+    with broker_app.connection_for_write() as connection:
+        message = connection.default_channel.basic_get(broker_app.conf.task_default_queue)
+        assert message is not None  # delivered, not acked: in kombu's unacked hash
+        runtime.store.client.flushall()  # the dedup Redis lost its data
+        try:
+            assert restore_unacked(broker_app, runtime.store, "dedupe", 6.0, 30.0) == 1
+        finally:
+            dedupe.events.key_restored.disconnect(on_restored)
+        assert work.delay(1).id == result.id
+        assert [(r["task_name"], r["task_id"]) for r in restored] == [(work.name, result.id)]
+        message.ack()
+    assert restore_unacked(broker_app, runtime.store, "dedupe", 6.0, 30.0) == 0  # none unacked
+
+
+def test_a_restore_the_broker_cut_short_is_tried_again_at_the_next_check(
+    redis_factory: RedisFactory,
+) -> None:
+    dedup = redis_factory()
+    app = Celery("restore", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
+    app.conf.update(dedupe_redis_url=dedup.url, broker_connection_timeout=0.5)
+    dedupe.install(app)
+    store = runtime_of(app).store
+    watch = RestartWatch(app, store, "dedupe", 6.0, 30.0)
+    with Lines("dedupe.keys") as lines:
+        watch()
+        assert watch._restoring is not None
+        watch._restoring.join(timeout=30)
+    assert "could not restore the keys of unacked messages" in lines.text
+    assert store.client.exists(alive_key("dedupe")) == 0  # the next check restores again
+    app.close()
+
+
+# -- the double fault, with real workers -------------------------------------------------------
+
+#: The broker's visibility timeout: long enough for the restore and a call before the
+#: killed worker's message comes back.
+VISIBILITY = 15.0
+
+
+@pytest.fixture
+def producer(worker_app: Any, tag: str, redis_factory: RedisFactory) -> Iterator[Celery]:
+    store = redis_factory()
+    app = Celery(
+        "worker_app", broker=worker_app.BROKER, backend=worker_app.REDIS, set_as_current=False
+    )
+    app.conf.update(
+        task_default_queue=f"restore-{tag}",
+        dedupe_redis_url=store.url,
+        dedupe_key_prefix=worker_app.PREFIX,
+        dedupe_default_lease=worker_app.LEASE,
+        broker_connection_retry_on_startup=True,
+    )
+    app.store_server = store  # type: ignore[attr-defined]
+    dedupe.install(app)
+    yield app
+    client = redis.Redis.from_url(store.url)
+    try:
+        fail_on_keys_left(client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3)
+    finally:
+        client.close()
+        app.close()
+
+
+@pytest.mark.slow
+def test_a_dead_workers_unacked_message_keeps_its_key_through_a_dedup_redis_restart(
+    worker_app: Any, producer: Celery, tag: str
+) -> None:
+    @producer.task(
+        name=worker_app.redelivered.name,
+        bind=True,
+        base=dedupe.DedupeTask,
+        unique=True,
+        acks_late=True,
+        shared=False,
+    )
+    def redelivered(self: Any, tag: str, seconds: float) -> str: ...
+
+    @producer.task(
+        name=worker_app.sleepy.name, bind=True, base=dedupe.DedupeTask, unique=True, shared=False
+    )
+    def sleepy(self: Any, tag: str, seconds: float) -> str: ...
+
+    store = producer.store_server  # type: ignore[attr-defined]
+    env = {
+        "DEDUPE_TEST_QUEUE": producer.conf.task_default_queue,
+        "DEDUPE_TEST_STORE": store.url,
+        "DEDUPE_TEST_VISIBILITY": str(VISIBILITY),
+    }
+    broker = redis.Redis.from_url(worker_app.BROKER)
+    first, second = WorkerProcess(producer, env), WorkerProcess(producer, env)
+    first.start()
+    try:
+        result = redelivered.apply_async((tag, 30))
+        wait_for(lambda: (h := dedupe.lookup(redelivered, (tag, 30))) and h.state == "running")
+        assert first.process is not None
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait()
+        store.stop()
+        store.start()  # the dedup Redis lost every key; the message is unacked in the broker
+        assert dedupe.lookup(redelivered, (tag, 30)) is None
+        second.start()
+        other = sleepy.delay(f"{tag}-other", 6)  # a run, so that the worker's heartbeat beats
+        wait_for(
+            lambda: dedupe.lookup(redelivered, (tag, 30)) is not None,
+            timeout=8,
+            message="the key of the dead worker's message, restored",
+        )
+        assert any(result.id.encode() in value for value in broker.hvals("unacked"))
+        again = redelivered.apply_async((tag, 30))
+        assert again.deduplicated is True
+        assert again.id == result.id
+        assert result.get(timeout=VISIBILITY + 20) == tag  # the message came back and ran
+        other.get(timeout=20)
+    finally:
+        first.stop()
+        second.stop()
+        broker.close()
+    assert [run[0] for run in worker_app.runlog(tag).runs()] == [result.id, result.id]
