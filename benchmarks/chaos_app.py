@@ -4,7 +4,8 @@ Configured from the environment the harness sets. Every run of a task writes its
 (RunLog) to the evidence Redis, a server of its own that no fault touches; so do the worker's
 main process, for each message it receives (``consumed``: which worker still consumes), and the
 child, just before the dedup claim (``prerun``: the earliest moment a run can have freed a
-``unique_until="started"`` record).
+``unique_until="started"`` record), and when the guard defers a delivery (``deferred``: that
+delivery's claim was held, and freed nothing).
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ evidence = redis.Redis.from_url(EVIDENCE)
 @signals.task_prerun.connect(weak=False)
 def _prerun(task_id: str = "", **_: Any) -> None:
     # Connected before dedupe.install: runs before the claim.
-    evidence.rpush(f"{PREFIX}:prerun", f"{task_id} {time.time()!r}")
+    evidence.rpush(f"{PREFIX}:prerun", f"{task_id} {time.time()!r} {os.getpid()}")
+
+
+@dedupe.events.run_deferred.connect(weak=False)
+def _deferred(task_id: str = "", **_: Any) -> None:
+    evidence.rpush(f"{PREFIX}:deferred", f"{task_id} {time.time()!r} {os.getpid()}")
 
 
 @signals.task_received.connect(weak=False)

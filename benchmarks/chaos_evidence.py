@@ -3,8 +3,10 @@ end with its pid (the tasks), and the faults the harness injected, with their ti
 
 A duplicate is an accepted call B whose call returned before an earlier accepted call A of the
 same key stopped holding it: A's last run ended (``unique_until="finished"``), or the prerun of
-A's first run, which comes before its claim (``"started"``). Both bounds are ones no correct
-library can cross, whatever the clocks of the processes say (one host, one clock).
+A's first delivery that the guard did not defer, which comes before its claim (``"started"``:
+the claim frees the call's key, even when the process is killed before the task's body could
+write its start). Both bounds are ones no correct library can cross, whatever the clocks of the
+processes say (one host, one clock).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class Evidence:
     #: Task id -> when each of its runs ended on its own (not with a killed process).
     completed: dict[str, list[float]]
     overlaps: dict[tuple[str, int], list[Any]]
-    prerun: dict[str, list[float]]
+    #: Task id -> (time, pid) of each delivery's prerun, which comes before its claim.
+    prerun: dict[str, list[tuple[float, int]]]
     faults: list[Fault]
     keys_left: list[str]
     t0: float
@@ -82,6 +85,8 @@ class Evidence:
     warnings: list[str] = field(default_factory=list)
     #: Task ids the Redis broker still held after the drain (queued or unacked).
     held: set[str] = field(default_factory=set)
+    #: Task id -> (time, pid) of each delivery the guard deferred (its claim was held).
+    deferred: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
     @classmethod
     def read(
@@ -103,12 +108,32 @@ class Evidence:
             for task_id, _, end in log.runs():
                 if end is not None:
                     completed[task_id].append(end)
-        prerun: dict[str, list[float]] = defaultdict(list)
-        for raw in client.lrange(f"{prefix}:prerun", 0, -1):
-            task_id, at = raw.decode().split()
-            prerun[task_id].append(float(at))
+        prerun, deferred = _timed(client, f"{prefix}:prerun"), _timed(client, f"{prefix}:deferred")
         warnings = [raw.decode() for raw in client.lrange(f"{prefix}:warnings", 0, -1)]
-        return cls(calls, runs, completed, overlaps, prerun, faults, keys_left, t0, warnings)
+        return cls(
+            calls,
+            runs,
+            completed,
+            overlaps,
+            prerun,
+            faults,
+            keys_left,
+            t0,
+            warnings,
+            set(),
+            deferred,
+        )
+
+
+def _timed(client: redis.Redis, name: str) -> dict[str, list[tuple[float, int]]]:
+    # "<task id> <time> <pid>" lines -> task id -> [(time, pid)], in time order.
+    timed: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for raw in client.lrange(name, 0, -1):
+        task_id, at, pid = raw.decode().split()
+        timed[task_id].append((float(at), int(pid)))
+    for times in timed.values():
+        times.sort()
+    return timed
 
 
 @dataclass
@@ -147,12 +172,31 @@ class Checks:
             f"{self.t(start)}-{self.t(end) if end else '?'}{'' if end in completed else ' killed'}"
             for start, end in sorted(self.spans[task_id])
         )
+        # (A delivery killed after its prerun, before its body wrote a start.)
+        unstarted = len(self.claims(task_id)) - len(self.spans[task_id])
+        if unstarted > 0:
+            runs += f", {unstarted} killed before its body"
         deferred = self.deferrals(task_id)
         return f"{runs}, {deferred} deferred" if deferred else runs
 
     def deferrals(self, task_id: str) -> int:
-        """Deliveries of a task id that did not run its body (the guard deferred them)."""
-        return max(0, len(self.e.prerun.get(task_id, [])) - len(self.spans[task_id]))
+        """Deliveries of a task id that the guard deferred."""
+        return len(self.e.deferred.get(task_id, []))
+
+    def claims(self, task_id: str) -> list[float]:
+        """The preruns of a task id's deliveries that the guard did not defer: each may have
+        claimed its key (and, ``unique_until="started"``, freed its call's key), whether or not
+        its body started before a kill."""
+        deferred = set(self.e.deferred.get(task_id, []))
+        claims = []
+        for at, pid in self.e.prerun.get(task_id, []):
+            # A child runs one delivery at a time: its deferral is its next one of this id.
+            after = [d for d in deferred if d[1] == pid and d[0] >= at]
+            if after:
+                deferred.discard(min(after))
+            else:
+                claims.append(at)
+        return claims
 
     def deferral_row(self) -> Row:
         counts = {task_id: self.deferrals(task_id) for task_id in self.e.prerun}
@@ -183,21 +227,22 @@ class Checks:
         return f"after {fault.kind} at {self.t(fault.start)} ({fault.detail})"
 
     def released(self, call: Call) -> float | None:
-        """When an accepted call stopped holding its key at the latest; None if it never ran.
+        """When an accepted call stopped holding its key at the latest; None if it never ran
+        (``"started"``: never claimed).
 
         ``"finished"``: when its first run completed (a redelivery of a message whose run
         completed, its ack lost in a broker cut, is the broker's at-least-once, counted apart),
         else when its last run was killed (acked as failed: the message is gone).
+        ``"started"``: the prerun of its first claim (:meth:`claims`).
         """
         starts = self.starts.get(call.task_id)
-        if not starts:
-            return None
         if call.task == "finished":
+            if not starts:
+                return None
             if completed := self.e.completed.get(call.task_id):
                 return min(completed)
             return max(self.ends[call.task_id], default=max(starts))
-        first = min(starts)
-        return max((at for at in self.e.prerun.get(call.task_id, []) if at <= first), default=first)
+        return min(self.claims(call.task_id) + (starts or []), default=None)
 
     def unrecorded(self) -> set[str]:
         """Task ids a producer published without dedup: the dedup Redis was unreachable (the

@@ -20,8 +20,10 @@ from .clients import SENTINEL_OPTIONS, async_client
 from .keys import CallKeys
 from .record import Holder, pack_owner
 from .store import (
+    DataLossBarrier,
     Requeue,
     first_holder,
+    not_decided,
     read_cancel,
     read_enqueue,
     read_requeue,
@@ -36,6 +38,9 @@ _T = TypeVar("_T")
 
 class AsyncStore:
     """Enqueue, requeue, cancel and lookup, awaitable."""
+
+    #: As :attr:`dedupe.store.Store.barrier` (the runtime sets the same one).
+    barrier: DataLossBarrier | None = None
 
     def __init__(self, client: redis.asyncio.Redis, budget: float = defaults.CALL_BUDGET) -> None:
         self.client = client
@@ -82,10 +87,17 @@ class AsyncStore:
             ) from None
 
     async def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
+        barrier = self.barrier if self.barrier is not None and self.barrier.armed() else None
+        marked = [keys.call, barrier.marker] if barrier else [keys.call]
         with reraise_unavailable("enqueue", keys.call):
-            reply = await self._within_budget(
-                self._enqueue(keys=[keys.call], args=[record, ttl_ms])
-            )
+            reply = await self._within_budget(self._enqueue(keys=marked, args=[record, ttl_ms]))
+        if barrier is not None and not_decided(reply):
+            # The restore reads the broker through kombu, which blocks: not on the loop.
+            await asyncio.to_thread(barrier.restore)
+            with reraise_unavailable("enqueue", keys.call):
+                reply = await self._within_budget(
+                    self._enqueue(keys=[keys.call], args=[record, ttl_ms])
+                )
         return read_enqueue(keys.call, reply)
 
     async def requeue(

@@ -9,9 +9,9 @@ raises is logged by Celery and never fails the call or the run.
 
 .. code-block:: python
 
-    from dedupe import signals
+    from dedupe import events
 
-    @signals.call_deduplicated.connect
+    @events.call_deduplicated.connect
     def count(sender, task_name, holder, **_):
         metrics.increment("duplicates", tags={"task": task_name, "state": holder.state})
 

@@ -433,7 +433,14 @@ class PreparedCall:
             self.first_write_failed(exc)
             plan.provisional_written = True  # perhaps: the publish cancels if it fails
             return None
-        return PendingDecision(self.store, self.keys, reply, self.first_write_failed)
+        return PendingDecision(
+            self.store,
+            self.keys,
+            reply,
+            plan.provisional,
+            plan.provisional_ttl_ms,
+            self.first_write_failed,
+        )
 
     def _seam(self, producer: Any, decision: PendingDecision | None) -> Any:
         if self.path == "one-step" or self.path == "decide":

@@ -392,6 +392,10 @@ class PendingDecision:
     store: Store
     keys: CallKeys
     reply: Reply
+    #: The provisional record the enqueue was sent with, and its ttl (sent again after a
+    #: restore: see :class:`~dedupe.store.DataLossBarrier`).
+    record: bytes
+    ttl_ms: int
     #: Called when the answer cannot be had (Redis unreachable): raises to refuse the
     #: publish, or returns to publish without dedup.
     unavailable: Callable[[RedisUnavailable], None]
@@ -403,7 +407,9 @@ class PendingDecision:
         if not self.decided:
             self.decided = True
             try:
-                self.holder = self.store.enqueue_result(self.keys, self.reply)
+                self.holder = self.store.enqueue_result(
+                    self.keys, self.reply, self.record, self.ttl_ms
+                )
             except RedisUnavailable as exc:
                 self.unavailable(exc)
         return self.holder

@@ -54,20 +54,20 @@ class Runtime:
         """Is the broker kombu's Redis transport on the dedup store's own server and
         database? Then a call's record and message can be written in one step."""
         if self._broker_is_store is None:
-            if cluster_target(self.config.redis_url) is not None:
-                self._broker_is_store = False  # (kombu has no Cluster transport)
-                return False
-            connection = self.app.connection_for_write()  # not connected: names the transport
-            try:
-                redis_transport = getattr(connection.transport, "driver_type", None) == "redis"
-                broker = (connection.hostname, connection.port or 6379, connection.virtual_host)
-            finally:
-                connection.release()
-            store = self.store.server
-            self._broker_is_store = (
-                redis_transport and store is not None and _same_address(broker, store)
-            )
+            self._broker_is_store = self._broker_is(self.store)
         return self._broker_is_store
+
+    def _broker_is(self, store: Store) -> bool:
+        if cluster_target(self.config.redis_url) is not None:
+            return False  # (kombu has no Cluster transport)
+        connection = self.app.connection_for_write()  # not connected: names the transport
+        try:
+            redis_transport = getattr(connection.transport, "driver_type", None) == "redis"
+            broker = (connection.hostname, connection.port or 6379, connection.virtual_host)
+        finally:
+            connection.release()
+        server = store.server
+        return redis_transport and server is not None and _same_address(broker, server)
 
     @property
     def redis_redelivery(self) -> float | None:
@@ -113,9 +113,10 @@ class Runtime:
                         # A Cluster's client learns the layout as it is made: no node
                         # answered. Made again at the next call.
                         raise RedisUnavailable("connect", exc) from exc
-                    self._store = Store(
-                        client, busy_poll=config.busy_poll, budget=config.call_budget
-                    )
+                    store = Store(client, busy_poll=config.busy_poll, budget=config.call_budget)
+                    # Set before any call can use the store.
+                    store.barrier = self._restart_watch(store)
+                    self._store = store
         return self._store
 
     @property
@@ -132,6 +133,7 @@ class Runtime:
             store = AsyncStore.from_url(
                 config.redis_url, config.redis_options, budget=config.call_budget
             )
+            store.barrier = self.store.barrier
             self._async_stores[loop] = store
         return store
 
@@ -139,7 +141,7 @@ class Runtime:
     def heartbeat(self) -> Heartbeat:
         if self._heartbeat is None:
             store = self.store
-            watch = self._restart_watch(store)
+            watch = store.barrier if isinstance(store.barrier, RestartWatch) else None
             every = self.config.default_lease / 3
             with self._lock:
                 if self._heartbeat is None:
@@ -150,7 +152,10 @@ class Runtime:
         # Only a Redis broker keeps unacked messages where a worker can read them; one that
         # is the dedup store loses them with the records; a Cluster has many servers to lose.
         redelivery = self.redis_redelivery
-        if redelivery is None or store.server is None or self.broker_is_store:
+        if redelivery is None or store.server is None:
+            return None
+        self._broker_is_store = self._broker_is(store)
+        if self._broker_is_store:
             return None
         config = self.config
         return RestartWatch(self.app, store, config.key_prefix, config.default_lease, redelivery)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import redis
 import redis.cluster
@@ -32,6 +32,7 @@ from .script_runner import Reply, ScriptRunner
 
 __all__ = [
     "Claim",
+    "DataLossBarrier",
     "Enqueue",
     "Lease",
     "Push",
@@ -42,6 +43,7 @@ __all__ = [
     "Store",
     "Wait",
     "first_holder",
+    "not_decided",
     "read_cancel",
     "read_claim",
     "read_confirm",
@@ -89,6 +91,9 @@ def script_text(name: str) -> str:
 class Enqueue(enum.IntEnum):
     """enqueue.lua's integer replies (a held key answers with its record instead)."""
 
+    #: Not decided: the store lost its data, and the records of the messages in flight are
+    #: not restored yet (:class:`DataLossBarrier`). Never seen outside this module.
+    LOST = 0
     CREATED = 1
     #: The key holds these very bytes: redis-py sent the command again after a timeout.
     RESENT = 2
@@ -305,8 +310,34 @@ class Restoration:
         return [pack_owner(self.task_id), self.record, self.queued, self.ttl_ms, self.lease_ms]
 
 
+class DataLossBarrier(Protocol):
+    """Keeps calls from being decided on a store that lost its data (a restart without
+    persistence, a failover to a replica without it, a FLUSHALL) until the records of the
+    messages in flight are back: an absent key may be a lost record, whose message a new
+    call would duplicate. ``dedupe.unacked.RestartWatch`` is the one there is."""
+
+    #: The key whose absence says the data was lost (and not restored yet).
+    marker: str
+
+    def armed(self) -> bool:
+        """Ask with the marker now? (Not for a while after a restore that failed.)"""
+
+    def restore(self) -> None:
+        """Restore the records, then set the marker (once per process at a time). Never
+        raises: a failure is logged, and disarms the barrier for a while."""
+
+
+def not_decided(reply: Any) -> bool:
+    """Is this an enqueue's answer that the store lost its data (:attr:`Enqueue.LOST`)?"""
+    return isinstance(reply, int) and reply == Enqueue.LOST
+
+
 class Store:
     """Every read and write celery-dedupe makes to Redis."""
+
+    #: Set by the runtime where lost records can be restored (a Redis broker with a dedup
+    #: Redis of its own): every enqueue then asks with its marker.
+    barrier: DataLossBarrier | None = None
 
     def __init__(
         self,
@@ -346,10 +377,25 @@ class Store:
         settings: Mapping[str, Any] = self.client.connection_pool.connection_kwargs
         return settings
 
+    def _barrier(self) -> DataLossBarrier | None:
+        barrier = self.barrier
+        return barrier if barrier is not None and barrier.armed() else None
+
+    def _restore_lost(self, barrier: DataLossBarrier | None) -> None:
+        # (The restore never raises: it logs its failures, and the call is decided anyway.)
+        assert barrier is not None
+        barrier.restore()
+
     def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
         """Create the queued record of a call. None: accepted; a Holder: a duplicate of it."""
+        barrier = self._barrier()
+        marked = [keys.call, barrier.marker] if barrier else [keys.call]
         with reraise_unavailable("enqueue", keys.call):
-            reply = self._run(self._enqueue, [keys.call], [record, ttl_ms])
+            reply = self._run(self._enqueue, marked, [record, ttl_ms])
+        if not_decided(reply):
+            self._restore_lost(barrier)
+            with reraise_unavailable("enqueue", keys.call):
+                reply = self._run(self._enqueue, [keys.call], [record, ttl_ms])
         return read_enqueue(keys.call, reply)
 
     def enqueue_many(self, calls: Sequence[tuple[CallKeys, bytes, int]]) -> list[Holder | None]:
@@ -364,36 +410,60 @@ class Store:
                     [([keys.call], [record, ttl_ms]) for keys, record, ttl_ms in calls],
                 )
             else:
-                chunks = [
-                    calls[start : start + _ENQUEUE_CHUNK]
-                    for start in range(0, len(calls), _ENQUEUE_CHUNK)
-                ]
-                answers = self._run.call_many(
-                    self._enqueue_many, [_enqueue_many_call(chunk) for chunk in chunks]
-                )
-                replies = [
-                    reply
-                    for chunk, answer in zip(chunks, answers, strict=True)
-                    for reply in _chunk_replies(answer, len(chunk))
-                ]
+                replies = self._enqueue_chunks(calls)
             _raise_first_error(replies)
         return [
             read_enqueue(keys.call, reply)
             for (keys, _, _), reply in zip(calls, replies, strict=True)
         ]
 
+    def _enqueue_chunks(self, calls: Sequence[tuple[CallKeys, bytes, int]]) -> list[Any]:
+        # One server: enqueue_many.lua per chunk, all in one round trip; the chunks sent
+        # while the store's data was lost and not restored go again after the restore.
+        assert isinstance(self._run, ScriptRunner)
+        chunks = [
+            calls[start : start + _ENQUEUE_CHUNK] for start in range(0, len(calls), _ENQUEUE_CHUNK)
+        ]
+        barrier = self._barrier()
+        marker = barrier.marker if barrier else None
+        answers = self._run.call_many(
+            self._enqueue_many, [_enqueue_many_call(chunk, marker) for chunk in chunks]
+        )
+        lost = [index for index, answer in enumerate(answers) if not_decided(answer)]
+        if lost:
+            self._restore_lost(barrier)
+            again = self._run.call_many(
+                self._enqueue_many, [_enqueue_many_call(chunks[index], None) for index in lost]
+            )
+            for index, answer in zip(lost, again, strict=True):
+                answers[index] = answer
+        return [
+            reply
+            for chunk, answer in zip(chunks, answers, strict=True)
+            for reply in _chunk_replies(answer, len(chunk))
+        ]
+
     def start_enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Reply:
         """:meth:`enqueue`, sent now and read later (:meth:`enqueue_result`, same thread):
         the caller does its other work while Redis decides."""
+        barrier = self._barrier()
+        marked = [keys.call, barrier.marker] if barrier else [keys.call]
         with reraise_unavailable("enqueue", keys.call):
-            slot = self._run.send(self._enqueue, [keys.call], [record, ttl_ms], reply=True)
+            slot = self._run.send(self._enqueue, marked, [record, ttl_ms], reply=True)
         assert slot is not None
         return slot
 
-    def enqueue_result(self, keys: CallKeys, slot: Reply) -> Holder | None:
-        """The answer to :meth:`start_enqueue`: None accepted, else the holder."""
+    def enqueue_result(
+        self, keys: CallKeys, slot: Reply, record: bytes, ttl_ms: int
+    ) -> Holder | None:
+        """The answer to :meth:`start_enqueue` (of ``record`` and ``ttl_ms``): None
+        accepted, else the holder."""
         with reraise_unavailable("enqueue", keys.call):
             reply = self._run.result(slot)
+        if not_decided(reply):
+            self._restore_lost(self.barrier)
+            with reraise_unavailable("enqueue", keys.call):
+                reply = self._run(self._enqueue, [keys.call], [record, ttl_ms])
         return read_enqueue(keys.call, reply)
 
     def publish(
@@ -529,16 +599,16 @@ class Store:
             _raise_first_error(replies)
             return [read_restore(reply) for reply in replies]
 
-    def mark_alive(self, key: str) -> bool:
-        """Set the marker ``key`` if it is missing. True: it was (the server lost its data,
-        or was never used): the records of messages in flight may be gone."""
-        with reraise_unavailable("mark_alive", key):
-            return bool(self._command(lambda: self.client.set(key, b"1", nx=True)))
+    def marked(self, key: str) -> bool:
+        """Does the marker ``key`` exist? False: the server lost its data (or was never
+        used) and no restore finished since: the records of messages in flight may be gone."""
+        with reraise_unavailable("marked", key):
+            return bool(self._command(lambda: self.client.exists(key)))
 
-    def unmark_alive(self, key: str) -> None:
-        """Delete the marker ``key``: the next :meth:`mark_alive` answers True again."""
+    def mark_alive(self, key: str) -> None:
+        """Set the marker ``key``: the records of the messages in flight are restored."""
         with reraise_unavailable("mark_alive", key):
-            self._command(lambda: self.client.delete(key))
+            self._command(lambda: self.client.set(key, b"1"))
 
     def release(self, keys: CallKeys, task_id: str, token: str = "") -> int:
         """Delete what this task id (and run, when a token is given) holds; returns the count."""
@@ -632,12 +702,17 @@ class PendingPush:
 _ENQUEUE_CHUNK = 256
 
 
-def _enqueue_many_call(chunk: Sequence[tuple[CallKeys, bytes, int]]) -> tuple[list[Any], list[Any]]:
-    """The keys and arguments of enqueue_many.lua for a chunk of calls."""
-    return (
-        [keys.call for keys, _, _ in chunk],
-        [part for _, record, ttl_ms in chunk for part in (record, ttl_ms)],
-    )
+def _enqueue_many_call(
+    chunk: Sequence[tuple[CallKeys, bytes, int]], marker: str | None
+) -> tuple[list[Any], list[Any]]:
+    """The keys and arguments of enqueue_many.lua for a chunk of calls (and the marker key,
+    flagged by one more argument)."""
+    keys: list[Any] = [keys.call for keys, _, _ in chunk]
+    args: list[Any] = [part for _, record, ttl_ms in chunk for part in (record, ttl_ms)]
+    if marker is not None:
+        keys.append(marker)
+        args.append(1)
+    return keys, args
 
 
 def _chunk_replies(reply: Any, size: int) -> list[Any]:

@@ -19,12 +19,11 @@ dedup Redis itself (its loss takes the unacked messages with it).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Container, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +44,10 @@ _RESTORED_MODES = ("finished", "started")
 
 
 class RestartWatch:
-    """Called by the heartbeat thread every third of a lease: restores the keys of the
-    broker's unacked messages when the dedup Redis lost its data."""
+    """The :class:`~dedupe.store.DataLossBarrier` of a store whose broker is a Redis of its
+    own: restores the keys of the broker's unacked messages when the dedup Redis lost its
+    data, before any call is decided there (the store asks with :attr:`marker`), and from
+    the heartbeat thread every third of a lease (called: a worker with no calls to make)."""
 
     def __init__(
         self,
@@ -59,32 +60,47 @@ class RestartWatch:
         self._app = app
         self._store = store
         self._prefix = prefix
-        self._marker = alive_key(prefix)
+        self.marker = alive_key(prefix)
         self._lease = lease
         self._redelivery = redelivery
         self._restoring: threading.Thread | None = None
+        # One restore at a time in this process; the others wait for it, then find the marker.
+        self._lock = threading.Lock()
+        self._disarmed_until = 0.0
+
+    def armed(self) -> bool:
+        """False for a third of a lease after a restore failed: calls are decided without
+        the marker meanwhile (each would wait on a broker that failed it just now)."""
+        return time.monotonic() >= self._disarmed_until
 
     def __call__(self) -> None:
         if self._restoring is not None and self._restoring.is_alive():
             return
         try:
-            if not self._store.mark_alive(self._marker):
+            if self._store.marked(self.marker):
                 return
         except RedisUnavailable:
             return  # (the heartbeat's own renewals say so)
         # In a thread of its own: a broker that hangs must not stop the heartbeat's renewals.
-        self._restoring = threading.Thread(target=self._restore, name="dedupe-restore", daemon=True)
+        self._restoring = threading.Thread(target=self.restore, name="dedupe-restore", daemon=True)
         self._restoring.start()
 
-    def _restore(self) -> None:
-        try:
-            restore_unacked(self._app, self._store, self._prefix, self._lease, self._redelivery)
-        except Exception as exc:
-            reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
-            logger.warning("could not restore the keys of unacked messages: %r", reason)
-            # The next check (this process's or another's) tries again.
-            with contextlib.suppress(RedisUnavailable):
-                self._store.unmark_alive(self._marker)
+    def restore(self) -> None:
+        """Restore the keys of the unacked messages, then set the marker: the marker says a
+        restore finished since the data was lost (calls decided before that are held back,
+        not decided on keys that may be lost records). Never raises."""
+        with self._lock:
+            try:
+                if self._store.marked(self.marker):
+                    return  # (restored by another thread or process meanwhile)
+                restore_unacked(self._app, self._store, self._prefix, self._lease, self._redelivery)
+                self._store.mark_alive(self.marker)
+            except Exception as exc:
+                reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
+                logger.warning("could not restore the keys of unacked messages: %r", reason)
+                # Calls go on without it; the next check (this process's or another's)
+                # tries again.
+                self._disarmed_until = time.monotonic() + self._lease / 3
 
 
 def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redelivery: float) -> int:
@@ -100,7 +116,7 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
         messages = client.hgetall(channel.unacked_key)
         index = client.zrange(channel.unacked_index_key, 0, -1, withscores=True)
         delivered = {tag: float(score) for tag, score in index}
-        ours = Ours(prefix, frozenset(app.tasks.keys()))
+        ours = Ours(prefix)
         items = restorations(messages, delivered, ours, time.time(), lease, redelivery)
         if not items:
             return 0
@@ -120,14 +136,15 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
 
 @dataclass(frozen=True)
 class Ours:
-    """What tells an app's messages from other apps' on one broker."""
+    """What tells the messages whose keys live in this store from other apps' on one broker:
+    their key prefix. (Not the app's task names: a producer's app may know only the tasks it
+    calls, and an app that shares the prefix shares the keys.)"""
 
     prefix: str
-    tasks: Container[str]
 
     def owns(self, task: str, header: KeyHeader) -> bool:
-        """Is a message of ``task`` with ``header`` one of this app's?"""
-        return task in self.tasks and header.keys.call.startswith(f"{self.prefix}:{{")
+        """Is a message of ``task`` with ``header`` one whose key lives here?"""
+        return header.keys.call.startswith(f"{self.prefix}:{{")
 
 
 def restorations(

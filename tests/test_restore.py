@@ -8,6 +8,7 @@ writes it; and the double fault itself with real prefork workers, killed and res
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -256,7 +257,7 @@ def test_the_unique_finished_messages_are_restored_until_the_broker_gives_them_b
         b"t5": json.dumps([{"body": "", "headers": {}}, "", ""]).encode(),  # protocol 1
     }
     now = 1_000_000.0
-    ours = Ours("dedupe", {"proj.work"})
+    ours = Ours("dedupe")
     items = restorations(messages, {b"t1": now - 10}, ours, now, lease=6.0, redelivery=30.0)
     assert list(items) == [b"t1", b"t6"]
     task, item = items[b"t1"]
@@ -268,16 +269,20 @@ def test_the_unique_finished_messages_are_restored_until_the_broker_gives_them_b
 def test_a_message_past_its_redelivery_is_restored_for_a_lease() -> None:
     keys = CallKeys.of("dedupe:{w:aa}", separate_run_lock=False)
     messages = {b"t": unacked("A", KeyHeader(keys, "finished", None).encode(), "w")}
-    items = restorations(messages, {b"t": 0.0}, Ours("dedupe", {"w"}), 1e3, 6, 30)
+    items = restorations(messages, {b"t": 0.0}, Ours("dedupe"), 1e3, 6, 30)
     assert items[b"t"][1].ttl_ms == 6000
 
 
-def test_messages_of_other_apps_on_the_broker_are_left_alone() -> None:
-    messages = {
-        b"t1": unacked("A", "finished|60.0|other:{proj.work:aa}"),  # another key prefix
-        b"t2": unacked("B", "finished|60.0|dedupe:{billing.charge:bb}", "billing.charge"),
-    }
-    assert restorations(messages, {}, Ours("dedupe", {"proj.work"}), 1e3, 6, 30) == {}
+def test_messages_whose_keys_have_another_prefix_are_left_alone() -> None:
+    messages = {b"t1": unacked("A", "finished|60.0|other:{proj.work:aa}")}
+    assert restorations(messages, {}, Ours("dedupe"), 1e3, 6, 30) == {}
+
+
+def test_messages_of_tasks_this_process_never_imported_are_restored() -> None:
+    # A web process's app knows the tasks it calls, not all the broker holds: the key prefix
+    # tells whose keys live in this store.
+    messages = {b"t2": unacked("B", "finished|60.0|dedupe:{billing.charge:bb}", "billing.charge")}
+    assert list(restorations(messages, {}, Ours("dedupe"), 1e3, 6, 30)) == [b"t2"]
 
 
 @pytest.fixture
@@ -334,6 +339,93 @@ def test_a_restore_the_broker_cut_short_is_tried_again_at_the_next_check(
         watch._restoring.join(timeout=30)
     assert "could not restore the keys of unacked messages" in lines.text
     assert store.client.exists(alive_key("dedupe")) == 0  # the next check restores again
+    assert not watch.armed()  # calls meanwhile are decided without waiting on the broker
+    app.close()
+
+
+# -- no call decided before the restore -------------------------------------------------------
+
+
+def _unacked_then_lost(app: Celery, task: Any, *args: Any) -> tuple[Any, Any]:
+    """A call whose message a worker took (kombu's unacked hash holds it), then the dedup
+    Redis lost every key: (the call's result, the message, to ack)."""
+    result = task.delay(*args)
+    connection = app.connection_for_write()
+    message = connection.default_channel.basic_get(app.conf.task_default_queue)
+    assert message is not None
+    runtime_of(app).store.client.flushall()
+    return result, (connection, message)
+
+
+def _ack(held: tuple[Any, Any]) -> None:
+    connection, message = held
+    message.ack()
+    connection.release()
+
+
+@pytest.mark.parametrize("decide_first", [False, True], ids=["overlap", "confirm"])
+def test_a_call_after_the_loss_waits_for_the_restore_and_is_a_duplicate(
+    broker_app: Celery, decide_first: bool
+) -> None:
+    @broker_app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+    def work(n: int) -> None: ...
+
+    first, held = _unacked_then_lost(broker_app, work, 1)
+    runtime = runtime_of(broker_app)
+    if decide_first:  # (a task of mostly duplicates asks before it builds the message)
+        runtime.duplicate_share[work.name] = 1.0
+    again = work.delay(1)
+    assert (again.deduplicated, again.id) == (True, first.id)
+    assert runtime.store.client.exists(alive_key("dedupe")) == 1
+    _ack(held)
+
+
+def test_a_batch_after_the_loss_waits_for_the_restore(broker_app: Celery) -> None:
+    @broker_app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+    def work(n: int) -> None: ...
+
+    first, held = _unacked_then_lost(broker_app, work, 1)
+    results = work.map_unique([(1,), (2,)])
+    assert [(r.deduplicated, r.id == first.id) for r in results] == [(True, True), (False, False)]
+    _ack(held)
+
+
+def test_an_asyncio_call_after_the_loss_waits_for_the_restore(broker_app: Celery) -> None:
+    @broker_app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+    def work(n: int) -> None: ...
+
+    first, held = _unacked_then_lost(broker_app, work, 1)
+    again = asyncio.run(work.adelay_unique(1))
+    assert (again.deduplicated, again.id) == (True, first.id)
+    _ack(held)
+
+
+def test_calls_are_decided_without_the_restore_while_the_broker_fails_it(
+    redis_factory: RedisFactory,
+) -> None:
+    dedup = redis_factory()
+    app = Celery("restore", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
+    app.conf.update(dedupe_redis_url=dedup.url, broker_connection_timeout=0.5)
+    dedupe.install(app)
+    store = runtime_of(app).store
+    assert isinstance(store.barrier, RestartWatch)
+    keys = CallKeys.of("dedupe:{proj.work:aa}", separate_run_lock=False)
+    with Lines("dedupe.keys") as lines:
+        assert store.enqueue(keys, pack_provisional("A", 1), TTL_MS) is None  # accepted
+    assert "could not restore the keys of unacked messages" in lines.text
+    with Lines("dedupe.keys") as lines:
+        store.enqueue(keys, pack_provisional("B", 2), TTL_MS)
+    assert lines.text == ""  # (disarmed: not asked again at every call)
+    app.close()
+
+
+def test_a_store_that_is_also_the_broker_has_no_restore(redis_factory: RedisFactory) -> None:
+    # Its loss takes the unacked messages with it: nothing to restore, no call to hold back.
+    server = redis_factory()
+    app = Celery("restore", broker=server.url, set_as_current=False)
+    app.conf.update(dedupe_redis_url=server.url)
+    dedupe.install(app)
+    assert runtime_of(app).store.barrier is None
     app.close()
 
 
@@ -398,7 +490,12 @@ def test_a_dead_workers_unacked_message_keeps_its_key_through_a_dedup_redis_rest
     first.start()
     try:
         result = redelivered.apply_async((tag, 30))
-        wait_for(lambda: (h := dedupe.lookup(redelivered, (tag, 30))) and h.state == "running")
+        # The body's start, not just the claim: the kill must come after the run began (the
+        # redelivery then runs for a second).
+        wait_for(lambda: worker_app.runlog(tag).runs(), message="the first run's start")
+        holder = dedupe.lookup(redelivered, (tag, 30))
+        assert holder is not None
+        assert holder.state == "running"
         assert first.process is not None
         os.killpg(first.process.pid, signal.SIGKILL)
         first.process.wait()
