@@ -324,13 +324,21 @@ def test_a_worker_restores_the_key_of_a_message_kombu_holds_unacked(broker_app: 
     assert restore_unacked(broker_app, runtime.store, "dedupe", 6.0, 30.0) == 0  # none unacked
 
 
-def test_a_restore_the_broker_cut_short_is_tried_again_at_the_next_check(
-    redis_factory: RedisFactory,
-) -> None:
+@pytest.fixture
+def brokerless_app(redis_factory: RedisFactory) -> Iterator[Celery]:
+    """An app whose dedup Redis answers and whose Redis broker never does."""
     dedup = redis_factory()
     app = Celery("restore", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
     app.conf.update(dedupe_redis_url=dedup.url, broker_connection_timeout=0.5)
     dedupe.install(app)
+    yield app
+    app.close()
+
+
+def test_a_restore_the_broker_cut_short_is_tried_again_at_the_next_check(
+    brokerless_app: Celery,
+) -> None:
+    app = brokerless_app
     store = runtime_of(app).store
     watch = RestartWatch(app, store, "dedupe", 6.0, 30.0)
     with Lines("dedupe.keys") as lines:
@@ -340,7 +348,6 @@ def test_a_restore_the_broker_cut_short_is_tried_again_at_the_next_check(
     assert "could not restore the keys of unacked messages" in lines.text
     assert store.client.exists(alive_key("dedupe")) == 0  # the next check restores again
     assert not watch.armed()  # calls meanwhile are decided without waiting on the broker
-    app.close()
 
 
 # -- no call decided before the restore -------------------------------------------------------
@@ -361,6 +368,23 @@ def _ack(held: tuple[Any, Any]) -> None:
     connection, message = held
     message.ack()
     connection.release()
+
+
+def test_the_heartbeats_check_restores_then_sets_the_marker(broker_app: Celery) -> None:
+    @broker_app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+    def work(n: int) -> None: ...
+
+    first, held = _unacked_then_lost(broker_app, work, 1)
+    watch = runtime_of(broker_app).store.barrier
+    assert isinstance(watch, RestartWatch)
+    watch()  # (the heartbeat thread's call, every third of a lease)
+    assert watch._restoring is not None
+    watch._restoring.join(timeout=30)
+    holder = dedupe.lookup(work, (1,))
+    assert holder is not None
+    assert holder.task_id == first.id
+    assert runtime_of(broker_app).store.client.exists(alive_key("dedupe")) == 1
+    _ack(held)
 
 
 @pytest.mark.parametrize("decide_first", [False, True], ids=["overlap", "confirm"])
@@ -401,13 +425,9 @@ def test_an_asyncio_call_after_the_loss_waits_for_the_restore(broker_app: Celery
 
 
 def test_calls_are_decided_without_the_restore_while_the_broker_fails_it(
-    redis_factory: RedisFactory,
+    brokerless_app: Celery,
 ) -> None:
-    dedup = redis_factory()
-    app = Celery("restore", broker=f"redis://127.0.0.1:{free_port()}/0", set_as_current=False)
-    app.conf.update(dedupe_redis_url=dedup.url, broker_connection_timeout=0.5)
-    dedupe.install(app)
-    store = runtime_of(app).store
+    store = runtime_of(brokerless_app).store
     assert isinstance(store.barrier, RestartWatch)
     keys = CallKeys.of("dedupe:{proj.work:aa}", separate_run_lock=False)
     with Lines("dedupe.keys") as lines:
@@ -416,7 +436,6 @@ def test_calls_are_decided_without_the_restore_while_the_broker_fails_it(
     with Lines("dedupe.keys") as lines:
         store.enqueue(keys, pack_provisional("B", 2), TTL_MS)
     assert lines.text == ""  # (disarmed: not asked again at every call)
-    app.close()
 
 
 def test_a_store_that_is_also_the_broker_has_no_restore(redis_factory: RedisFactory) -> None:
