@@ -54,12 +54,12 @@ class Runtime:
         """Is the broker kombu's Redis transport on the dedup store's own server and
         database? Then a call's record and message can be written in one step."""
         if self._broker_is_store is None:
-            self._broker_is_store = self._broker_is(self.store)
+            # (kombu has no Cluster transport; and a Cluster's client connects as it is made)
+            cluster = cluster_target(self.config.redis_url) is not None
+            self._broker_is_store = not cluster and self._broker_is(self.store)
         return self._broker_is_store
 
     def _broker_is(self, store: Store) -> bool:
-        if cluster_target(self.config.redis_url) is not None:
-            return False  # (kombu has no Cluster transport)
         connection = self.app.connection_for_write()  # not connected: names the transport
         try:
             redis_transport = getattr(connection.transport, "driver_type", None) == "redis"
@@ -133,7 +133,9 @@ class Runtime:
             store = AsyncStore.from_url(
                 config.redis_url, config.redis_options, budget=config.call_budget
             )
-            store.barrier = self.store.barrier
+            if cluster_target(config.redis_url) is None:
+                # (A Cluster has no barrier, and its sync client connects as it is made.)
+                store.barrier = self.store.barrier
             self._async_stores[loop] = store
         return store
 
