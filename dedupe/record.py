@@ -33,6 +33,7 @@ id packed to 17 bytes when it is a UUID in its usual text form (36 characters as
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from typing import Literal
@@ -100,9 +101,16 @@ def unpack_owner(owner: bytes) -> str:
     return owner.decode("utf-8", "surrogatepass")
 
 
+# A generator of our own: drawing from the random module's would move the application's
+# seeded sequence with every call. Reseeded in a forked child, as the random module's is, so
+# that producers forked from one parent never draw the same nonces.
+_nonces = random.Random()
+os.register_at_fork(after_in_child=_nonces.seed)
+
+
 def new_nonce() -> int:
     """A call's nonce: 32 random bits (not secret: they only tell two calls apart)."""
-    return random.getrandbits(32)
+    return _nonces.getrandbits(32)
 
 
 def pack_provisional(task_id: str, nonce: int, *, owner: bytes | None = None) -> bytes:

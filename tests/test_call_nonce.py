@@ -3,6 +3,8 @@ a second call is not, even with the same explicit task id at the same clock read
 
 from __future__ import annotations
 
+import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -13,8 +15,9 @@ import pytest
 import redis
 from celery import Celery
 
+from dedupe import DedupeTask
 from dedupe.keys import call_keys
-from dedupe.record import pack_provisional, pack_queued
+from dedupe.record import new_nonce, pack_provisional, pack_queued
 from dedupe.store import Push, Store
 
 from .helpers import ROOT
@@ -105,3 +108,38 @@ def test_two_processes_calling_with_one_explicit_task_id_are_never_both_accepted
     assert set(accepted) == {str(n) for n in range(rounds)}
     assert max(accepted.values()) == 1
     assert redis.Redis.from_url(redis_url).llen(queue) == rounds
+
+
+def test_a_call_leaves_the_random_modules_sequence_alone(
+    make_app: Callable[..., Celery],
+) -> None:
+    """An application that seeds ``random`` gets the same draws whether or not it made calls
+    in between (and hypothesis, which checks this, sees no strategy touching it)."""
+    app = make_app()
+
+    @app.task(base=DedupeTask, unique=True)
+    def add(x: int) -> int:
+        return x
+
+    random.seed(42)
+    expected = random.getstate()
+    assert not add.delay(1).deduplicated
+    assert add.delay(1).deduplicated  # a duplicate draws its nonce too
+    assert random.getstate() == expected
+
+
+def test_forked_producers_draw_different_nonces() -> None:
+    read, write = os.pipe()
+    children = []
+    for _ in range(2):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.write(write, f"{new_nonce()} {new_nonce()}\n".encode())
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+    os.close(write)
+    with os.fdopen(read) as lines:
+        drawn = lines.read().split("\n")[:2]
+    assert len(set(drawn)) == 2, drawn
