@@ -115,7 +115,11 @@ class Heartbeat:
             if self._watch is not None and self._watch_due():
                 self._watch_at = time.monotonic() + self._watch_every
                 # Outside the locks: it may take a while, and drop() must not wait for it.
-                self._watch()
+                try:
+                    self._watch()
+                except Exception:
+                    # (The watch says what went wrong itself: this thread must go on.)
+                    logger.exception("the heartbeat's watch failed")
 
     def _watch_due(self) -> bool:
         return self._watch is not None and time.monotonic() >= self._watch_at

@@ -74,16 +74,24 @@ class RestartWatch:
         return time.monotonic() >= self._disarmed_until
 
     def __call__(self) -> None:
+        """Look at the marker, and restore in a thread if it is gone. Never raises: the
+        heartbeat thread that calls it renews every run's lease."""
         if self._restoring is not None and self._restoring.is_alive():
             return
         try:
             if self._store.marked(self.marker):
                 return
+            # In a thread of its own: a broker that hangs must not stop the renewals.
+            self._restoring = threading.Thread(
+                target=self.restore, name="dedupe-restore", daemon=True
+            )
+            self._restoring.start()
         except RedisUnavailable:
             return  # (the heartbeat's own renewals say so)
-        # In a thread of its own: a broker that hangs must not stop the heartbeat's renewals.
-        self._restoring = threading.Thread(target=self.restore, name="dedupe-restore", daemon=True)
-        self._restoring.start()
+        except Exception as exc:
+            # Any other refusal (an ACL that leaves out the marker key or EXISTS) says the
+            # same at every check: say it, and leave the renewals be.
+            logger.warning("could not check for a dedup Redis data loss: %r", exc)
 
     def restore(self) -> None:
         """Restore the keys of the unacked messages, then set the marker: the marker says a
@@ -108,12 +116,13 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
     tasks and key prefix: a broker may serve other apps); withdraw those whose message was
     acked meanwhile (their run ended between the read and the write). Returns how many were
     restored."""
-    # kombu's own channel: its client knows the broker's URL forms (Sentinel, sockets, TLS)
-    # and global_keyprefix, and the channel the names of the unacked hash and index.
+    # kombu's own channel: its client knows the broker's URL forms (Sentinel, sockets, TLS),
+    # and the channel the names of the unacked hash and index.
     with app.connection_for_write() as connection:
         channel = connection.default_channel
         client = channel.client
-        messages = client.hgetall(channel.unacked_key)
+        unacked = _named_for(client, "HGETALL", channel.unacked_key)
+        messages = client.hgetall(unacked)
         index = client.zrange(channel.unacked_index_key, 0, -1, withscores=True)
         delivered = {tag: float(score) for tag, score in index}
         ours = Ours(prefix)
@@ -122,7 +131,7 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
             return 0
         tags = list(items)
         replies = store.restore([items[tag][1] for tag in tags])
-        present = client.hmget(channel.unacked_key, tags)
+        present = client.hmget(_named_for(client, "HMGET", channel.unacked_key), tags)
     restored = 0
     for tag, reply, value in zip(tags, replies, present, strict=True):
         task, item = items[tag]
@@ -132,6 +141,16 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
             restored += 1
             emit(RESTORED, task, item.task_id, item.keys.call)
     return restored
+
+
+def _named_for(client: Any, command: str, name: str) -> str:
+    """``name`` as ``command`` must send it on kombu's client: with the transport's
+    ``global_keyprefix`` where the client does not add it itself (it prefixes a list of the
+    commands kombu sends, of which HGETALL and HMGET are not)."""
+    prefix = getattr(client, "global_keyprefix", "")
+    if prefix and command not in getattr(client, "PREFIXED_SIMPLE_COMMANDS", ()):
+        return f"{prefix}{name}"
+    return name
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,17 @@ import time
 
 import pytest
 import redis
+from celery import Celery
 
 from dedupe._redis_server import RedisServer
 from dedupe.heartbeat import Heartbeat
 from dedupe.keys import CallKeys
 from dedupe.record import pack_running
 from dedupe.store import Lease, Store
+from dedupe.unacked import RestartWatch
 
 from .conftest import RedisFactory
-from .helpers import wait_for
+from .helpers import Lines, wait_for
 
 
 @pytest.fixture
@@ -65,3 +67,25 @@ def test_the_heartbeat_survives_a_redis_that_refuses_for_a_while(server: RedisSe
     time.sleep(2.0)
     assert store.client.exists("k:{c}")
     assert heartbeat.holding() == 1
+
+
+def test_the_heartbeat_goes_on_renewing_when_its_data_loss_check_is_refused(
+    server: RedisServer,
+) -> None:
+    # A user whose ACL leaves out EXISTS: the restart watch's marker check is refused at
+    # every look (not a "not now" error), and must not end the thread that renews the runs.
+    admin = redis.Redis.from_url(server.url)
+    admin.acl_setuser("runs", enabled=True, nopass=True, keys=["*"], commands=["+@all", "-exists"])
+    client = redis.Redis(host="127.0.0.1", port=server.port, username="runs")
+    store = Store(client)
+    app = Celery("heartbeat", broker=server.url, set_as_current=False)
+    watch = RestartWatch(app, store, "dedupe", lease=0.6, redelivery=1.0)
+    heartbeat = Heartbeat(store, watch=watch, every=0.1)
+    with Lines("dedupe.keys") as lines:
+        heartbeat.hold(held_lease(store, "k:{d}"))
+        time.sleep(1.5)  # more than two leases, a dozen checks
+    assert admin.exists("k:{d}")  # renewed all along
+    assert heartbeat.holding() == 1
+    assert "could not check for a dedup Redis data loss" in lines.text
+    assert "permissions" in lines.text  # (the refusal, named)
+    app.close()

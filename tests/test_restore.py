@@ -288,17 +288,36 @@ def test_messages_of_tasks_this_process_never_imported_are_restored() -> None:
 @pytest.fixture
 def broker_app(redis_factory: RedisFactory, tag: str) -> Iterator[Celery]:
     """An app whose Redis broker and dedup Redis are two private servers."""
+    yield from _broker_app(redis_factory, tag)
+
+
+@pytest.fixture(params=["", "x_"], ids=["no-keyprefix", "global-keyprefix"])
+def any_broker_app(
+    redis_factory: RedisFactory, tag: str, request: pytest.FixtureRequest
+) -> Iterator[Celery]:
+    """The same, with and without the transport's ``global_keyprefix``."""
+    yield from _broker_app(redis_factory, tag, global_keyprefix=request.param)
+
+
+def _broker_app(redis_factory: RedisFactory, tag: str, **transport: Any) -> Iterator[Celery]:
     broker, dedup = redis_factory(), redis_factory()
     app = Celery("restore", broker=broker.url, set_as_current=False)
     app.conf.update(
-        task_default_queue=f"restore-{tag}", dedupe_redis_url=dedup.url, dedupe_default_lease=6
+        task_default_queue=f"restore-{tag}",
+        dedupe_redis_url=dedup.url,
+        dedupe_default_lease=6,
+        broker_transport_options=transport,
     )
     dedupe.install(app)
     yield app
     app.close()
 
 
-def test_a_worker_restores_the_key_of_a_message_kombu_holds_unacked(broker_app: Celery) -> None:
+def test_a_worker_restores_the_key_of_a_message_kombu_holds_unacked(
+    any_broker_app: Celery,
+) -> None:
+    broker_app = any_broker_app
+
     @broker_app.task(base=dedupe.DedupeTask, unique=True, shared=False)
     def work(n: int) -> None: ...
 
