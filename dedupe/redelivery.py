@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["horizon", "is_redis_broker", "redis_redelivery", "visibility_gap"]
+__all__ = ["horizon", "is_redis_broker", "redis_redelivery", "redis_visibility", "visibility_gap"]
 
 # kombu's Redis transport defaults (kombu.transport.redis.Channel): an unacked message is
 # restored by a sweep every unacked_restore_interval x unacked_restore_throttle seconds, once
@@ -50,11 +50,18 @@ def horizon(redelivery: float | None, lease: float, ttl: float) -> float:
     return redelivery + lease
 
 
+def redis_visibility(app: Any) -> float:
+    """Seconds after its delivery at least until the Redis broker gives an unacked message
+    back (its ``visibility_timeout``)."""
+    options = app.conf.broker_transport_options or {}
+    return float(options.get("visibility_timeout") or _VISIBILITY_TIMEOUT)
+
+
 def redis_redelivery(app: Any) -> float:
     """Seconds after its delivery at most until the Redis broker gives an unacked message
     back (the delivery was before the run's last renewal)."""
     options = app.conf.broker_transport_options or {}
-    visibility = float(options.get("visibility_timeout") or _VISIBILITY_TIMEOUT)
+    visibility = redis_visibility(app)
     interval = float(options.get("unacked_restore_interval") or _RESTORE_INTERVAL)
     throttle = int(options.get("unacked_restore_throttle") or _RESTORE_THROTTLE)
     return visibility + interval * max(throttle, 1)

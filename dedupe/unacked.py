@@ -32,9 +32,10 @@ from .events import RESTORED, emit
 from .header import KeyHeader
 from .keys import alive_key
 from .record import RESTORED_TOKEN, pack_queued, pack_restored
+from .redelivery import redis_visibility
 from .store import Restoration, Restore, Store
 
-__all__ = ["Ours", "RestartWatch", "restorations", "restore_unacked"]
+__all__ = ["AckFollower", "Ours", "RestartWatch", "restorations", "restore_unacked"]
 
 logger = logging.getLogger("dedupe.keys")
 
@@ -114,8 +115,8 @@ class RestartWatch:
 def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redelivery: float) -> int:
     """Write back the records of the messages the Redis broker holds unacked (of ``app``'s
     tasks and key prefix: a broker may serve other apps); withdraw those whose message was
-    acked meanwhile (their run ended between the read and the write). Returns how many were
-    restored."""
+    acked meanwhile (their run ended between the read and the write), now and, in a thread,
+    as long as they live. Returns how many were restored."""
     # kombu's own channel: its client knows the broker's URL forms (Sentinel, sockets, TLS),
     # and the channel the names of the unacked hash and index.
     with app.connection_for_write() as connection:
@@ -132,15 +133,66 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
         tags = list(items)
         replies = store.restore([items[tag][1] for tag in tags])
         present = client.hmget(_named_for(client, "HMGET", channel.unacked_key), tags)
-    restored = 0
+    restored: dict[bytes, tuple[Restoration, float]] = {}
+    visibility = redis_visibility(app)
     for tag, reply, value in zip(tags, replies, present, strict=True):
         task, item = items[tag]
         if value is None:
             store.release(item.keys, item.task_id, RESTORED_TOKEN)
         elif reply in (Restore.RESTORED, Restore.JOINED):
-            restored += 1
+            # (Past half its visibility timeout, a message gone from the hash may be back
+            # in its queue rather than acked: its record is left to its ttl.)
+            restored[tag] = (item, delivered.get(tag, time.time()) + visibility / 2)
             emit(RESTORED, task, item.task_id, item.keys.call)
-    return restored
+    if restored:
+        # A run frees its key before its worker acks the message (acks_late: the pool's
+        # parent acks once the child has reported): one that ended between the read and the
+        # write was still unacked at the check above, and its restored record would hold
+        # the key of a finished task until the record's ttl (the visibility timeout).
+        follow = AckFollower(app, store, restored)
+        threading.Thread(target=follow, name="dedupe-restore-follow", daemon=True).start()
+    return len(restored)
+
+
+class AckFollower:
+    """Withdraws the restored records whose messages are acked within seconds of the
+    restore (runs that ended during it), looking at :attr:`LOOKS`."""
+
+    #: Seconds after the restore (each after the one before).
+    LOOKS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+    def __init__(
+        self, app: Any, store: Store, restored: Mapping[bytes, tuple[Restoration, float]]
+    ) -> None:
+        """``restored``: delivery tag -> (what was restored, until when (``time.time()``)
+        a message gone from the unacked hash is surely acked)."""
+        self._app = app
+        self._store = store
+        self._left = dict(restored)
+
+    def __call__(self) -> None:
+        for wait in self.LOOKS:
+            time.sleep(wait)
+            now = time.time()
+            self._left = {tag: held for tag, held in self._left.items() if now < held[1]}
+            if not self._left:
+                return
+            try:
+                self._withdraw_acked()
+            except Exception as exc:  # (the broker or Redis away: look again later)
+                reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
+                logger.warning("could not look for the acks of restored messages: %r", reason)
+
+    def _withdraw_acked(self) -> None:
+        tags = list(self._left)
+        with self._app.connection_for_write() as connection:
+            channel = connection.default_channel
+            name = _named_for(channel.client, "HMGET", channel.unacked_key)
+            present = channel.client.hmget(name, tags)
+        for tag, value in zip(tags, present, strict=True):
+            if value is None:
+                item, _ = self._left.pop(tag)
+                self._store.release(item.keys, item.task_id, RESTORED_TOKEN)
 
 
 def _named_for(client: Any, command: str, name: str) -> str:

@@ -389,6 +389,51 @@ def _ack(held: tuple[Any, Any]) -> None:
     connection.release()
 
 
+def test_a_message_acked_just_after_the_restore_frees_its_restored_key(
+    broker_app: Celery,
+) -> None:
+    # acks_late: a run frees its key, then its worker acks. A run that ended during the
+    # restore left its message unacked at the restore's own check: its restored record
+    # must not hold a finished task's key for the visibility timeout.
+    @broker_app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+    def work(n: int) -> None: ...
+
+    first, held = _unacked_then_lost(broker_app, work, 1)
+    store = runtime_of(broker_app).store
+    assert restore_unacked(broker_app, store, "dedupe", 6.0, 30.0) == 1
+    holder = dedupe.lookup(work, (1,))
+    assert holder is not None
+    assert holder.task_id == first.id
+    _ack(held)
+    wait_for(lambda: dedupe.lookup(work, (1,)) is None, timeout=5, message="key withdrawn")
+    assert not work.delay(1).deduplicated
+
+
+def test_a_message_back_in_its_queue_keeps_its_restored_key(
+    redis_factory: RedisFactory, tag: str
+) -> None:
+    # Past its visibility timeout a message leaves the unacked hash for its queue, unacked:
+    # gone from the hash is then no ack, and its key stays.
+    [app] = _broker_app(redis_factory, tag, visibility_timeout=1)
+
+    @app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+    def work(n: int) -> None: ...
+
+    first, held = _unacked_then_lost(app, work, 1)
+    store = runtime_of(app).store
+    assert restore_unacked(app, store, "dedupe", 6.0, 30.0) == 1
+    time.sleep(1.1)
+    connection, _ = held
+    connection.default_channel.qos.restore_visible()  # kombu's sweep: back in its queue
+    assert connection.default_channel.client.llen(app.conf.task_default_queue) == 1
+    time.sleep(2)  # (the follower's looks up to then)
+    holder = dedupe.lookup(work, (1,))
+    assert holder is not None
+    assert holder.task_id == first.id
+    connection.release()
+    app.close()
+
+
 def test_the_heartbeats_check_restores_then_sets_the_marker(broker_app: Celery) -> None:
     @broker_app.task(base=dedupe.DedupeTask, unique=True, shared=False)
     def work(n: int) -> None: ...
