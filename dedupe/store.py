@@ -599,16 +599,31 @@ class Store:
             _raise_first_error(replies)
             return [read_restore(reply) for reply in replies]
 
-    def marked(self, key: str) -> bool:
-        """Does the marker ``key`` exist? False: the server lost its data (or was never
-        used) and no restore finished since: the records of messages in flight may be gone."""
-        with reraise_unavailable("marked", key):
-            return bool(self._command(lambda: self.client.exists(key)))
+    def marker(self, key: str) -> bytes | None:
+        """The marker ``key``'s value: the run of the server it was set on (see
+        :meth:`server_run`). None: the server lost its data (or was never used) and no
+        restore finished since: the records of messages in flight may be gone."""
+        with reraise_unavailable("marker", key):
+            value: bytes | str | None = self._command(lambda: self.client.get(key))
+        # (A client made with decode_responses answers text.)
+        return value.encode() if isinstance(value, str) else value
 
-    def mark_alive(self, key: str) -> None:
-        """Set the marker ``key``: the records of the messages in flight are restored."""
+    def mark_alive(self, key: str, run: bytes) -> None:
+        """Set the marker ``key`` to ``run``: the records of the messages in flight are
+        restored on that run of the server."""
         with reraise_unavailable("mark_alive", key):
-            self._command(lambda: self.client.set(key, b"1"))
+            self._command(lambda: self.client.set(key, run))
+
+    def server_run(self) -> bytes:
+        """This run of the server (its ``run_id``: new at every start, another on a
+        failover); empty where the server does not say (INFO refused, or no run_id)."""
+        try:
+            with reraise_unavailable("info", None):
+                info: Any = self._command(lambda: self.client.info("server"))
+        except RedisCommandError:
+            return b""  # (an ACL or a proxy without INFO: the marker's presence alone)
+        run = info.get("run_id", "") if isinstance(info, dict) else ""
+        return str(run).encode()
 
     def release(self, keys: CallKeys, task_id: str, token: str = "") -> int:
         """Delete what this task id (and run, when a token is given) holds; returns the count."""

@@ -10,9 +10,13 @@ key header: the first worker to notice the loss writes their records back (``res
 The loss is noticed by a marker key that the heartbeat thread of each worker process that ran
 a unique task sets if missing, every third of the default lease: present since the server
 started, gone with a restart that kept no data, a failover to a replica that never had it, or
-a FLUSHALL. The keys of ``unique_until="finished"`` and ``"started"`` calls are restored (a
-throttle window's key is its window, which the broker does not know). A ``"started"`` message
-that runs already has no claim on its call's key: its heartbeat withdraws its restored record.
+a FLUSHALL. Its value names the run of the server it was set on (``run_id``): a server that
+restarted from a snapshot, or a replica that took over, has the marker but may have lost the
+records written since, so a marker of another run is restored over too (at the next check:
+calls are held back only while the marker is missing). The keys of
+``unique_until="finished"`` and ``"started"`` calls are restored (a throttle window's key is
+its window, which the broker does not know). A ``"started"`` message that runs already has
+no claim on its call's key: its heartbeat withdraws its restored record.
 Not on a Redis Cluster (the marker lives on one master of many), nor where the broker is the
 dedup Redis itself (its loss takes the unacked messages with it).
 """
@@ -80,7 +84,7 @@ class RestartWatch:
         if self._restoring is not None and self._restoring.is_alive():
             return
         try:
-            if self._store.marked(self.marker):
+            if self._current():
                 return
             # In a thread of its own: a broker that hangs must not stop the renewals.
             self._restoring = threading.Thread(
@@ -94,16 +98,28 @@ class RestartWatch:
             # same at every check: say it, and leave the renewals be.
             logger.warning("could not check for a dedup Redis data loss: %r", exc)
 
+    def _current(self) -> bool:
+        """Is the marker there, set on this run of the server? (Where the server does not
+        say which run it is, its presence alone.)"""
+        found = self._store.marker(self.marker)
+        if found is None:
+            return False
+        run = self._store.server_run()
+        return not run or found == run
+
     def restore(self) -> None:
         """Restore the keys of the unacked messages, then set the marker: the marker says a
         restore finished since the data was lost (calls decided before that are held back,
         not decided on keys that may be lost records). Never raises."""
         with self._lock:
             try:
-                if self._store.marked(self.marker):
+                if self._current():
                     return  # (restored by another thread or process meanwhile)
+                # Read before the restore: a restart during it leaves a marker of a run
+                # before it, which the next check restores over.
+                run = self._store.server_run() or b"1"
                 restore_unacked(self._app, self._store, self._prefix, self._lease, self._redelivery)
-                self._store.mark_alive(self.marker)
+                self._store.mark_alive(self.marker, run)
             except Exception as exc:
                 reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
                 logger.warning("could not restore the keys of unacked messages: %r", reason)

@@ -23,6 +23,7 @@ import redis
 from celery import Celery
 
 import dedupe
+from dedupe._redis_server import RedisServer
 from dedupe.header import HEADER, KeyHeader
 from dedupe.keys import CallKeys, alive_key
 from dedupe.record import (
@@ -299,8 +300,14 @@ def any_broker_app(
     yield from _broker_app(redis_factory, tag, global_keyprefix=request.param)
 
 
-def _broker_app(redis_factory: RedisFactory, tag: str, **transport: Any) -> Iterator[Celery]:
-    broker, dedup = redis_factory(), redis_factory()
+def _broker_app(
+    redis_factory: RedisFactory,
+    tag: str,
+    broker: RedisServer | None = None,
+    dedup: RedisServer | None = None,
+    **transport: Any,
+) -> Iterator[Celery]:
+    broker, dedup = broker or redis_factory(), dedup or redis_factory()
     app = Celery("restore", broker=broker.url, set_as_current=False)
     app.conf.update(
         task_default_queue=f"restore-{tag}",
@@ -430,6 +437,40 @@ def test_a_message_back_in_its_queue_keeps_its_restored_key(
     holder = dedupe.lookup(work, (1,))
     assert holder is not None
     assert holder.task_id == first.id
+    connection.release()
+    app.close()
+
+
+def test_a_restart_from_a_snapshot_restores_the_keys_written_since(
+    redis_factory: RedisFactory, tag: str
+) -> None:
+    # The snapshot holds the marker, not the records written after it: a marker of an
+    # earlier run of the server is no proof that nothing was lost.
+    broker, dedup = redis_factory(), redis_factory()
+    [app] = _broker_app(redis_factory, tag, broker=broker, dedup=dedup)
+
+    @app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+    def work(n: int) -> None: ...
+
+    watch = runtime_of(app).store.barrier
+    assert isinstance(watch, RestartWatch)
+    watch.restore()  # (a healthy server: the marker of this run)
+    admin = redis.Redis.from_url(dedup.url)
+    admin.save()
+    first = work.delay(1)
+    connection = app.connection_for_write()
+    assert connection.default_channel.basic_get(app.conf.task_default_queue) is not None
+    dedup.stop()  # a crash; the server starts again from its snapshot
+    dedup.start()
+    assert admin.exists(alive_key("dedupe")) == 1
+    assert dedupe.lookup(work, (1,)) is None  # (the record was written after the snapshot)
+    watch()
+    assert watch._restoring is not None
+    watch._restoring.join(timeout=30)
+    holder = dedupe.lookup(work, (1,))
+    assert holder is not None
+    assert holder.task_id == first.id
+    assert admin.get(alive_key("dedupe")) == admin.info("server")["run_id"].encode()
     connection.release()
     app.close()
 
