@@ -71,6 +71,9 @@ COMPAT_TESTS = [
     "tests/test_bulk_messages.py",
     "tests/test_sentinel.py",
     "tests/test_cluster.py",
+    "tests/test_call_nonce.py",
+    "tests/test_heartbeat.py",
+    "tests/test_restore.py",
 ]
 
 
