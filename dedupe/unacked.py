@@ -195,9 +195,15 @@ class AckFollower:
                 return
             try:
                 self._withdraw_acked()
-            except Exception as exc:  # (the broker or Redis away: look again later)
+            except Exception as exc:
                 reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
-                logger.warning("could not look for the acks of restored messages: %r", reason)
+                logger.warning(
+                    "could not look for the acks of %d restored message(s), whose keys stay "
+                    "until their records' ttl: %r",
+                    len(self._left),
+                    reason,
+                )
+                return  # (the broker or Redis away: the looks are seconds apart, not worth it)
 
     def _withdraw_acked(self) -> None:
         tags = list(self._left)
