@@ -140,7 +140,8 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
         client = channel.client
         unacked = _named_for(client, "HGETALL", channel.unacked_key)
         messages = client.hgetall(unacked)
-        index = client.zrange(channel.unacked_index_key, 0, -1, withscores=True)
+        index_key = _named_for(client, "ZRANGE", channel.unacked_index_key)
+        index = client.zrange(index_key, 0, -1, withscores=True)
         delivered = {tag: float(score) for tag, score in index}
         ours = Ours(prefix)
         items = restorations(messages, delivered, ours, time.time(), lease, redelivery)
@@ -171,11 +172,18 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
 
 
 class AckFollower:
-    """Withdraws the restored records whose messages are acked within seconds of the
-    restore (runs that ended during it), looking at :attr:`LOOKS`."""
+    """Withdraws the restored records whose messages are acked within a second or two of
+    the restore (runs that ended during it), looking at :attr:`LOOKS`.
+
+    Gone from the hash is taken for acked. A message requeued meanwhile (a reject with
+    requeue, a worker's warm shutdown) is gone from it too, but back in its queue: its key
+    would be withdrawn and one call let in, whose run the message's own then waits for. The
+    looks are kept short for that: the worker's ack follows its run's release by
+    milliseconds.
+    """
 
     #: Seconds after the restore (each after the one before).
-    LOOKS = (0.25, 0.5, 1.0, 2.0, 4.0)
+    LOOKS = (0.25, 0.5, 1.0)
 
     def __init__(
         self, app: Any, store: Store, restored: Mapping[bytes, tuple[Restoration, float]]
@@ -220,7 +228,7 @@ class AckFollower:
 def _named_for(client: Any, command: str, name: str) -> str:
     """``name`` as ``command`` must send it on kombu's client: with the transport's
     ``global_keyprefix`` where the client does not add it itself (it prefixes a list of the
-    commands kombu sends, of which HGETALL and HMGET are not)."""
+    commands kombu sends, of which HGETALL and HMGET are not, nor ZRANGE in kombu 5.4)."""
     prefix = getattr(client, "global_keyprefix", "")
     if prefix and command not in getattr(client, "PREFIXED_SIMPLE_COMMANDS", ()):
         return f"{prefix}{name}"

@@ -82,11 +82,17 @@ def test_the_heartbeat_goes_on_renewing_when_its_data_loss_check_is_refused(
     app = Celery("heartbeat", broker=server.url, set_as_current=False)
     watch = RestartWatch(app, store, "dedupe", lease=0.6, redelivery=1.0)
     heartbeat = Heartbeat(store, watch=watch, every=0.1)
-    with Lines("dedupe.keys") as lines:
-        heartbeat.hold(held_lease(store, "k:{d}"))
-        time.sleep(1.5)  # more than two leases, a dozen checks
-    assert admin.exists("k:{d}")  # renewed all along
-    assert heartbeat.holding() == 1
-    assert "could not check for a dedup Redis data loss" in lines.text
-    assert "permissions" in lines.text  # (the refusal, named)
-    app.close()
+    lease = held_lease(store, "k:{d}")
+    try:
+        with Lines("dedupe.keys") as lines:
+            heartbeat.hold(lease)
+            time.sleep(1.5)  # more than two leases, a dozen checks
+        assert admin.exists("k:{d}")  # renewed all along
+        assert heartbeat.holding() == 1
+        assert "could not check for a dedup Redis data loss" in lines.text
+        assert "permissions" in lines.text  # (the refusal, named)
+    finally:
+        # (The thread lives as long as the process: no more looks at a server that goes.)
+        heartbeat.drop(lease)
+        heartbeat._watch = None
+        app.close()

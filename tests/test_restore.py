@@ -15,6 +15,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgpack
@@ -290,7 +291,8 @@ def test_messages_of_tasks_this_process_never_imported_are_restored() -> None:
 @pytest.fixture
 def broker_app(redis_factory: RedisFactory, tag: str) -> Iterator[Celery]:
     """An app whose Redis broker and dedup Redis are two private servers."""
-    yield from _broker_app(redis_factory, tag)
+    with _broker_app(redis_factory, tag) as app:
+        yield app
 
 
 @pytest.fixture(params=["", "x_"], ids=["no-keyprefix", "global-keyprefix"])
@@ -298,9 +300,11 @@ def any_broker_app(
     redis_factory: RedisFactory, tag: str, request: pytest.FixtureRequest
 ) -> Iterator[Celery]:
     """The same, with and without the transport's ``global_keyprefix``."""
-    yield from _broker_app(redis_factory, tag, global_keyprefix=request.param)
+    with _broker_app(redis_factory, tag, global_keyprefix=request.param) as app:
+        yield app
 
 
+@contextmanager
 def _broker_app(
     redis_factory: RedisFactory,
     tag: str,
@@ -341,10 +345,15 @@ def test_a_worker_restores_the_key_of_a_message_kombu_holds_unacked(
         message = connection.default_channel.basic_get(broker_app.conf.task_default_queue)
         assert message is not None  # delivered, not acked: in kombu's unacked hash
         runtime.store.client.flushall()  # the dedup Redis lost its data
+        time.sleep(1.0)
         try:
             assert restore_unacked(broker_app, runtime.store, "dedupe", 6.0, 30.0) == 1
         finally:
             dedupe.events.key_restored.disconnect(on_restored)
+        # Held until the broker gives the message back, counted from its delivery (kombu's
+        # index of the unacked messages, read under the prefix too), a second ago.
+        [key] = runtime.store.client.scan_iter("dedupe:{*")
+        assert 0 < runtime.store.client.pttl(key) <= (30 + 6 - 0.9) * 1000
         assert work.delay(1).id == result.id
         assert [(r["task_name"], r["task_id"]) for r in restored] == [(work.name, result.id)]
         message.ack()
@@ -422,24 +431,23 @@ def test_a_message_back_in_its_queue_keeps_its_restored_key(
 ) -> None:
     # Past its visibility timeout a message leaves the unacked hash for its queue, unacked:
     # gone from the hash is then no ack, and its key stays.
-    [app] = _broker_app(redis_factory, tag, visibility_timeout=1)
+    with _broker_app(redis_factory, tag, visibility_timeout=1) as app:
 
-    @app.task(base=dedupe.DedupeTask, unique=True, shared=False)
-    def work(n: int) -> None: ...
+        @app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+        def work(n: int) -> None: ...
 
-    first, held = _unacked_then_lost(app, work, 1)
-    store = runtime_of(app).store
-    assert restore_unacked(app, store, "dedupe", 6.0, 30.0) == 1
-    time.sleep(1.1)
-    connection, _ = held
-    connection.default_channel.qos.restore_visible()  # kombu's sweep: back in its queue
-    assert connection.default_channel.client.llen(app.conf.task_default_queue) == 1
-    time.sleep(2)  # (the follower's looks up to then)
-    holder = dedupe.lookup(work, (1,))
-    assert holder is not None
-    assert holder.task_id == first.id
-    connection.release()
-    app.close()
+        first, held = _unacked_then_lost(app, work, 1)
+        store = runtime_of(app).store
+        assert restore_unacked(app, store, "dedupe", 6.0, 30.0) == 1
+        time.sleep(1.1)
+        connection, _ = held
+        connection.default_channel.qos.restore_visible()  # kombu's sweep: back in its queue
+        assert connection.default_channel.client.llen(app.conf.task_default_queue) == 1
+        time.sleep(2)  # (past the follower's looks)
+        holder = dedupe.lookup(work, (1,))
+        assert holder is not None
+        assert holder.task_id == first.id
+        connection.release()
 
 
 def test_a_restart_from_a_snapshot_restores_the_keys_written_since(
@@ -448,32 +456,31 @@ def test_a_restart_from_a_snapshot_restores_the_keys_written_since(
     # The snapshot holds the marker, not the records written after it: a marker of an
     # earlier run of the server is no proof that nothing was lost.
     broker, dedup = redis_factory(), redis_factory()
-    [app] = _broker_app(redis_factory, tag, broker=broker, dedup=dedup)
+    with _broker_app(redis_factory, tag, broker=broker, dedup=dedup) as app:
 
-    @app.task(base=dedupe.DedupeTask, unique=True, shared=False)
-    def work(n: int) -> None: ...
+        @app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+        def work(n: int) -> None: ...
 
-    watch = runtime_of(app).store.barrier
-    assert isinstance(watch, RestartWatch)
-    watch.restore()  # (a healthy server: the marker of this run)
-    admin = redis.Redis.from_url(dedup.url)
-    admin.save()
-    first = work.delay(1)
-    connection = app.connection_for_write()
-    assert connection.default_channel.basic_get(app.conf.task_default_queue) is not None
-    dedup.stop()  # a crash; the server starts again from its snapshot
-    dedup.start()
-    assert admin.exists(alive_key("dedupe")) == 1
-    assert dedupe.lookup(work, (1,)) is None  # (the record was written after the snapshot)
-    watch()
-    assert watch._restoring is not None
-    watch._restoring.join(timeout=30)
-    holder = dedupe.lookup(work, (1,))
-    assert holder is not None
-    assert holder.task_id == first.id
-    assert admin.get(alive_key("dedupe")) == admin.info("server")["run_id"].encode()
-    connection.release()
-    app.close()
+        watch = runtime_of(app).store.barrier
+        assert isinstance(watch, RestartWatch)
+        watch.restore()  # (a healthy server: the marker of this run)
+        admin = redis.Redis.from_url(dedup.url)
+        admin.save()
+        first = work.delay(1)
+        connection = app.connection_for_write()
+        assert connection.default_channel.basic_get(app.conf.task_default_queue) is not None
+        dedup.stop()  # a crash; the server starts again from its snapshot
+        dedup.start()
+        assert admin.exists(alive_key("dedupe")) == 1
+        assert dedupe.lookup(work, (1,)) is None  # (the record was written after the snapshot)
+        watch()
+        assert watch._restoring is not None
+        watch._restoring.join(timeout=30)
+        holder = dedupe.lookup(work, (1,))
+        assert holder is not None
+        assert holder.task_id == first.id
+        assert admin.get(alive_key("dedupe")) == admin.info("server")["run_id"].encode()
+        connection.release()
 
 
 def test_the_heartbeats_check_restores_then_sets_the_marker(broker_app: Celery) -> None:
