@@ -84,7 +84,7 @@ class RestartWatch:
         if self._restoring is not None and self._restoring.is_alive():
             return
         try:
-            if self._current():
+            if self._stale() is None:
                 return
             # In a thread of its own: a broker that hangs must not stop the renewals.
             self._restoring = threading.Thread(
@@ -98,14 +98,14 @@ class RestartWatch:
             # same at every check: say it, and leave the renewals be.
             logger.warning("could not check for a dedup Redis data loss: %r", exc)
 
-    def _current(self) -> bool:
-        """Is the marker there, set on this run of the server? (Where the server does not
-        say which run it is, its presence alone.)"""
+    def _stale(self) -> bytes | None:
+        """None while the marker stands for this run of the server (where the server does
+        not say which run it is, while it is there); else the run to mark once restored."""
         found = self._store.marker(self.marker)
-        if found is None:
-            return False
         run = self._store.server_run()
-        return not run or found == run
+        if found is not None and (not run or found == run):
+            return None
+        return run or b"1"
 
     def restore(self) -> None:
         """Restore the keys of the unacked messages, then set the marker: the marker says a
@@ -113,11 +113,11 @@ class RestartWatch:
         not decided on keys that may be lost records). Never raises."""
         with self._lock:
             try:
-                if self._current():
+                # (Read before the restore: a restart during it leaves a marker of a run
+                # before it, which the next check restores over.)
+                run = self._stale()
+                if run is None:
                     return  # (restored by another thread or process meanwhile)
-                # Read before the restore: a restart during it leaves a marker of a run
-                # before it, which the next check restores over.
-                run = self._store.server_run() or b"1"
                 restore_unacked(self._app, self._store, self._prefix, self._lease, self._redelivery)
                 self._store.mark_alive(self.marker, run)
             except Exception as exc:
@@ -132,7 +132,7 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
     """Write back the records of the messages the Redis broker holds unacked (of ``app``'s
     tasks and key prefix: a broker may serve other apps); withdraw those whose message was
     acked meanwhile (their run ended between the read and the write), now and, in a thread,
-    as long as they live. Returns how many were restored."""
+    for a second or two after (:class:`AckFollower`). Returns how many were restored."""
     # kombu's own channel: its client knows the broker's URL forms (Sentinel, sockets, TLS),
     # and the channel the names of the unacked hash and index.
     with app.connection_for_write() as connection:
@@ -149,14 +149,12 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
             return 0
         tags = list(items)
         replies = store.restore([items[tag][1] for tag in tags])
-        present = client.hmget(_named_for(client, "HMGET", channel.unacked_key), tags)
+        gone = _withdraw_acked(channel, store, {tag: items[tag][1] for tag in tags})
     restored: dict[bytes, tuple[Restoration, float]] = {}
     visibility = redis_visibility(app)
-    for tag, reply, value in zip(tags, replies, present, strict=True):
+    for tag, reply in zip(tags, replies, strict=True):
         task, item = items[tag]
-        if value is None:
-            store.release(item.keys, item.task_id, RESTORED_TOKEN)
-        elif reply in (Restore.RESTORED, Restore.JOINED):
+        if tag not in gone and reply in (Restore.RESTORED, Restore.JOINED):
             # (Past half its visibility timeout, a message gone from the hash may be back
             # in its queue rather than acked: its record is left to its ttl.)
             restored[tag] = (item, delivered.get(tag, time.time()) + visibility / 2)
@@ -202,7 +200,9 @@ class AckFollower:
             if not self._left:
                 return
             try:
-                self._withdraw_acked()
+                with self._app.connection_for_write() as connection:
+                    restored = {tag: item for tag, (item, _) in self._left.items()}
+                    gone = _withdraw_acked(connection.default_channel, self._store, restored)
             except Exception as exc:
                 reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
                 logger.warning(
@@ -212,17 +212,23 @@ class AckFollower:
                     reason,
                 )
                 return  # (the broker or Redis away: the looks are seconds apart, not worth it)
+            for tag in gone:
+                del self._left[tag]
 
-    def _withdraw_acked(self) -> None:
-        tags = list(self._left)
-        with self._app.connection_for_write() as connection:
-            channel = connection.default_channel
-            name = _named_for(channel.client, "HMGET", channel.unacked_key)
-            present = channel.client.hmget(name, tags)
-        for tag, value in zip(tags, present, strict=True):
-            if value is None:
-                item, _ = self._left.pop(tag)
-                self._store.release(item.keys, item.task_id, RESTORED_TOKEN)
+
+def _withdraw_acked(
+    channel: Any, store: Store, restored: Mapping[bytes, Restoration]
+) -> set[bytes]:
+    """Withdraw the restored records (by delivery tag) whose messages are gone from the
+    broker's unacked hash (acked); returns their tags."""
+    tags = list(restored)
+    client = channel.client
+    present = client.hmget(_named_for(client, "HMGET", channel.unacked_key), tags)
+    gone = {tag for tag, value in zip(tags, present, strict=True) if value is None}
+    for tag in gone:
+        item = restored[tag]
+        store.release(item.keys, item.task_id, RESTORED_TOKEN)
+    return gone
 
 
 def _named_for(client: Any, command: str, name: str) -> str:

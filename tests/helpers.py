@@ -86,14 +86,23 @@ class Lines(logging.Handler):
         super().__init__(level)
         self.logger = logging.getLogger(name)
         self.lines: list[str] = []
+        #: The thread that logged each line.
+        self.threads: list[int | None] = []
         self._restore = logging.NOTSET
 
     @property
     def text(self) -> str:
         return "".join(line + "\n" for line in self.lines)
 
+    def text_of(self, thread: int | None) -> str:
+        """The lines one thread logged (others may log meanwhile: threads other tests left)."""
+        return "".join(
+            line + "\n" for line, of in zip(self.lines, self.threads, strict=True) if of == thread
+        )
+
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
+        self.threads.append(record.thread)
 
     def __enter__(self) -> Lines:
         self._restore = self.logger.level
