@@ -28,15 +28,9 @@ from typing import Any
 
 from celery import Celery
 
+from .call import Call, publisher_for, resolve_task
 from .errors import ConfigurationError, RedisUnavailable
-from .producer import (
-    Call,
-    PreparedCall,
-    forget_result,
-    publish_prepared,
-    publisher_for,
-    resolve_task,
-)
+from .producer import PreparedCall, forget_result, publish_prepared
 from .publish_seam import pushing_through_many
 from .record import Holder
 from .result import DedupeResult

@@ -26,15 +26,14 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal
 
 from celery import Celery
-from celery._state import get_current_app
-from celery.result import AsyncResult
 
 from . import defaults
+from .call import Call, Publish, TaskPublish, publisher_for, resolve_task
 from .config import SettingReader
 from .errors import AlreadyQueued, RedisUnavailable
 from .events import ACCEPTED, DEDUPLICATED, UNAVAILABLE, emit
@@ -53,6 +52,7 @@ from .record import Holder, new_nonce, pack_provisional
 from .result import DedupeResult, duplicate_result, mark_result
 from .run import NO_RUN, Run, run_of
 from .runtime import Runtime, runtime_of
+from .send_many import sender_for
 from .store import Requeue, Store
 from .timing import delay_seconds, milliseconds, seconds_to_expiry
 
@@ -74,11 +74,6 @@ __all__ = [
 
 logger = logging.getLogger("dedupe.producer")
 
-#: Publishes a call: ``publish(args, kwargs, options)`` with Celery's apply_async options.
-Publish: TypeAlias = (
-    "Callable[[Sequence[Any] | None, Mapping[str, Any] | None, dict[str, Any]], AsyncResult[Any]]"
-)
-
 # Options that make a call part of a canvas (chain, group, chord, callbacks).
 _CANVAS_OPTIONS = ("chain", "chord", "group_id", "link", "link_error")
 # The record of a message sent already expired: the first worker that meets it drops it and
@@ -87,79 +82,6 @@ _EXPIRED_TTL = 1.0
 
 _always_eager = SettingReader("task_always_eager")
 _enable_utc = SettingReader("enable_utc")
-
-
-@dataclass(slots=True)
-class Call:
-    """One call of a task, as every producer entry point hands it over."""
-
-    app: Celery
-    #: The registered task object, or None for a name this process does not import.
-    task: Any
-    task_name: str
-    args: Sequence[Any] | None
-    kwargs: Mapping[str, Any] | None
-    #: Celery's apply_async options plus the dedup call options (``unique_ttl``, ...).
-    options: dict[str, Any]
-    #: How to publish the call without deduplicating it again.
-    publish: Publish
-
-    @classmethod
-    def of(
-        cls,
-        task_or_name: Any,
-        args: Sequence[Any] | None,
-        kwargs: Mapping[str, Any] | None,
-        options: dict[str, Any],
-        app: Celery | None = None,
-    ) -> Call:
-        """The call of a task, or of a task name (the ``send_task`` path)."""
-        task, name, app = resolve_task(task_or_name, app)
-        return cls(app, task, name, args, kwargs, options, publisher_for(task, name, app))
-
-
-def resolve_task(task_or_name: Any, app: Celery | None) -> tuple[Any, str, Celery]:
-    """(task object or None, task name, app) of a task or a task name."""
-    if isinstance(task_or_name, str):
-        app = app or get_current_app()
-        return app.tasks.get(task_or_name), task_or_name, app
-    # @shared_task gives a lazy Proxy: work with the task object behind it.
-    unwrap = getattr(task_or_name, "_get_current_object", None)
-    task = unwrap() if callable(unwrap) else task_or_name
-    task_app: Celery = app or task.app
-    return task, str(task.name), task_app
-
-
-def publisher_for(
-    task: Any, name: str, app: Celery, send_task: Callable[..., AsyncResult[Any]] | None = None
-) -> Publish:
-    """How to publish a call of ``task`` (or of ``name`` when ``task`` is None) without
-    deduplicating it again."""
-    if task is None:
-        send = send_task or app.send_task
-        return lambda args, kwargs, options: send(
-            name, args, dict(kwargs) if kwargs is not None else None, **options
-        )
-    # A DedupeTask's own apply_async would deduplicate a second time.
-    publish: Publish | None = getattr(task, "_dedupe_publish", None)
-    if publish is not None:
-        return publish
-    return TaskPublish(task)
-
-
-class TaskPublish:
-    """Publishes with ``task.apply_async`` (a class: a batch tells it from other publishes)."""
-
-    __slots__ = ("task",)
-
-    def __init__(self, task: Any) -> None:
-        self.task = task
-
-    def __call__(
-        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: dict[str, Any]
-    ) -> AsyncResult[Any]:
-        result: AsyncResult[Any] = self.task.apply_async(args, kwargs, **options)
-        return result
 
 
 class CallShape:
@@ -389,8 +311,6 @@ class PreparedCall:
         emit(ACCEPTED, self.call.task_name, self.task_id, self.keys.call, path=path)
 
     def _publish_through_seam(self) -> DedupeResult:
-        if self.path == "confirm":
-            return self.publish()
         call, plan = self.call, self.plan
         decision = self._start_deciding() if self.path == "overlap" else None
         refused = None
@@ -401,7 +321,7 @@ class PreparedCall:
             call.options["producer"] = producer
             try:
                 with self._seam(producer, decision):
-                    result = self.publish()
+                    result = self.publish(sender_for(call, producer))
             except Refused as exc:
                 # Caught inside the block: kombu (5.5+) replaces the connection of a pooled
                 # producer that an exception leaves.
@@ -417,6 +337,8 @@ class PreparedCall:
             # Its record is the decision's (none when the enqueue could not even be sent):
             # what follows is the Redis-broker seam's bookkeeping.
             self._decided(decision)
+        elif self.path == "confirm":
+            pass  # its record was written first: publish_with_record confirms it
         elif plan.unroutable:
             self.cancel_record()
         elif plan.needs_confirm:

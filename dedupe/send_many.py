@@ -28,6 +28,8 @@ task or app that overrides them (tests/test_bulk_messages.py compares the messag
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,10 +39,10 @@ from celery.app.task import Task as CeleryTask
 from celery.result import AsyncResult
 from celery.utils.nodenames import anon_nodename
 
-from .producer import Call, Publish, TaskPublish
+from .call import Call, Publish, TaskPublish
 from .publish_seam import is_redis_channel
 
-__all__ = ["BatchSender"]
+__all__ = ["BatchSender", "sender_for"]
 
 #: Options that ``apply_async`` or ``send_task`` take as parameters of their own and treat
 #: in ways a sender does not: a call with one of them goes through Celery's apply_async.
@@ -73,13 +75,25 @@ _CELERY_TREATS = frozenset(
 )
 
 
+#: Options that Celery's ``apply_async`` treats as not given when they are None.
+_NONE_IS_ABSENT = frozenset({"link", "link_error", "shadow"})
+
+
 class BatchSender:
     """Publishes calls of one task as its ``apply_async`` would (a :data:`Publish`)."""
 
     def __init__(
-        self, task: Any, app: Celery, fallback: Publish, *, as_tuple: bool, alike: bool
+        self,
+        task: Any,
+        app: Celery,
+        fallback: Publish,
+        *,
+        as_tuple: bool,
+        alike: bool,
+        single: bool = False,
     ) -> None:
         self._task = task
+        self._app = app
         self._name: str = task.name
         self._fallback = fallback
         #: DedupeTask's publish hands apply_async a tuple and a dict, whatever it was given.
@@ -98,28 +112,31 @@ class BatchSender:
         self._create_task_message: Any = amqp.create_task_message
         self._send_task_message: Any = amqp.send_task_message
         self._backend = app.backend
-        conf = app.conf
-        self._sent_event = conf.task_send_sent_event
+        self._conf = app.conf
         self._reply_to = app.thread_oid
         # What as_task_v2 would name each message's origin: this process, on this host.
         self._origin = anon_nodename()
-        parent = app.current_worker_task
-        self._parent: Any = parent or None
-        self._root_id = self._parent_id = None
-        self._inherit_priority = False
-        if parent:
-            self._root_id = parent.request.root_id or parent.request.id
-            self._parent_id = parent.request.id
-            self._inherit_priority = bool(conf.task_inherit_parent_priority)
+        #: What a call takes from the run it is made in and from the app's settings: once
+        #: for a batch; for each call by a single call's sender (cached, see :func:`sender_for`).
+        self._context: _Context | None = None if single else _Context.now(app)
+        #: The transport sends countdowns and etas as Celery's send_task does for every
+        #: transport (send_task routes them differently to RabbitMQ's quorum queues).
+        self._sends_delays = True
 
     @classmethod
     def of(cls, call: Call, producer: Any, *, alike: bool = False) -> BatchSender | None:
         """A sender for the calls of ``call``'s task with its publish through ``producer``
         (of a Redis broker), or None where only Celery's own apply_async will do.
         ``alike``: the calls have the same options, but for their task id and headers."""
-        task, publish = call.task, call.publish
-        if task is None or not is_redis_channel(producer.channel):
+        if not is_redis_channel(producer.channel):
             return None  # (send_task's quorum-queue countdown is for RabbitMQ brokers)
+        return cls._of(call, alike=alike, single=False)
+
+    @classmethod
+    def _of(cls, call: Call, *, alike: bool, single: bool) -> BatchSender | None:
+        task, publish = call.task, call.publish
+        if task is None:
+            return None
         app = task._get_app()  # apply_async's app: the task's, whatever the call was given
         if not _sends_through_celery(app) or app.conf.task_always_eager:
             return None
@@ -140,11 +157,13 @@ class BatchSender:
             or (task.soft_time_limit and task.time_limit)
         ):
             return None
-        return cls(task, app, publish, as_tuple=as_tuple, alike=alike)
+        return cls(task, app, publish, as_tuple=as_tuple, alike=alike, single=single)
 
     def takes(self, options: Mapping[str, Any]) -> bool:
         """Does the sender send a call with these options? (Else Celery's apply_async does.)"""
-        if not _CELERY_TREATS.isdisjoint(options):
+        if not _CELERY_TREATS.isdisjoint(options) and not _absent_only(options):
+            return False
+        if not self._sends_delays and (options.get("countdown") or options.get("eta")):
             return False
         # A time to expire at is read against the clock at each send; a negative delay warns.
         expires = options["expires"] if "expires" in options else self._preopts.get("expires")
@@ -165,6 +184,9 @@ class BatchSender:
         own = dict(call_options)
         task_id = own.pop("task_id")
         producer = own.pop("producer")
+        for name in _NONE_IS_ABSENT:
+            if name in own and own[name] is None:
+                del own[name]
         if self._as_tuple:
             args = tuple(args) if args is not None else None
             kwargs = dict(kwargs) if kwargs is not None else None
@@ -187,13 +209,14 @@ class BatchSender:
         options = self._route(options, args, kwargs)
         if expires is not None:
             options["expiration"] = expires
-        parent = self._parent
-        if self._inherit_priority:
+        context = self._context or _Context.now(self._app)
+        parent = context.parent
+        if context.inherit_priority and parent is not None:
             options.setdefault("priority", parent.request.delivery_info.get("priority"))
         message = self._create_task_message(
             task_id, name, args, kwargs, countdown, eta, None, None, expires, 0, None,
-            None, None, self._reply_to, time_limit, soft_time_limit, self._sent_event,
-            self._root_id, self._parent_id, shadow, None,
+            None, None, self._reply_to, time_limit, soft_time_limit, context.sent_event,
+            context.root_id, context.parent_id, shadow, None,
             ignore_result=ignore_result, replaced_task_nesting=0, origin=self._origin,
             **options,
         )  # fmt: skip
@@ -218,6 +241,37 @@ class BatchSender:
         if self._route_once and isinstance(headers, dict):
             self._routed = dict(route)
         return route
+
+
+class _Context:
+    """What ``send_task`` reads for each call from the run it is made in (the parent's ids
+    and priority) and from the app's settings."""
+
+    __slots__ = ("inherit_priority", "parent", "parent_id", "root_id", "sent_event")
+
+    def __init__(self, parent: Any, sent_event: bool, inherit_priority: bool) -> None:
+        self.parent = parent or None
+        self.sent_event = sent_event
+        self.root_id = self.parent_id = None
+        self.inherit_priority = False
+        if parent:
+            self.root_id = parent.request.root_id or parent.request.id
+            self.parent_id = parent.request.id
+            self.inherit_priority = inherit_priority
+
+    @classmethod
+    def now(cls, app: Celery) -> _Context:
+        parent = app.current_worker_task
+        conf = app.conf
+        inherit = bool(conf.task_inherit_parent_priority) if parent else False
+        return cls(parent, conf.task_send_sent_event, inherit)
+
+
+def _absent_only(options: Mapping[str, Any]) -> bool:
+    """Are the options a sender leaves to Celery all given as None (absent, to Celery)?
+    (DedupeTask's apply_async hands them over so.)"""
+    treated = _CELERY_TREATS.intersection(options)
+    return treated <= _NONE_IS_ABSENT and all(options[name] is None for name in treated)
 
 
 def _sends_through_celery(app: Celery) -> bool:
@@ -247,3 +301,46 @@ def _apply_async_after(cls: type, function: Any) -> Any:
         if "apply_async" in vars(klass):
             return vars(klass)["apply_async"]
     return None
+
+
+class _Senders(threading.local):
+    """Each thread's single-call senders: a sender holds the thread's backend and reply-to
+    id, and the process's origin (a forked child starts without any)."""
+
+    def __init__(self) -> None:
+        self.by_task: dict[tuple[int, type, bool], tuple[Any, BatchSender | None]] = {}
+
+
+_senders = _Senders()
+
+
+def _forget_senders() -> None:
+    global _senders
+    _senders = _Senders()
+
+
+os.register_at_fork(after_in_child=_forget_senders)
+
+
+def sender_for(call: Call, producer: Any) -> BatchSender | None:
+    """The sender of a single call through ``producer``, or None where only Celery's own
+    apply_async will do (made once per task, transport kind and thread).
+
+    What Celery's ``apply_async`` and ``send_task`` read from the task and the app on every
+    call is read once here; what may change between calls (the run a call is made in, the
+    settings a message takes) is read at each. On a transport other than Redis, a call with
+    a countdown or an eta goes through Celery: ``send_task`` routes those on its own there.
+    """
+    task = call.task
+    if task is None:
+        return None
+    redis_channel = is_redis_channel(producer.channel)
+    key = (id(task), type(call.publish), redis_channel)
+    by_task = _senders.by_task
+    entry = by_task.get(key)
+    if entry is None or entry[0] is not task:
+        sender = BatchSender._of(call, alike=False, single=True)
+        if sender is not None:
+            sender._sends_delays = redis_channel
+        by_task[key] = entry = (task, sender)
+    return entry[1]

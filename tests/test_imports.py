@@ -4,7 +4,7 @@ cycle, and none hides an import of the package inside a function to break one.
 =========  ====================================================================================
 layer      modules
 =========  ====================================================================================
-base       errors, defaults, _generics, canonical, timing, config, options, keys, record,
+base       errors, defaults, _generics, canonical, timing, config, options, keys, record, call,
            header, events, clients, script_runner, cluster_runner, store, async_store,
            publish_seam, heartbeat, runtime, run, liveness, result, inventory, checks,
            _redis_server

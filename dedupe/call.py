@@ -1,0 +1,92 @@
+"""A call of a task as the producer entry points hand it over, and how to publish it
+without deduplicating it again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from celery import Celery
+from celery._state import get_current_app
+from celery.result import AsyncResult
+
+__all__ = ["Call", "Publish", "TaskPublish", "publisher_for", "resolve_task"]
+
+#: Publishes a call: ``publish(args, kwargs, options)`` with Celery's apply_async options.
+Publish: TypeAlias = (
+    "Callable[[Sequence[Any] | None, Mapping[str, Any] | None, dict[str, Any]], AsyncResult[Any]]"
+)
+
+
+@dataclass(slots=True)
+class Call:
+    """One call of a task, as every producer entry point hands it over."""
+
+    app: Celery
+    #: The registered task object, or None for a name this process does not import.
+    task: Any
+    task_name: str
+    args: Sequence[Any] | None
+    kwargs: Mapping[str, Any] | None
+    #: Celery's apply_async options plus the dedup call options (``unique_ttl``, ...).
+    options: dict[str, Any]
+    #: How to publish the call without deduplicating it again.
+    publish: Publish
+
+    @classmethod
+    def of(
+        cls,
+        task_or_name: Any,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+        options: dict[str, Any],
+        app: Celery | None = None,
+    ) -> Call:
+        """The call of a task, or of a task name (the ``send_task`` path)."""
+        task, name, app = resolve_task(task_or_name, app)
+        return cls(app, task, name, args, kwargs, options, publisher_for(task, name, app))
+
+
+def resolve_task(task_or_name: Any, app: Celery | None) -> tuple[Any, str, Celery]:
+    """(task object or None, task name, app) of a task or a task name."""
+    if isinstance(task_or_name, str):
+        app = app or get_current_app()
+        return app.tasks.get(task_or_name), task_or_name, app
+    # @shared_task gives a lazy Proxy: work with the task object behind it.
+    unwrap = getattr(task_or_name, "_get_current_object", None)
+    task = unwrap() if callable(unwrap) else task_or_name
+    task_app: Celery = app or task.app
+    return task, str(task.name), task_app
+
+
+def publisher_for(
+    task: Any, name: str, app: Celery, send_task: Callable[..., AsyncResult[Any]] | None = None
+) -> Publish:
+    """How to publish a call of ``task`` (or of ``name`` when ``task`` is None) without
+    deduplicating it again."""
+    if task is None:
+        send = send_task or app.send_task
+        return lambda args, kwargs, options: send(
+            name, args, dict(kwargs) if kwargs is not None else None, **options
+        )
+    # A DedupeTask's own apply_async would deduplicate a second time.
+    publish: Publish | None = getattr(task, "_dedupe_publish", None)
+    if publish is not None:
+        return publish
+    return TaskPublish(task)
+
+
+class TaskPublish:
+    """Publishes with ``task.apply_async`` (a class: a batch tells it from other publishes)."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: Any) -> None:
+        self.task = task
+
+    def __call__(
+        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: dict[str, Any]
+    ) -> AsyncResult[Any]:
+        result: AsyncResult[Any] = self.task.apply_async(args, kwargs, **options)
+        return result
