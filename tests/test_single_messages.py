@@ -99,6 +99,14 @@ def _decoded(raw: dict[str, Any]) -> Any:
     )
 
 
+def _job(app: Celery) -> Any:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> int:
+        return x
+
+    return job
+
+
 @pytest.fixture(params=["redis", "amqp"])
 def sent_on(
     request: pytest.FixtureRequest,
@@ -151,10 +159,7 @@ def test_a_single_call_made_in_a_run_takes_the_runs_ids_and_priority(
     # The sender is made once per task and thread: what a call takes from the run it is
     # made in is read at each call (the same task called outside a run first).
     app = make_app(task_inherit_parent_priority=True)
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> int:
-        return x
+    job = _job(app)
 
     made: dict[str, Any] = {}
 
@@ -185,10 +190,7 @@ def test_each_thread_sends_with_its_own_reply_to(
 ) -> None:
     # Celery names each thread's own reply-to; the sender of one thread is not another's.
     app = make_app()
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> int:
-        return x
+    job = _job(app)
 
     oids: dict[int, str] = {}
     # Both alive at once (a thread started after another ended may get its id), calling
@@ -222,10 +224,7 @@ def test_a_forked_producer_names_itself_as_the_messages_origin(
 ) -> None:
     # The parent's sender names the parent's process: a child forked after it makes its own.
     app = make_app()
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> int:
-        return x
+    job = _job(app)
 
     with Sent(redis_client, app, frozenset()) as sent:
         assert job.apply_async((1,)).deduplicated is False
