@@ -234,16 +234,10 @@ class ClusterScriptRunner:
         return replies
 
     def send(
-        self,
-        script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
-        *,
-        reply: bool = False,
-        corked: bool = False,
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
     ) -> Reply | None:
-        """Run a script (waiting for its reply, see the module's docstring: ``corked`` holds
-        nothing back here); with ``reply``, the outcome is kept for :meth:`result`."""
+        """Run a script (waiting for its reply, see the module's docstring); with ``reply``,
+        the outcome is kept for :meth:`result`."""
         if not reply:
             self(script, keys, args)
             return None

@@ -403,13 +403,7 @@ class PreparedCall:
         if not plan.provisional_written or self._redis_down:
             return
         try:
-            self.store.send_confirm(
-                self.keys,
-                plan.provisional,
-                plan.queued,
-                plan.ttl_ms,
-                provisional_ttl_ms=plan.provisional_ttl_ms,
-            )
+            self.store.send_confirm(self.keys, plan.provisional, plan.queued, plan.ttl_ms)
         except RedisUnavailable as exc:
             self._unavailable(
                 exc,

@@ -23,12 +23,6 @@ Replies are read, in order, before the next call on that connection; a call refu
 NOSCRIPT after all (a restart in between) is loaded and run then, and a connection lost with
 calls in flight sends them again on its successor.
 
-A send may also be corked (``send(..., corked=True)``, a producer's confirm): on a TCP socket
-it goes with MSG_MORE, so the kernel holds it back and the thread's next command carries it
-in the same packet, which spares Redis a wake-up and the caller most of a socket write. With
-no next command, Linux sends it on its own within ``CORK_CEILING``, and at once when the
-socket is closed, by a process killed with SIGKILL too; a read flushes it first.
-
 Waiting for a reply polls the socket for a short while (``busy_poll``) before it sleeps in
 ``recv``. A loopback or same-rack round trip takes a few tens of microseconds, but a thread
 that sleeps for it pays the wake-up of an idle CPU on top, which on virtual machines is
@@ -59,7 +53,7 @@ from redis.connection import AbstractConnection
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.retry import Retry
 
-__all__ = ["CORK_CEILING", "Reply", "ScriptRunner", "pack_command"]
+__all__ = ["Reply", "ScriptRunner", "pack_command"]
 
 logger = logging.getLogger("dedupe.store")
 
@@ -98,10 +92,6 @@ def _other_part(part: Any, encoding: str) -> bytes:
     return bytes(part)
 
 
-#: How long Linux holds back a command sent with MSG_MORE when no other follows (its ceiling
-#: for corked output, 200 ms), and sends it at once when the socket is closed, a killed
-#: process's included.
-CORK_CEILING = 0.2
 #: After polls that ran out of budget, sleep in recv for 1, 3, 7 ... up to this many calls
 #: before polling again: a stray slow reply costs one call, a Redis out of reach of the budget
 #: one poll in this many.
@@ -158,10 +148,6 @@ class _Local(threading.local):
     cap: float | None = None
     #: The connection's timeouts were capped: set back once the retry has its reply.
     capped: bool = False
-    #: The send flag that holds a command back for the next (MSG_MORE; 0: none here).
-    cork: int = 0
-    #: A command sent with ``cork`` is held by the kernel: flush before waiting for a reply.
-    corked: bool = False
 
     def __init__(self) -> None:
         #: Bytes received and not parsed yet (the start of the next reply).
@@ -296,18 +282,10 @@ class ScriptRunner:
             return exc
 
     def send(
-        self,
-        script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
-        *,
-        reply: bool = False,
-        corked: bool = False,
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
     ) -> Reply | None:
         """Run a script without waiting for its reply (read before the next call). With
-        ``reply``, the reply is kept: :meth:`result` waits for it, later, on this thread.
-        ``corked``: the kernel may hold the command back for the thread's next one, for up to
-        ``CORK_CEILING`` seconds (on a TCP socket; see the module's docstring)."""
+        ``reply``, the reply is kept: :meth:`result` waits for it, later, on this thread."""
         slot = Reply() if reply else None
         # (A send whose reply is kept is read later, and sent again if the connection died.)
         idle = time.monotonic() - self._local.used_at if slot is None else 0.0
@@ -326,7 +304,7 @@ class ScriptRunner:
                 # Replies come back in order: the older ones are read with this one, later,
                 # often in the same recv.
                 self._resend_unsent(sock)
-            self._send(sock, command, self._local.cork if corked else 0)
+            self._send(sock, command)
             self._local.pending.append((script, command, slot))
 
         self._tried(send_now)
@@ -438,8 +416,6 @@ class ScriptRunner:
                         continue  # out of band (RESP3): not the reply of any call
                     return reply
             try:
-                if local.corked:
-                    self._flush(sock)
                 if local.poll is not None:
                     self._poll(local)
                 chunk = sock.recv(65536)
@@ -465,21 +441,14 @@ class ScriptRunner:
                 return
         local.poll_misses = 0
 
-    def _send(self, sock: socket.socket, command: bytes, flags: int = 0) -> None:
+    @staticmethod
+    def _send(sock: socket.socket, command: bytes) -> None:
         try:
-            sock.sendall(command, flags)
+            sock.sendall(command)
         except TimeoutError:
             raise redis.TimeoutError("Timeout writing to the dedup Redis") from None
         except OSError as exc:
             raise redis.ConnectionError(f"Error writing to the dedup Redis: {exc}") from exc
-        # (A send without the flag carries what an earlier one held back.)
-        self._local.corked = flags != 0
-
-    def _flush(self, sock: socket.socket) -> None:
-        """Send what a corked send held back: setting TCP_NODELAY pushes it out at once
-        (its value is redis-py's: on)."""
-        self._local.corked = False
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _socket(self) -> socket.socket:
         local = self._local
@@ -519,7 +488,6 @@ class ScriptRunner:
             raise redis.ConnectionError("redis-py gave a connection without a socket")
         local.connection, local.sock, local.buffer = connection, opened, b""
         local.poll, local.poll_skips, local.poll_misses = self._poller(opened), 0, 0
-        local.cork, local.corked = _cork_of(opened), False
         return opened
 
     def _socket_timeout(self) -> float | None:
@@ -541,7 +509,6 @@ class ScriptRunner:
     def _drop_connection(self, _error: BaseException | None = None) -> None:
         local = self._local
         connection, local.connection, local.sock, local.buffer = local.connection, None, None, b""
-        local.corked = False
         # Calls in flight may not have reached Redis: send them again on the next one.
         local.unsent.extend(local.pending)
         local.pending.clear()
@@ -550,15 +517,6 @@ class ScriptRunner:
             disconnect: Any = connection.disconnect  # (untyped in redis-py)
             disconnect()
 
-
-def _cork_of(sock: socket.socket) -> int:
-    """The flag that holds a send back on ``sock`` (MSG_MORE), or 0: only a plain stdlib TCP
-    socket on Linux, whose kernel sends what it holds within ``CORK_CEILING`` on its own."""
-    tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
-    return _MSG_MORE if tcp and type(sock).__module__ == "socket" else 0
-
-
-_MSG_MORE: int = getattr(socket, "MSG_MORE", 0)
 
 _CRLF = b"\r\n"
 

@@ -28,7 +28,7 @@ from .cluster_runner import ClusterScriptRunner, cluster_unreachable
 from .errors import RedisCommandError, RedisUnavailable, UnexpectedReply
 from .keys import CallKeys
 from .record import Holder, pack_owner
-from .script_runner import CORK_CEILING, Reply, ScriptRunner
+from .script_runner import Reply, ScriptRunner
 
 __all__ = [
     "Claim",
@@ -509,25 +509,12 @@ class Store:
             reply = self._run(self._confirm, [keys.call], [provisional, queued, ttl_ms])
         return read_confirm(reply)
 
-    def send_confirm(
-        self,
-        keys: CallKeys,
-        provisional: bytes,
-        queued: bytes,
-        ttl_ms: int,
-        *,
-        provisional_ttl_ms: int = 0,
-    ) -> None:
+    def send_confirm(self, keys: CallKeys, provisional: bytes, queued: bytes, ttl_ms: int) -> None:
         """:meth:`confirm`, without waiting for the reply: the caller has its result already.
         The connection was checked by this call's enqueue a moment ago; the reply is read
-        before this thread's next call, and a lost connection sends the command again.
-
-        When the provisional record lives at least ``_CORK_MARGIN`` times the kernel's
-        ceiling for corked output (``provisional_ttl_ms``), the confirm is corked: the
-        thread's next command carries it, or the kernel sends it within that ceiling."""
-        corked = provisional_ttl_ms >= _CORK_MARGIN * CORK_CEILING * 1000
+        before this thread's next call, and a lost connection sends the command again."""
         with reraise_unavailable("confirm", keys.call):
-            self._run.send(self._confirm, [keys.call], [provisional, queued, ttl_ms], corked=corked)
+            self._run.send(self._confirm, [keys.call], [provisional, queued, ttl_ms])
 
     def claim(
         self,
@@ -728,9 +715,6 @@ class PendingPush:
 #: Calls one ``enqueue_many.lua`` decides at the most: a batch of thousands becomes scripts of
 #: this many, pipelined, so that no script holds the server for long.
 _ENQUEUE_CHUNK = 256
-# A confirm is corked only for a provisional record that outlives the kernel's hold of it this
-# many times over (the default 20 s record: a hundred times).
-_CORK_MARGIN = 10
 
 
 def _enqueue_many_call(

@@ -14,7 +14,6 @@ from celery import Celery, signals
 
 import dedupe
 from dedupe._redis_server import RedisServer
-from dedupe.script_runner import CORK_CEILING
 
 from .conftest import RedisFactory, in_process_worker
 
@@ -38,10 +37,7 @@ def counted(make_app: Callable[..., Celery], dedup_redis: RedisServer) -> Any:
 
     def delta(action: Callable[[], Any]) -> int:
         """Round trips to the dedup Redis during ``action``, from MONITOR: commands that
-        Lua scripts run inside the server (client type "lua") are not round trips. A confirm
-        held back for the thread's next command (see script_runner) counts with its call:
-        the kernel's hold is waited out before and after."""
-        time.sleep(2 * CORK_CEILING)  # (an earlier call's confirm is not this action's)
+        Lua scripts run inside the server (client type "lua") are not round trips."""
         seen: list[str] = []
         watching = threading.Event()
         marker = f"end-{threading.get_ident()}"
@@ -60,7 +56,6 @@ def counted(make_app: Callable[..., Celery], dedup_redis: RedisServer) -> Any:
         assert watching.wait(5)
         time.sleep(0.05)  # MONITOR is registered once its reply came back
         action()
-        time.sleep(2 * CORK_CEILING)
         signaller.echo(marker)
         watcher.join(10)
         return len(seen)
@@ -74,8 +69,7 @@ def test_an_accepted_call_on_a_dedup_redis_of_its_own_costs_an_enqueue_and_a_con
     counted: Any,
 ) -> None:
     # The provisional path: the record is written provisional (one round trip), then made
-    # durable once the publish returns (sent without waiting for its reply, carried by the
-    # thread's next command or sent by the kernel within CORK_CEILING).
+    # durable once the publish returns (sent without waiting for its reply).
     _, job, delta, _ = counted
     assert delta(lambda: job.delay(1)) == 2
 

@@ -23,7 +23,6 @@ from kombu.exceptions import OperationalError
 import dedupe
 from dedupe._redis_server import RedisServer
 from dedupe.header import HEADER, KeyHeader
-from dedupe.producer import keys_of_call
 from dedupe.record import pack_owner
 
 from .conftest import RedisFactory
@@ -838,41 +837,3 @@ def test_a_held_call_whose_publish_fails_warns_of_no_second_message(
         jobs[1].delay(1)
     assert "two messages of one call" not in caplog.text
     assert dedupe.lookup(jobs[0], (1,)).task_id == held.id  # type: ignore[union-attr]
-
-
-def _record_ttl(client: redis.Redis, app: Celery, task: Any, args: tuple[Any, ...]) -> int:
-    _, keys = keys_of_call(task, args, None, app, {})
-    return int(client.pttl(keys.call))
-
-
-def test_an_accepted_calls_confirm_reaches_redis_with_no_call_after_it(
-    make_app: Callable[..., Celery], rabbitmq_url: str, redis_client: redis.Redis
-) -> None:
-    # The confirm may wait in the kernel for the thread's next command: none comes here.
-    app = make_app(broker=rabbitmq_url)
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, unique_ttl=600)
-    def job(x: int) -> int:
-        return x
-
-    job.delay(0)  # (its confirm loads the script: the next one is sent unwaited)
-    assert job.delay(1).deduplicated is False
-    wait_for(lambda: _record_ttl(redis_client, app, job, (1,)) > 30_000, timeout=2)
-
-
-@pytest.mark.parametrize(("provisional_ttl", "corked"), [(20.0, True), (1.0, False)])
-def test_a_confirm_waits_for_the_next_command_only_where_the_provisional_record_outlives_it(
-    make_app: Callable[..., Celery], rabbitmq_url: str, provisional_ttl: float, corked: bool
-) -> None:
-    # The kernel may hold a corked confirm for CORK_CEILING (0.2 s): only a provisional
-    # record that lives ten times that long is confirmed so.
-    app = make_app(broker=rabbitmq_url, dedupe_provisional_ttl=provisional_ttl)
-
-    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> int:
-        return x
-
-    job.delay(0)  # (its confirm loads the script: the next one is sent unwaited)
-    assert job.delay(1).deduplicated is False
-    store: Any = dedupe.runtime.installed(app).store  # type: ignore[union-attr]
-    assert store._run._local.corked is corked

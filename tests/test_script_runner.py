@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -16,10 +14,9 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dedupe.script_runner import CORK_CEILING, ScriptRunner, _cork_of, _parse, _Push
+from dedupe.script_runner import ScriptRunner, _parse, _Push
 
 from .conftest import RedisFactory
-from .helpers import wait_for
 
 # -- the reply reader (pure) -------------------------------------------------------------------
 
@@ -317,78 +314,3 @@ def test_a_socket_of_gevent_eventlet_or_tls_is_never_polled(client: redis.Redis)
     with GreenSocket() as green, socket.socket() as plain:
         assert runner._poller(green) is None
         assert runner._poller(plain) is not None
-
-
-# -- corked sends ------------------------------------------------------------------------------
-
-SET = "redis.call('SET', KEYS[1], ARGV[1]) return 1"
-
-
-def test_a_corked_send_is_carried_by_the_next_command(
-    client: redis.Redis, own_client: redis.Redis
-) -> None:
-    runner = ScriptRunner(client)
-    script = client.register_script(SET)
-    runner(script, ["corked-a"], ["warm"])  # (the script known: sends go out unwaited)
-    runner.send(script, ["corked-a"], ["held"], corked=True)
-    assert runner._local.corked
-    assert run(runner, client, ECHO, "next") == b"next"
-    assert own_client.get("corked-a") == b"held"
-
-
-def test_a_read_after_a_corked_send_does_not_wait_for_the_kernel_to_send_it(
-    own_url: str, own_client: redis.Redis
-) -> None:
-    # A read timeout shorter than the kernel's hold (CORK_CEILING): a read that waited for the
-    # held command's reply without sending it first would time out.
-    client = redis.Redis.from_url(own_url, socket_timeout=0.05, retry=Retry(NoBackoff(), 0))
-    runner = ScriptRunner(client)
-    script = client.register_script(SET)
-    runner(script, ["corked-b"], ["warm"])
-    runner.send(script, ["corked-b"], ["held"], corked=True)
-    runner._catch_up(runner._socket())  # what a call that reads first does
-    assert own_client.get("corked-b") == b"held"
-    client.close()
-
-
-def test_a_corked_send_reaches_redis_with_no_command_after_it(
-    client: redis.Redis, own_client: redis.Redis
-) -> None:
-    runner = ScriptRunner(client)
-    script = client.register_script(SET)
-    runner(script, ["corked-c"], ["warm"])
-    runner.send(script, ["corked-c"], ["held"], corked=True)
-    wait_for(lambda: own_client.get("corked-c") == b"held", timeout=10 * CORK_CEILING)
-
-
-def test_a_corked_send_of_a_process_killed_after_it_reaches_redis(
-    own_url: str, own_client: redis.Redis
-) -> None:
-    client = redis.Redis.from_url(own_url)
-    script = client.register_script(SET)
-    ScriptRunner(client)(script, ["corked-d"], ["warm"])  # (loaded before the fork)
-    child = os.fork()
-    if child == 0:  # pragma: no cover (the child)
-        runner = ScriptRunner(client)
-        runner(script, ["corked-d"], ["child"])
-        runner.send(script, ["corked-d"], ["held"], corked=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    _, status = os.waitpid(child, 0)
-    assert os.WIFSIGNALED(status)
-    assert os.WTERMSIG(status) == signal.SIGKILL
-    wait_for(lambda: own_client.get("corked-d") == b"held", timeout=1)
-    client.close()
-
-
-def test_only_a_plain_tcp_socket_is_corked() -> None:
-    class GreenSocket(socket.socket):  # gevent's, eventlet's
-        pass
-
-    with (
-        socket.socket() as tcp,
-        GreenSocket() as green,
-        socket.socket(socket.AF_UNIX) as unix,
-    ):
-        assert _cork_of(tcp) == getattr(socket, "MSG_MORE", 0)
-        assert _cork_of(green) == 0
-        assert _cork_of(unix) == 0
