@@ -22,6 +22,8 @@ from celery import Celery, chain
 import dedupe
 from dedupe.header import HEADER
 
+from .conftest import RedisFactory
+
 # What differs between two publishes of one call: its ids, and times taken from the clock.
 _PER_MESSAGE = {"id", "root_id", "parent_id", "task_id", "correlation_id", "delivery_tag"}
 _CLOCK = {"eta", "expires"}
@@ -118,21 +120,28 @@ def test_the_one_step_path_pushes_what_kombu_pushes(
 
 @pytest.mark.parametrize("case", sorted(CALLS))
 def test_the_one_step_path_is_one_round_trip_with_no_push_of_its_own(
-    one_step_app: Celery, redis_client: redis.Redis, case: str
+    make_app: Callable[..., Celery], redis_factory: RedisFactory, case: str
 ) -> None:
-    @one_step_app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    # A broker of the test's own: the count is the server's, and a worker another test left
+    # consuming from a shared server would add its BRPOPs to it.
+    server = redis_factory()
+    app = make_app(broker=server.url, dedupe_redis_url=server.url)
+    assert dedupe.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
+    client = redis.Redis.from_url(server.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def job(x: int) -> int:
         return x
 
     # Warm up: the script loaded, the queue declared, the producer connected.
     job.delay(0)
     CALLS[case](job, {"unique": False})
-    redis_client.config_resetstat()
+    client.config_resetstat()
     CALLS[case](job, {"unique": True})
-    stats = _stats(redis_client)
+    stats = _stats(client)
+    client.close()
     # EVALSHA, and inside it one GET, one SET and one LPUSH: nothing else reached Redis.
     assert stats == {"evalsha": 1, "get": 1, "set": 1, "lpush": 1}
-    redis_client.delete("routed")
 
 
 def test_a_duplicate_on_the_one_step_path_pushes_nothing(
