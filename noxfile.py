@@ -69,6 +69,7 @@ COMPAT_TESTS = [
     "tests/test_beat_ticks.py",
     "tests/test_bulk.py",
     "tests/test_bulk_messages.py",
+    "tests/test_single_messages.py",
     "tests/test_sentinel.py",
     "tests/test_cluster.py",
     "tests/test_call_nonce.py",

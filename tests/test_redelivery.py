@@ -37,10 +37,14 @@ def no_key_left_behind(redis_client: redis.Redis, worker_app: Any) -> Iterator[N
     fail_on_keys_left(redis_client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3)
 
 
-def running(task: Any, *args: Any) -> dedupe.Holder:
+def running(worker_app: Any, task: Any, tag: str, *args: Any) -> dedupe.Holder:
+    """The run of ``task(tag, *args)`` once its body began, not just its claim: the body
+    counts its deliveries first, and a kill between the claim and that count would make the
+    redelivery run as long as the first delivery (past the test's wait for it)."""
+    wait_for(lambda: worker_app.runlog(tag).runs(), message=f"{task.name}({tag!r}) started")
     found: dedupe.Holder = wait_for(
-        lambda: (h := dedupe.lookup(task, args)) is not None and h.state == "running" and h,
-        message=f"{task.name}{args} running",
+        lambda: (h := dedupe.lookup(task, (tag, *args))) is not None and h.state == "running" and h,
+        message=f"{task.name}({tag!r}, ...) running",
     )
     return found
 
@@ -61,7 +65,7 @@ def test_a_killed_worker_keeps_the_key_of_an_acks_late_message_until_redis_redel
     first.start()
     try:
         result = task.apply_async((tag, 30), queue=queue)
-        running(task, tag, 30)
+        running(worker_app, task, tag, 30)
         kill_whole_worker(first)
         time.sleep(worker_app.LEASE + 1)  # the dead run's lease is over
         # The message is still the broker's (unacked): a call now is its duplicate.
@@ -121,7 +125,7 @@ def test_a_killed_worker_keeps_the_key_of_an_acks_late_message_rabbitmq_gives_ba
     first.start()
     try:
         result = redelivered.delay(tag, 30)
-        running(redelivered, tag, 30)
+        running(worker_app, redelivered, tag, 30)
         kill_whole_worker(first)
         time.sleep(worker_app.LEASE + 1)  # the dead run's lease is over
         # RabbitMQ has the message back in the queue: a call now is its duplicate.
