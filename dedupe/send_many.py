@@ -91,6 +91,7 @@ class BatchSender:
         as_tuple: bool,
         alike: bool,
         single: bool = False,
+        sends_delays: bool = True,
     ) -> None:
         self._task = task
         self._app = app
@@ -112,16 +113,15 @@ class BatchSender:
         self._create_task_message: Any = amqp.create_task_message
         self._send_task_message: Any = amqp.send_task_message
         self._backend = app.backend
-        self._conf = app.conf
         self._reply_to = app.thread_oid
         # What as_task_v2 would name each message's origin: this process, on this host.
         self._origin = anon_nodename()
         #: What a call takes from the run it is made in and from the app's settings: once
         #: for a batch; for each call by a single call's sender (cached, see :func:`sender_for`).
         self._context: _Context | None = None if single else _Context.now(app)
-        #: The transport sends countdowns and etas as Celery's send_task does for every
-        #: transport (send_task routes them differently to RabbitMQ's quorum queues).
-        self._sends_delays = True
+        #: Countdowns and etas are sent here (False: left to Celery, whose send_task routes
+        #: them to quorum queues' delayed delivery on RabbitMQ).
+        self._sends_delays = sends_delays
 
     @classmethod
     def of(cls, call: Call, producer: Any, *, alike: bool = False) -> BatchSender | None:
@@ -130,10 +130,12 @@ class BatchSender:
         ``alike``: the calls have the same options, but for their task id and headers."""
         if not is_redis_channel(producer.channel):
             return None  # (send_task's quorum-queue countdown is for RabbitMQ brokers)
-        return cls._of(call, alike=alike, single=False)
+        return cls._of(call, alike=alike, single=False, sends_delays=True)
 
     @classmethod
-    def _of(cls, call: Call, *, alike: bool, single: bool) -> BatchSender | None:
+    def _of(
+        cls, call: Call, *, alike: bool, single: bool, sends_delays: bool
+    ) -> BatchSender | None:
         task, publish = call.task, call.publish
         if task is None:
             return None
@@ -157,7 +159,15 @@ class BatchSender:
             or (task.soft_time_limit and task.time_limit)
         ):
             return None
-        return cls(task, app, publish, as_tuple=as_tuple, alike=alike, single=single)
+        return cls(
+            task,
+            app,
+            publish,
+            as_tuple=as_tuple,
+            alike=alike,
+            single=single,
+            sends_delays=sends_delays,
+        )
 
     def takes(self, options: Mapping[str, Any]) -> bool:
         """Does the sender send a call with these options? (Else Celery's apply_async does.)"""
@@ -339,8 +349,6 @@ def sender_for(call: Call, producer: Any) -> BatchSender | None:
     by_task = _senders.by_task
     entry = by_task.get(key)
     if entry is None or entry[0] is not task:
-        sender = BatchSender._of(call, alike=False, single=True)
-        if sender is not None:
-            sender._sends_delays = redis_channel
+        sender = BatchSender._of(call, alike=False, single=True, sends_delays=redis_channel)
         by_task[key] = entry = (task, sender)
     return entry[1]
