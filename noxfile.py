@@ -78,11 +78,16 @@ COMPAT_TESTS = [
 ]
 
 
+#: Test processes of the ``tests`` session (``DEDUPE_TEST_PROCESSES=0``: one, no xdist). Each
+#: test file runs whole in one process, so module fixtures (a Cluster, Sentinels) start once.
+TEST_PROCESSES = os.environ.get("DEDUPE_TEST_PROCESSES", "2")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite on nox's Python: private redis-servers, real workers, RabbitMQ."""
     session.install("-e", ".[test,examples]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "-n", TEST_PROCESSES, "--dist", "loadfile", *session.posargs)
 
 
 @nox.session(python=PYTHONS)

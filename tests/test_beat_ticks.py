@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
+from celery import Celery
 from celery.schedules import crontab, schedule, solar
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,6 +14,10 @@ from hypothesis import strategies as st
 from dedupe.beat.ticks import tick_of
 
 UTC = dt.timezone.utc
+# Crontab and solar schedules read their clock in their app's timezone: without an app of
+# their own they take the current app's, which another test may have set.
+UTC_APP = Celery("ticks", set_as_current=False)
+UTC_APP.conf.timezone = "UTC"
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -79,7 +84,11 @@ def test_an_interval_claim_outlives_the_beats_of_its_tick() -> None:
 
 def test_crontab_beats_firing_for_one_occurrence_name_one_tick() -> None:
     every_minute = [
-        crontab(minute="*", nowfun=clock(dt.datetime(2026, 11, 24, 9, 0, s, us, tzinfo=UTC)))
+        crontab(
+            minute="*",
+            nowfun=clock(dt.datetime(2026, 11, 24, 9, 0, s, us, tzinfo=UTC)),
+            app=UTC_APP,
+        )
         for s, us in ((0, 50_000), (0, 900_000), (7, 0))
     ]
     ticks = {tick.number for s in every_minute if (tick := tick_of(s))}
@@ -88,10 +97,14 @@ def test_crontab_beats_firing_for_one_occurrence_name_one_tick() -> None:
 
 def test_the_next_crontab_occurrence_is_another_tick() -> None:
     nine = tick_of(
-        crontab(minute="*", nowfun=clock(dt.datetime(2026, 11, 24, 9, 0, 1, tzinfo=UTC)))
+        crontab(
+            minute="*", nowfun=clock(dt.datetime(2026, 11, 24, 9, 0, 1, tzinfo=UTC)), app=UTC_APP
+        )
     )
     one_past = tick_of(
-        crontab(minute="*", nowfun=clock(dt.datetime(2026, 11, 24, 9, 1, 1, tzinfo=UTC)))
+        crontab(
+            minute="*", nowfun=clock(dt.datetime(2026, 11, 24, 9, 1, 1, tzinfo=UTC)), app=UTC_APP
+        )
     )
     assert nine is not None
     assert one_past is not None
@@ -100,7 +113,12 @@ def test_the_next_crontab_occurrence_is_another_tick() -> None:
 
 def test_a_daily_crontab_claim_outlives_the_day() -> None:
     tick = tick_of(
-        crontab(hour=3, minute=0, nowfun=clock(dt.datetime(2026, 11, 24, 3, 0, 2, tzinfo=UTC)))
+        crontab(
+            hour=3,
+            minute=0,
+            nowfun=clock(dt.datetime(2026, 11, 24, 3, 0, 2, tzinfo=UTC)),
+            app=UTC_APP,
+        )
     )
     assert tick is not None
     assert tick.ttl_ms >= 24 * 3600 * 1000
@@ -110,7 +128,7 @@ def test_solar_beats_firing_for_one_event_name_one_tick() -> None:
     def sunset(seconds_after: float) -> Any:
         # 2026-11-24 sunset in Amsterdam is about 15:33 UTC: fire just after it.
         at = dt.datetime(2026, 11, 24, 15, 40, tzinfo=UTC) + dt.timedelta(seconds=seconds_after)
-        return solar("sunset", 52.37, 4.90, nowfun=clock(at))
+        return solar("sunset", 52.37, 4.90, nowfun=clock(at), app=UTC_APP)
 
     first, second = tick_of(sunset(0)), tick_of(sunset(30))
     assert first is not None

@@ -11,6 +11,7 @@ import importlib.util
 import os
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -186,7 +187,9 @@ def test_a_refresh_after_the_run_ended_publishes_again(site: Site) -> None:
 @pytest.fixture(scope="module")
 def django_site(redis_url: str, tmp_path_factory: Any) -> Iterator[Any]:
     require(_importable("django"), "Django is not installed (pip install -e '.[examples]')")
-    saved = dict(os.environ)
+    from celery._state import _set_current_app, get_current_app
+
+    saved, current = dict(os.environ), get_current_app()
     os.environ.update(
         REPORTS_REDIS_URL=redis_url,
         REPORTS_QUEUE=f"reports-{uuid.uuid4().hex[:8]}",
@@ -202,9 +205,12 @@ def django_site(redis_url: str, tmp_path_factory: Any) -> Iterator[Any]:
 
     yield reports_site.celery_app, tasks.refresh_report
     sys.path.remove(str(DJANGO_SITE))
-    # Later apps in this process must not pick up Celery's Django fixup.
+    # Later apps in this process must not pick up Celery's Django fixup, nor Django's
+    # TIME_ZONE: its settings set TZ (America/Chicago by default) and call tzset().
     os.environ.clear()
     os.environ.update(saved)
+    time.tzset()
+    _set_current_app(current)  # (the site's app made itself the current one)
 
 
 def test_django_settings_reach_dedupe_through_the_celery_namespace(django_site: Any) -> None:
