@@ -9,8 +9,11 @@ path); on RabbitMQ the records live in the Redis given (the provisional path).
 
 from __future__ import annotations
 
+import select
+import socket
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from celery import Celery
@@ -24,6 +27,11 @@ PLAIN = "plain apply_async"
 BATCH = 100
 #: One round trip to the same Redis through redis-py (a PING), timed in the same rounds.
 ROUND_TRIP = "redis-py PING"
+#: A plain publish, then one PING on a socket of its own, its reply polled for as the dedup
+#: store's is: a round trip in the rhythm of real calls, where Redis has been idle for a
+#: publish's time before each. Its ratio less 1.0 is what a round trip adds to a call, the
+#: floor of a duplicate's ratio (a duplicate is one round trip and our CPU).
+FLOOR = "plain apply_async + one polled round trip"
 
 
 def run(url: str, rounds: int, calls: int) -> Timings:
@@ -76,6 +84,7 @@ def run(url: str, rounds: int, calls: int) -> Timings:
         "dedupe bulk duplicate": (bulk(lambda i: held), None),
         # The scale of a round trip: every dedup call waits for one.
         ROUND_TRIP: (lambda i: client.ping(), None),
+        FLOOR: (_then_a_round_trip(url, lambda i: plain.apply_async((i,))), clearer(app)),
     }
     variants.update(_peers(url, clearer))
     return interleaved(variants, rounds, calls)
@@ -114,6 +123,7 @@ def run_rabbitmq(redis_url: str, amqp_url: str, rounds: int, calls: int) -> Timi
         PLAIN: (lambda i: plain.apply_async((i,)), clear),
         "dedupe accepted": (lambda i: unique.apply_async((i,)), clear),
         "dedupe duplicate": (lambda i: unique.apply_async((-1,)), None),
+        FLOOR: (_then_a_round_trip(redis_url, lambda i: plain.apply_async((i,))), clear),
     }
     try:
         return interleaved(variants, rounds, calls)
@@ -121,6 +131,27 @@ def run_rabbitmq(redis_url: str, amqp_url: str, rounds: int, calls: int) -> Timi
         with app.connection_for_write() as connection:
             connection.default_channel.queue_delete(app.conf.task_default_queue)
         app.close()
+
+
+def _then_a_round_trip(url: str, call: Callable[[int], Any]) -> Callable[[int], Any]:
+    """``call``, then a PING whose reply is polled for (as :mod:`dedupe.script_runner` polls):
+    the :data:`FLOOR` variant."""
+    where = urlsplit(url)
+    sock = socket.create_connection((where.hostname or "127.0.0.1", where.port or 6379))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    poll = select.poll()
+    poll.register(sock, select.POLLIN)
+    ping = b"*1\r\n$4\r\nPING\r\n"
+
+    def then(i: int) -> None:
+        call(i)
+        sock.sendall(ping)
+        while not poll.poll(0):
+            pass
+        if sock.recv(64) != b"+PONG\r\n":
+            raise RuntimeError("a PING was not answered with PONG")
+
+    return then
 
 
 def _peers(url: str, clearer: Callable[..., Any]) -> dict[str, Variant]:
