@@ -126,13 +126,42 @@ def keys_for(
     args: Sequence[Any] | None,
     kwargs: Mapping[str, Any] | None,
 ) -> CallKeys:
-    """The keys of a call of ``task`` (None: a task not registered in this process)."""
+    """The keys of a call of ``task`` (None: a task not registered in this process).
+
+    A duplicate repeats its arguments, so a task's binder remembers the keys of its recent
+    calls whose keys cannot change from one call to the next (:meth:`Binder.memo_key`): the
+    next such call looks them up instead of deriving them again.
+    """
     binder = binder_for(task) if task is not None else None
+    separate = options.until in SEPARATE_RUN_LOCK
+    memo = remembered = None
+    if binder is not None and not kwargs and options.key is None:
+        memo = binder.memo_key(args)
+        if memo is not None:
+            memo, remembered = (prefix, task_name, options.on, separate, memo), binder.remembered
+            known = remembered.get(memo)
+            if known is not None:
+                return known
     digest = call_digest(
         task_name, binder, args, kwargs, unique_on=options.on, unique_key=options.key
     )
-    separate = options.until in SEPARATE_RUN_LOCK
-    return call_keys(prefix, task_name, digest, separate_run_lock=separate)
+    keys = call_keys(prefix, task_name, digest, separate_run_lock=separate)
+    if memo is not None and remembered is not None:
+        if len(remembered) >= _REMEMBERED:
+            remembered.clear()  # (a bound, not an LRU: a duplicate refills its entry at once)
+        remembered[memo] = keys
+    return keys
+
+
+#: Calls whose keys a task's binder remembers, at most.
+_REMEMBERED = 1024
+#: The longest str argument whose call is remembered (a memo must not hold large values).
+_MEMO_TEXT = 256
+#: Ints a remembered call may carry (a memo must not hold large values).
+_MEMO_INT = 2**63
+#: Default values that no call can change (a mutable default may be changed in place
+#: between calls, and its key with it).
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
 
 
 class Binder:
@@ -173,6 +202,28 @@ class Binder:
         )
         #: How error messages show the signature: ``proj.sync(customer_id, full=False)``.
         self.display = f"{task_name}{plain}"
+        #: The keys of recent calls, by :meth:`memo_key` and the options that name keys.
+        self.remembered: dict[tuple[Any, ...], CallKeys] = {}
+        #: Calls of this signature may be remembered: every default is immutable.
+        self._memoable = all(_immutable(default) for _, default in self._defaults)
+
+    def memo_key(self, args: Sequence[Any] | None) -> tuple[Any, ...] | None:
+        """The arguments of a call without keyword arguments, as its keys are remembered
+        by; None when they may not be: only ints and strs (exactly those types: ``True``
+        and ``1`` differ, as do ``0.0`` and ``-0.0``, which compare equal), neither large.
+        """
+        if not self._memoable:
+            return None
+        if not args:
+            return ()
+        for value in args:
+            kind = type(value)
+            if kind is int:
+                if not -_MEMO_INT <= value < _MEMO_INT:
+                    return None
+            elif kind is not str or len(value) > _MEMO_TEXT:
+                return None
+        return tuple(args)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         bound = self._fast_bind(args, kwargs)
@@ -213,6 +264,12 @@ class Binder:
             if name not in bound:
                 return None  # missing (inspect says which)
         return bound
+
+
+def _immutable(value: Any) -> bool:
+    if type(value) in _IMMUTABLE:
+        return True
+    return type(value) is tuple and all(_immutable(item) for item in value)
 
 
 # Kept on the task object, as Celery keeps its own per-task caches: a signature is worth

@@ -9,6 +9,7 @@ import uuid
 from collections import OrderedDict
 from decimal import Decimal
 from enum import IntEnum
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,7 +20,8 @@ from redis.crc import key_slot
 from dedupe import KeyDerivationError
 from dedupe.canonical import canonical_bytes
 from dedupe.inventory import task_of_key
-from dedupe.keys import Binder, call_digest, call_keys
+from dedupe.keys import Binder, CallKeys, binder_for, call_digest, call_keys, keys_for
+from dedupe.options import SEPARATE_RUN_LOCK, UniqueOptions
 
 
 def sync_customer(customer_id: int, full: bool = False, *, region: str = "eu") -> None: ...
@@ -520,3 +522,89 @@ def test_a_value_has_a_key_unless_it_holds_a_lone_surrogate_and_then_names_where
         assert caught.value.argument.startswith("customer_id")
     else:
         assert len(digest(value)) == 32
+
+
+# -- remembered keys: a duplicate looks its keys up -------------------------------------------
+
+
+def task_object(function: Any, name: str = "proj.remembered") -> Any:
+    """What keys_for needs of a Celery task: its name and its run function."""
+    return SimpleNamespace(name=name, run=function)
+
+
+def fresh_keys(task: Any, options: UniqueOptions, args: Any, prefix: str = "p") -> CallKeys:
+    """The keys of a call derived from scratch, never looked up."""
+    binder = Binder(task.name, inspect.signature(task.run))
+    digest = call_digest(task.name, binder, args, None, unique_on=options.on)
+    separate = options.until in SEPARATE_RUN_LOCK
+    return call_keys(prefix, task.name, digest, separate_run_lock=separate)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(anything, max_size=3), min_size=1, max_size=6),
+    st.sampled_from([UniqueOptions(), UniqueOptions(until="started"), UniqueOptions(on=("a",))]),
+)
+def test_a_call_made_again_gets_the_keys_a_fresh_derivation_gives(
+    calls: list[list[Any]], options: UniqueOptions
+) -> None:
+    task = task_object(_sig_varargs)
+    for args in calls + calls:  # each call twice: the second may be looked up
+        try:
+            expected = fresh_keys(task, options, args)
+        except KeyDerivationError:
+            with pytest.raises(KeyDerivationError):
+                keys_for("p", task, task.name, options, args, None)
+            continue
+        assert keys_for("p", task, task.name, options, args, None) == expected
+
+
+def test_ints_bools_floats_and_strs_of_one_value_keep_their_own_keys_when_remembered() -> None:
+    task = task_object(_sig_varargs)
+    calls = [(1,), (True,), (1.0,), ("1",), (0,), (False,), (0.0,), (-0.0,), ("0",)]
+    for args in calls + calls:
+        assert keys_for("p", task, task.name, UniqueOptions(), args, None) == fresh_keys(
+            task, UniqueOptions(), args
+        )
+    assert len({keys_for("p", task, task.name, UniqueOptions(), a, None) for a in calls}) == 9
+
+
+def test_a_task_whose_default_may_change_in_place_is_never_remembered() -> None:
+    seen: list[int] = []
+
+    def collecting(x: int, seen: list[int] = seen) -> None: ...
+
+    task = task_object(collecting)
+    before = keys_for("p", task, task.name, UniqueOptions(), (1,), None)
+    seen.append(2)  # the default changed in place: so did the call's arguments
+    after = keys_for("p", task, task.name, UniqueOptions(), (1,), None)
+    assert after != before
+    assert after == fresh_keys(task, UniqueOptions(), (1,))
+
+
+def test_the_options_and_prefix_that_name_keys_are_part_of_what_is_remembered() -> None:
+    task = task_object(_sig_varargs)
+    for prefix, options in [
+        ("p", UniqueOptions()),
+        ("q", UniqueOptions()),
+        ("p", UniqueOptions(until="started")),
+        ("p", UniqueOptions(on=("a",))),
+    ]:
+        for _ in range(2):
+            assert keys_for(prefix, task, task.name, options, (7,), None) == fresh_keys(
+                task, options, (7,), prefix
+            )
+
+
+def test_a_task_remembers_a_bounded_number_of_calls() -> None:
+    task = task_object(_sig_varargs)
+    for n in range(3000):
+        keys_for("p", task, task.name, UniqueOptions(), (n,), None)
+    assert 0 < len(binder_for(task).remembered) <= 1024
+
+
+def test_large_arguments_are_never_remembered() -> None:
+    task = task_object(_sig_varargs)
+    for args in [("x" * 257,), (2**63,), (-(2**63) - 1,), ([1, 2],)]:
+        keys_for("p", task, task.name, UniqueOptions(), args, None)
+    assert binder_for(task).remembered == {}
