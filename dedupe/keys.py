@@ -153,8 +153,9 @@ def keys_for(
     return keys
 
 
-#: Calls whose keys a task's binder remembers, at most.
-_REMEMBERED = 1024
+#: Calls whose keys a task's binder remembers, at most: a few hundred bytes each, per task,
+#: for the duplicates of recent calls (an app of a hundred tasks holds a few MB at most).
+_REMEMBERED = 128
 #: The longest str argument whose call is remembered (a memo must not hold large values).
 _MEMO_TEXT = 256
 #: Ints a remembered call may carry (a memo must not hold large values).

@@ -600,7 +600,7 @@ def test_a_task_remembers_a_bounded_number_of_calls() -> None:
     task = task_object(_sig_varargs)
     for n in range(3000):
         keys_for("p", task, task.name, UniqueOptions(), (n,), None)
-    assert 0 < len(binder_for(task).remembered) <= 1024
+    assert 0 < len(binder_for(task).remembered) <= 128
 
 
 def test_large_arguments_are_never_remembered() -> None:
