@@ -209,9 +209,10 @@ class Binder:
         self._memoable = all(_immutable(default) for _, default in self._defaults)
 
     def memo_key(self, args: Sequence[Any] | None) -> tuple[Any, ...] | None:
-        """The arguments of a call without keyword arguments, as its keys are remembered
-        by; None when they may not be: only ints and strs (exactly those types: ``True``
-        and ``1`` differ, as do ``0.0`` and ``-0.0``, which compare equal), neither large.
+        """What a call without keyword arguments has its keys remembered under (its
+        arguments), or None when they may not be remembered: only ints and strs are, of
+        exactly those types (``True`` and ``1`` compare equal and have different keys, as do
+        ``0.0`` and ``-0.0``), and none large.
         """
         if not self._memoable:
             return None
