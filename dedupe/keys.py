@@ -134,23 +134,31 @@ def keys_for(
     """
     binder = binder_for(task) if task is not None else None
     separate = options.until in SEPARATE_RUN_LOCK
-    memo = remembered = None
     if binder is not None and not kwargs and options.key is None:
-        memo = binder.memo_key(args)
-        if memo is not None:
-            memo, remembered = (prefix, task_name, options.on, separate, memo), binder.remembered
-            known = remembered.get(memo)
-            if known is not None:
-                return known
+        arguments = binder.memo_key(args)
+        if arguments is not None:
+            memo = (prefix, task_name, options.on, separate, arguments)
+            known = binder.remembered.get(memo)
+            if known is None:
+                known = _derived_keys(prefix, task_name, binder, options, args, kwargs, separate)
+                binder.remember(memo, known)
+            return known
+    return _derived_keys(prefix, task_name, binder, options, args, kwargs, separate)
+
+
+def _derived_keys(
+    prefix: str,
+    task_name: str,
+    binder: Binder | None,
+    options: UniqueOptions,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    separate: bool,
+) -> CallKeys:
     digest = call_digest(
         task_name, binder, args, kwargs, unique_on=options.on, unique_key=options.key
     )
-    keys = call_keys(prefix, task_name, digest, separate_run_lock=separate)
-    if memo is not None and remembered is not None:
-        if len(remembered) >= _REMEMBERED:
-            remembered.clear()  # (a bound, not an LRU: a duplicate refills its entry at once)
-        remembered[memo] = keys
-    return keys
+    return call_keys(prefix, task_name, digest, separate_run_lock=separate)
 
 
 #: Calls whose keys a task's binder remembers, at most: a few hundred bytes each, per task,
@@ -226,6 +234,12 @@ class Binder:
             elif kind is not str or len(value) > _MEMO_TEXT:
                 return None
         return tuple(args)
+
+    def remember(self, memo: tuple[Any, ...], keys: CallKeys) -> None:
+        """Keep the keys of a call under ``memo``, within the bound."""
+        if len(self.remembered) >= _REMEMBERED:
+            self.remembered.clear()  # (a bound, not an LRU: a duplicate refills its entry at once)
+        self.remembered[memo] = keys
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         bound = self._fast_bind(args, kwargs)
