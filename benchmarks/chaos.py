@@ -9,6 +9,9 @@ one cut of the broker (a private Redis shut down and started again from its dump
 which is shared, through a TCP proxy of the harness that it kills and starts again). Then it
 drains, reads the evidence (a Redis of its own, untouched by the faults) and prints one table
 (benchmarks/chaos_evidence.py says what each check means). Exit status 1 on any failure.
+
+``CHAOS_MONITOR=<file>`` appends every command the dedup Redis runs (``redis-cli monitor``,
+reattached after the restart) to that file: a failed check's key, read from its history.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -460,6 +464,8 @@ class Scenario:
         with contextlib.ExitStack() as stack:
             self.evidence_server = stack.enter_context(RedisServer())
             self.dedup = stack.enter_context(RedisServer())
+            if os.environ.get("CHAOS_MONITOR"):
+                _monitor(self.dedup.port, os.environ["CHAOS_MONITOR"], stack)
             self.broker.start()
             stack.callback(self.broker.close)
             env = self.env()
@@ -522,6 +528,24 @@ class Scenario:
                 time.sleep(1.0)
         finally:
             self.stop_watch.set()
+
+
+def _monitor(port: int, path: str, stack: contextlib.ExitStack) -> None:
+    """Append the dedup Redis's commands to ``path`` until the run's end."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        with open(path, "ab") as out:
+            while not stop.is_set():
+                proc = subprocess.Popen(["redis-cli", "-p", str(port), "monitor"], stdout=out)
+                while proc.poll() is None and not stop.is_set():
+                    time.sleep(0.01)
+                if proc.poll() is None:
+                    proc.kill()
+                time.sleep(0.01)
+
+    threading.Thread(target=loop, daemon=True).start()
+    stack.callback(stop.set)
 
 
 def _brokers(choice: str) -> Iterator[Broker]:

@@ -36,6 +36,7 @@ __all__ = [
     "tag_safe",
     "task_name_of_tag",
     "tick_key",
+    "watch_keys",
 ]
 
 #: Personalises BLAKE2b, so that digests of a future key format never equal today's.
@@ -85,6 +86,17 @@ def alive_key(prefix: str) -> str:
     'dedupe:alive'
     """
     return f"{prefix}:alive"
+
+
+def watch_keys(prefix: str, watcher: str) -> tuple[str, str]:
+    """The keys of one worker's watch on the dedup Redis (:mod:`dedupe.held`): a list nobody
+    writes, which it blocks on (a restart ends the wait at once), and its own marker, whose
+    absence tells it the data was lost where the server does not say which run it is.
+
+    >>> watch_keys("dedupe", "vm:41")
+    ('dedupe:watch', 'dedupe:alive:vm:41')
+    """
+    return f"{prefix}:watch", f"{prefix}:alive:{watcher}"
 
 
 def tick_key(prefix: str, entry_name: str, tick: int) -> str:

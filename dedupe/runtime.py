@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
-from redis.backoff import FullJitterBackoff
+from redis.backoff import FullJitterBackoff, NoBackoff
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from . import defaults
 from .async_store import AsyncStore
-from .clients import cluster_target, sync_client
+from .clients import DedupRedis, cluster_target, sync_client
 from .config import DedupeConfig
 from .errors import NotInstalled, RedisUnavailable
 from .heartbeat import Heartbeat
@@ -118,6 +118,20 @@ class Runtime:
                     store.barrier = self._restart_watch(store)
                     self._store = store
         return self._store
+
+    def watch_client(self, socket_timeout: float) -> DedupRedis:
+        """A client of the dedup store for a connection that blocks (:mod:`dedupe.held`):
+        no retries (a lost connection is news to its caller), reads that wait up to
+        ``socket_timeout`` seconds."""
+        config = self.config
+        options = {
+            **defaults.CLIENT_OPTIONS,
+            **config.redis_options,
+            "socket_timeout": socket_timeout,
+            "retry": Retry(NoBackoff(), retries=0),
+            "health_check_interval": 0,
+        }
+        return sync_client(config.redis_url, options, config.call_budget)
 
     @property
     def existing_store(self) -> Store | None:

@@ -39,6 +39,7 @@ from .deferral import DEFERRALS, SINCE, backoff, deferrals_of, since_of
 from .errors import DedupeError, KeyDerivationError, NotInstalled, RedisUnavailable
 from .events import CLAIMED, DEFERRED, RELEASED, SKIPPED, UNAVAILABLE, emit
 from .header import KeyHeader, is_publishing
+from .held import HeldWatch, held_requests
 from .keys import CallKeys, keys_for
 from .liveness import HOST
 from .options import options_for
@@ -90,7 +91,8 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
 
 
 def on_worker_ready(sender: Any = None, **_: Any) -> None:
-    """Warn at start when the dedup Redis may evict live keys."""
+    """Warn at start when the dedup Redis may evict live keys; on a broker other than Redis,
+    watch the dedup Redis for a loss of its data (:mod:`dedupe.held`)."""
     app = getattr(sender, "app", None)
     runtime = installed(app)
     if runtime is None:
@@ -102,6 +104,40 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
         return
     if warning:
         logger.warning(warning)
+    _watch_held(runtime, sender)
+
+
+# The watch of each app's worker (one per worker process; a new one replaces it).
+_held_watches: weakref.WeakKeyDictionary[Any, HeldWatch] = weakref.WeakKeyDictionary()
+
+
+def _watch_held(runtime: Runtime, consumer: Any) -> None:
+    # A Redis broker names the messages a worker holds in its unacked hash (dedupe.unacked
+    # restores them from there, or loses them with the records where it is the dedup store);
+    # a Cluster has many servers to lose data, one at a time.
+    if runtime.redis_redelivery is not None or runtime.store.server is None:
+        return
+    config = runtime.config
+    every = config.default_lease / 3
+    try:
+        client = runtime.watch_client(socket_timeout=every + 5)
+    except Exception as exc:  # a watch is no reason to fail the worker's start
+        logger.warning("cannot watch the dedup Redis for a loss of its data: %r", exc)
+        return
+    watch = HeldWatch(
+        runtime.store,
+        cast("Any", client),
+        prefix=config.key_prefix,
+        default_ttl=config.default_ttl,
+        every=every,
+        held=lambda: held_requests(consumer),
+        enable_utc=bool(_enable_utc(runtime.app)),
+    )
+    previous = _held_watches.get(runtime.app)
+    if previous is not None:
+        previous.stop()
+    _held_watches[runtime.app] = watch
+    watch.start()
 
 
 # -- where the run's spec comes from ---------------------------------------------------------

@@ -19,7 +19,7 @@ import redis
 from celery.app.task import Task
 from celery.backends.redis import ResultConsumer
 
-from dedupe.keys import alive_key
+from dedupe.keys import alive_key, watch_keys
 
 # Celery 5.7 requeues a timed-out acks_late message (acks_on_timeout off) and can retry a run
 # lost with its child (retry_on_worker_lost); before, such a message is gone.
@@ -60,10 +60,16 @@ def wait_for(
 
 
 def keys_with_prefix(client: redis.Redis, prefix: str) -> list[bytes]:
-    """The keys of calls, runs and beat ticks under ``prefix`` (not the server's marker,
-    which lives as long as the server's data: dedupe.unacked)."""
+    """The keys of calls, runs and beat ticks under ``prefix`` (not the markers, which live
+    as long as the server's data: the server's (dedupe.unacked) and each worker's watch's
+    (dedupe.held))."""
     marker = alive_key(prefix).encode()
-    return sorted(key for key in client.scan_iter(match=f"{prefix}:*", count=1000) if key != marker)
+    watch = watch_keys(prefix, "")[1].encode()
+    return sorted(
+        key
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000)
+        if key != marker and not key.startswith(watch)
+    )
 
 
 def fail_on_keys_left(client: redis.Redis, prefix: str, within: float) -> None:

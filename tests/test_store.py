@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from dedupe._redis_server import RedisServer
 from dedupe.keys import CallKeys, call_keys
 from dedupe.record import pack_owner, pack_provisional, pack_queued, pack_running, unpack_owner
-from dedupe.run import new_token
+from dedupe.run import NO_RUN, new_token
 from dedupe.store import Lease, Store, Wait
 
 from .helpers import require
@@ -509,6 +509,30 @@ def test_requeue_without_a_token_speaks_for_any_run_of_its_task_id(
     claim(store, finished, "A", "t0")
     assert store.requeue(finished, "A", "", pack_queued("A", time.time(), None), TTL_MS) == 1
     assert record(store, finished.call)["state"] == "queued"  # type: ignore[index]
+
+
+def test_a_retry_of_a_run_keeps_the_call_waiting_in_it_behind_its_next_message(
+    store: Store, finished: CallKeys
+) -> None:
+    queued_b = lost_to_a_new_call(store, finished)  # A runs, B waits in its record
+    provisional = pack_provisional("A", 9)
+    assert store.requeue(finished, "A", "t1", provisional, TTL_MS) == 1
+    holder = store.lookup(finished)
+    assert holder is not None
+    assert holder.task_id == "A"
+    assert claim(store, finished, "A", "t4") is None  # the retry's message runs
+    assert store.release(finished, "A", "t4") == 1
+    assert store.client.get(finished.call) == queued_b
+
+
+def test_a_deferral_ahead_of_a_call_accepted_since_keeps_that_call_waiting_behind_it(
+    store: Store, finished: CallKeys
+) -> None:
+    queued_b = enqueue(store, finished, "B")
+    store.wait(finished, "A", pack_queued("A", time.time(), None), TTL_MS, time.time() - 5)
+    assert store.requeue(finished, "A", NO_RUN, pack_provisional("A", 9), TTL_MS) == 1
+    assert store.cancel(finished, "A") is True  # the deferral's publish failed
+    assert store.client.get(finished.call) == queued_b
 
 
 def test_requeue_in_started_mode_frees_the_run_lock(store: Store, started: CallKeys) -> None:

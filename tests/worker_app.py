@@ -63,6 +63,12 @@ def _reclaimed(task_id: str = "", key: str = "", **_: Any) -> None:
     _events.rpush(f"reclaimed:{task_id}", key)
 
 
+@dedupe.events.run_deferred.connect(weak=False)
+def _deferred(task_id: str = "", **_: Any) -> None:
+    # Tests wait for a message to be deferred (it then waits in its worker for its next try).
+    _events.rpush(f"deferred:{task_id}", time.time())
+
+
 def runlog(tag: str) -> RunLog:
     return RunLog(_events, tag)
 
@@ -148,6 +154,22 @@ def redelivered(self: Any, tag: str, seconds: float) -> str:
     bind=True, base=dedupe.DedupeTask, unique=True, unique_until="started", on_running_countdown=0.2
 )
 def started_mode(self: Any, tag: str, seconds: float) -> str:
+    _run(self, tag, seconds)
+    return tag
+
+
+#: Seconds a deferred ``waits_its_turn`` message waits in its worker for its next try.
+WAITS_ITS_TURN = 5.0
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    unique_until="started",
+    on_running_countdown=WAITS_ITS_TURN,
+)
+def waits_its_turn(self: Any, tag: str, seconds: float) -> str:
     _run(self, tag, seconds)
     return tag
 

@@ -1,0 +1,205 @@
+"""After the dedup Redis lost its data, a worker on RabbitMQ writes back the keys of the
+messages it holds and has not started: a message waiting for its countdown, a deferred run
+waiting for its next try. Without it, every call made before that message's next try is
+accepted (in ``unique_until="started"``, again after every run's start).
+
+The watch's look at the server against a real Redis; then real prefork workers on RabbitMQ,
+and a dedup Redis of the test's own, restarted without its data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+import dedupe
+from dedupe.held import HeldWatch
+from dedupe.store import Store
+
+from .conftest import RedisFactory
+from .helpers import WorkerProcess, fail_on_keys_left, wait_for
+
+#: The longest a restarted dedup Redis may go without the held message's key.
+RESTORED_WITHIN = 3.0
+
+
+# -- the watch's look at the server --------------------------------------------------------------
+
+
+def watch_of(url: str) -> HeldWatch:
+    client = redis.Redis.from_url(url)
+    return HeldWatch(
+        Store(client),
+        client,
+        prefix="held",
+        default_ttl=60,
+        every=1,
+        held=list,
+        enable_utc=True,
+    )
+
+
+def test_the_watch_sees_no_loss_at_its_first_look_nor_on_the_same_server(
+    redis_factory: RedisFactory,
+) -> None:
+    watch = watch_of(redis_factory().url)
+    assert watch.lost() is False
+    assert watch.lost() is False
+
+
+def test_the_watch_sees_a_restart_without_the_data_as_a_loss(redis_factory: RedisFactory) -> None:
+    server = redis_factory()
+    watch = watch_of(server.url)
+    watch.lost()
+    server.stop()
+    server.start()
+    assert watch.lost() is True
+    assert watch.lost() is False  # (once)
+
+
+def test_the_watch_sees_its_marker_gone_as_a_loss_on_the_same_run_of_the_server(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory()
+    watch = watch_of(server.url)
+    watch.lost()
+    redis.Redis.from_url(server.url).flushall()
+    assert watch.lost() is True
+
+
+# -- a worker's messages, through a restart --------------------------------------------------------
+
+
+@pytest.fixture
+def producer(
+    worker_app: Any, rabbitmq_url: str, tag: str, redis_factory: RedisFactory
+) -> Iterator[Celery]:
+    """An app on RabbitMQ whose dedup store is a Redis of its own (``app.store_server``)."""
+    store = redis_factory()
+    app = Celery("worker_app", broker=rabbitmq_url, backend=worker_app.REDIS, set_as_current=False)
+    app.conf.update(
+        task_default_queue=f"held-{tag}",
+        dedupe_redis_url=store.url,
+        dedupe_key_prefix=worker_app.PREFIX,
+        dedupe_default_lease=worker_app.LEASE,
+        broker_transport_options={"confirm_publish": True},
+        broker_connection_retry_on_startup=True,
+    )
+    app.store_server = store  # type: ignore[attr-defined]
+    dedupe.install(app)
+    yield app
+    client = redis.Redis.from_url(store.url)
+    try:
+        fail_on_keys_left(client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3)
+    finally:
+        client.close()
+        try:
+            with app.connection_for_write() as connection:
+                connection.default_channel.queue_delete(app.conf.task_default_queue)
+        finally:
+            app.close()
+
+
+@pytest.fixture
+def waits_its_turn(worker_app: Any, producer: Celery) -> Any:
+    @producer.task(
+        name=worker_app.waits_its_turn.name,
+        bind=True,
+        base=dedupe.DedupeTask,
+        unique=True,
+        unique_until="started",
+        shared=False,
+    )
+    def waits_its_turn(self: Any, tag: str, seconds: float) -> str: ...
+
+    return waits_its_turn
+
+
+@pytest.fixture
+def worker(producer: Celery, rabbitmq_url: str) -> Iterator[WorkerProcess]:
+    store = producer.store_server  # type: ignore[attr-defined]
+    env = {
+        "DEDUPE_TEST_BROKER": rabbitmq_url,
+        "DEDUPE_TEST_QUEUE": producer.conf.task_default_queue,
+        "DEDUPE_TEST_STORE": store.url,
+    }
+    worker = WorkerProcess(producer, env)
+    worker.start()
+    yield worker
+    worker.stop()
+
+
+def holder_of(task: Any, args: tuple[Any, ...]) -> str | None:
+    """The task id that holds the call's key (its queued record first, else its run lock)."""
+    holder = dedupe.lookup(task, args)
+    return None if holder is None else holder.task_id
+
+
+def lose_the_dedup_data(producer: Celery) -> None:
+    store = producer.store_server  # type: ignore[attr-defined]
+    store.stop()
+    store.start()
+
+
+@pytest.mark.slow
+def test_a_deferred_message_its_worker_holds_keeps_its_key_through_a_dedup_redis_restart(
+    worker_app: Any, producer: Celery, waits_its_turn: Any, worker: WorkerProcess, tag: str
+) -> None:
+    first = waits_its_turn.delay(tag, 2)  # holds the run lock for 2 s
+    wait_for(lambda: worker_app.runlog(tag).runs(), message="the first run's start")
+    held = waits_its_turn.delay(tag, 2)  # accepted during that run (until="started")
+    assert held.deduplicated is False
+    wait_for(
+        lambda: worker_app._events.llen(f"deferred:{held.id}"),
+        message="the second call's message deferred, its next try seconds away",
+    )
+    lose_the_dedup_data(producer)
+    wait_for(
+        lambda: holder_of(waits_its_turn, (tag, 2)) == held.id,
+        timeout=RESTORED_WITHIN,
+        message="the deferred message's key, written back by the worker that holds it",
+    )
+    again = waits_its_turn.delay(tag, 2)
+    assert again.deduplicated is True
+    assert again.id == held.id
+    assert held.get(timeout=worker_app.WAITS_ITS_TURN + 20) == tag
+    assert first.get(timeout=10) == tag
+    assert [run[0] for run in worker_app.runlog(tag).runs()] == [first.id, held.id]
+
+
+@pytest.mark.slow
+def test_a_message_waiting_for_its_countdown_keeps_its_key_through_a_dedup_redis_restart(
+    worker_app: Any, producer: Celery, waits_its_turn: Any, worker: WorkerProcess, tag: str
+) -> None:
+    later = waits_its_turn.apply_async((tag, 0), countdown=5)
+    wait_for(lambda: f"[{later.id}] received" in worker.tail(), message="the message received")
+    lose_the_dedup_data(producer)
+    wait_for(
+        lambda: holder_of(waits_its_turn, (tag, 0)) == later.id,
+        timeout=RESTORED_WITHIN,
+        message="the key of the message waiting for its countdown, written back",
+    )
+    again = waits_its_turn.delay(tag, 0)
+    assert again.deduplicated is True
+    assert again.id == later.id
+    assert later.get(timeout=20) == tag
+
+
+@pytest.mark.slow
+def test_a_message_that_ran_is_not_written_back_after_a_later_restart(
+    producer: Celery, waits_its_turn: Any, worker: WorkerProcess, tag: str
+) -> None:
+    later = waits_its_turn.apply_async((tag, 0), countdown=1)
+    assert later.get(timeout=20) == tag
+    restored_before = worker.tail().count("the dedup Redis lost its data")
+    lose_the_dedup_data(producer)
+    wait_for(
+        lambda: worker.tail().count("the dedup Redis lost its data") > restored_before,
+        timeout=RESTORED_WITHIN,
+        message="the worker's look at the messages it holds, after the restart",
+    )
+    assert dedupe.lookup(waits_its_turn, (tag, 0)) is None
