@@ -12,9 +12,9 @@ them from there. Any other broker (RabbitMQ) keeps no list another process could
 the worker that holds them writes their records back itself: its main process keeps a
 connection blocked on a list nobody writes (:func:`dedupe.keys.watch_keys`), which a restart
 or a failover ends at once; when the server answers again as another run (its ``run_id``, or
-the watch's own marker gone), each held message takes its place again with ``wait.lua``,
-exactly as a deferred message does at its next try: the free key, or a place in the run
-that holds it, or the key ahead of a call accepted since the loss (that call waits in it).
+the watch's own marker gone), each held message gets a restored record (``restore.lua``, as
+:mod:`dedupe.unacked` writes them) whose lease is over at once: it stands for a message that
+is not running, which its own run takes over; a call accepted since the loss waits in it.
 
 Messages that run already need nothing: their heartbeat re-creates their keys.
 """
@@ -33,14 +33,13 @@ import redis
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from .deferral import since_of
 from .errors import RedisUnavailable
 from .events import RESTORED, emit
 from .header import KeyHeader
 from .keys import watch_keys
 from .liveness import HOST
-from .record import pack_queued
-from .store import Store, Wait
+from .record import RESTORED_TOKEN, pack_queued, pack_restored
+from .store import Restoration, Restore, Store
 from .timing import milliseconds, seconds_until
 
 __all__ = ["HeldMessage", "HeldWatch", "held_message", "held_requests"]
@@ -59,20 +58,19 @@ _RETRY_CAP = 0.1
 
 @dataclass(frozen=True, slots=True)
 class HeldMessage:
-    """A message a worker holds and has not started, with what its place needs."""
+    """A message a worker holds and has not started, with what its record needs."""
 
     task_name: str
     task_id: str
     header: KeyHeader
     #: Seconds until its eta or countdown (0: none, or passed).
     delay: float
-    #: Its first deferral (unix seconds, ``dedupe.deferral.SINCE``), or 0.
-    deferred_since: float
 
 
-def held_requests(consumer: Any) -> list[Any]:
+def held_requests(consumer: Any, *, started: bool = False) -> list[Any]:
     """The requests a worker's consumer holds and has not started: reserved (waiting for a
-    pool slot) and scheduled (in the timer, waiting for their eta or countdown).
+    pool slot), scheduled (in the timer, waiting for their eta or countdown) and rate-limited
+    (in a task's token bucket). ``started``: the running ones too.
 
     Read from another thread than the consumer's: Celery's sets are copied, and a copy the
     consumer changed meanwhile is made again.
@@ -83,12 +81,14 @@ def held_requests(consumer: Any) -> list[Any]:
     for item in getattr(timer, "queue", ()) if timer is not None else ():
         entry = item[-1]
         args = getattr(entry, "args", None)
-        if getattr(entry, "canceled", False) or not args:
-            continue  # (a connection lost since: the broker delivers the message again)
-        request = args[0]
-        if isinstance(request, Request) and request not in active:
-            held[id(request)] = request
-    return list(held.values())
+        if args and not getattr(entry, "canceled", False):
+            # (canceled: its connection was lost since; the broker delivers it again)
+            held[id(args[0])] = args[0]
+    for bucket in (getattr(consumer, "task_buckets", None) or {}).values():
+        for item in _copied(getattr(bucket, "contents", ())):
+            held[id(item[0])] = item[0]
+    requests = [r for r in held.values() if isinstance(r, Request) and r not in active]
+    return requests + list(active) if started else requests
 
 
 def _copied(items: Iterable[Any]) -> list[Any]:
@@ -97,28 +97,37 @@ def _copied(items: Iterable[Any]) -> list[Any]:
             return list(items)
         except RuntimeError:  # (changed during the copy by the consumer's thread)
             continue
-    return []
+    raise RuntimeError("the worker's requests kept changing while they were read")
 
 
 def held_message(request: Any, now: float, enable_utc: bool) -> HeldMessage | None:
-    """What a held request's place needs; None for a message without our header (or of a
-    throttle window, whose key is its window)."""
+    """What a held request's record needs; None for a message without our header, of a
+    throttle window (whose key is its window), revoked, or expired: it will not run."""
     headers = getattr(request, "request_dict", None) or {}
     header = KeyHeader.read(headers)
     if header is None or header.until not in _HELD_MODES:
+        return None
+    expires = headers.get("expires")
+    if request.id in worker_state.revoked or (
+        expires and not seconds_until(expires, now, enable_utc=enable_utc)
+    ):
         return None
     return HeldMessage(
         task_name=str(headers.get("task") or getattr(request, "name", "")),
         task_id=str(request.id),
         header=header,
         delay=seconds_until(headers.get("eta"), now, enable_utc=enable_utc),
-        deferred_since=since_of(headers) or 0.0,
     )
 
 
 class HeldWatch:
-    """Watches the dedup Redis from a worker's main process, and gives the messages the
-    worker holds their places again when the server comes back without its data."""
+    """Watches the dedup Redis from a worker's main process, and writes back the records of
+    the messages the worker holds when the server comes back without its data."""
+
+    #: Seconds after a restore (each after the one before) at which the records of messages
+    #: the worker no longer holds are withdrawn: a run that ended between the read of the
+    #: held messages and the write (the main process learns of a start late).
+    LOOKS = (0.0, 0.5, 1.0)
 
     def __init__(
         self,
@@ -128,12 +137,12 @@ class HeldWatch:
         prefix: str,
         default_ttl: float,
         every: float,
-        held: Callable[[], Iterable[Any]],
+        held: Callable[..., Iterable[Any]],
         enable_utc: bool,
     ) -> None:
         """``client``: a connection of the watch's own, no retries, its socket timeout
         longer than ``every`` (the longest wait between two looks); ``held``: the worker's
-        held requests (:func:`held_requests`)."""
+        held requests (:func:`held_requests`, with its ``started`` flag)."""
         self._store = store
         self._client = client
         self._idle, self._marker = watch_keys(prefix, f"{HOST}:{uuid.uuid4().hex[:12]}")
@@ -142,34 +151,38 @@ class HeldWatch:
         self._held = held
         self._enable_utc = enable_utc
         self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
         self._run: bytes = b""
         self._looked = False
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._watch, name="dedupe-held-watch", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._watch, name="dedupe-held-watch", daemon=True).start()
 
     def stop(self) -> None:
         self._stopped.set()
 
     def _watch(self) -> None:
         failures = 0
-        alive_at = time.time()
         pending = False  # (a loss seen, whose restore has not finished yet)
+        said = ""
         while not self._stopped.is_set():
             try:
                 pending = self.lost() or pending
                 if pending:
-                    self.restore(alive_at)
+                    self.restore()
                     pending = False
                 failures = 0
-                alive_at = time.time()
                 self._client.blpop([self._idle], timeout=max(1, round(self._every)))
-            except (redis.RedisError, RedisUnavailable):
-                # (Down, or coming back: look again soon, for calls are decided meanwhile.)
+            except (redis.ConnectionError, redis.TimeoutError, RedisUnavailable):
+                # Down, or coming back: look again soon, for calls are decided meanwhile.
                 failures += 1
                 self._stopped.wait(min(_RETRY_FIRST * 2 ** min(failures, 8), _RETRY_CAP))
+            except Exception as exc:
+                # Refused (an ACL without the watch's keys, a read-only replica): it says the
+                # same at every look, so say it once, and look at the usual pace.
+                if repr(exc) != said:
+                    said = repr(exc)
+                    logger.warning("cannot watch the dedup Redis for a loss of its data: %r", exc)
+                self._stopped.wait(self._every)
 
     def lost(self) -> bool:
         """Did the server lose its data since the last look? (Never at the first.)"""
@@ -190,33 +203,64 @@ class HeldWatch:
             self._run = run
         return lost
 
-    def restore(self, alive_at: float) -> int:
-        """Give each held message its place again; returns how many took a key. ``alive_at``:
-        when the server was last seen with its data (a call accepted after it came after
-        every held message)."""
-        now = time.time()
-        messages = [
-            message
-            for request in self._held()
-            if (message := held_message(request, now, self._enable_utc)) is not None
-        ]
-        placed = 0
-        for message in messages:
-            since = min(filter(None, (message.deferred_since, alive_at)))
-            eta = now + message.delay if message.delay else None
-            record = pack_queued(message.task_id, since, eta)
-            ttl = message.header.ttl if message.header.ttl is not None else self._default_ttl
-            keys = message.header.keys
-            reply = self._store.wait(
-                keys, message.task_id, record, milliseconds(ttl + message.delay), since
-            )
-            if reply in (Wait.QUEUED, Wait.WAITS, Wait.AHEAD):
-                placed += 1
-                emit(RESTORED, message.task_name, message.task_id, keys.call)
+    def restore(self) -> int:
+        """Write back the records of the held messages (``restore.lua``: restored records,
+        whose lease is over at once: each stands for a message that is not running, which
+        its own run takes over, and a call accepted since the loss waits in it); then
+        withdraw those of messages the worker no longer holds, and try again those a call
+        was being published into. Returns how many took a key (withdrawn or not)."""
+        items = self._restorations()
+        placed: dict[str, Restoration] = {}
+        took = 0
+        for look in self.LOOKS:
+            self._stopped.wait(look)
+            now_held = {str(r.id) for r in self._held(started=True)}
+            for item in [item for item in placed.values() if item.task_id not in now_held]:
+                self._store.release(item.keys, item.task_id, RESTORED_TOKEN)
+                del placed[item.task_id]
+            items = {task_id: entry for task_id, entry in items.items() if task_id in now_held}
+            replies = self._store.restore([item for _, item in items.values()])
+            for (task_name, item), reply in zip(items.values(), replies, strict=True):
+                if reply in (Restore.RESTORED, Restore.JOINED):
+                    placed[item.task_id] = item
+                    took += 1
+                    emit(RESTORED, task_name, item.task_id, item.keys.call)
+            items = {
+                task_id: entry
+                for (task_id, entry), reply in zip(items.items(), replies, strict=True)
+                if reply is Restore.PENDING
+            }
+            if not items and not placed:
+                break
         logger.warning(
-            "the dedup Redis lost its data (it restarted or failed over): %d of the %d "
-            "messages this worker holds took their keys again",
-            placed,
-            len(messages),
+            "the dedup Redis lost its data (it restarted or failed over): %d messages this "
+            "worker holds took their keys again (%d of them started since)",
+            took,
+            took - len(placed),
         )
-        return placed
+        return took
+
+    def _restorations(self) -> dict[str, tuple[str, Restoration]]:
+        now = time.time()
+        items = {}
+        for request in self._held():
+            message = held_message(request, now, self._enable_utc)
+            if message is None:
+                continue
+            header = message.header
+            ttl = header.ttl if header.ttl is not None else self._default_ttl
+            eta = now + message.delay if message.delay else None
+            items[message.task_id] = (
+                message.task_name,
+                Restoration(
+                    keys=header.keys,
+                    task_id=message.task_id,
+                    record=pack_restored(message.task_id, now),
+                    queued=pack_queued(message.task_id, now, eta),
+                    # As long as its own record would live from now: until its eta, and its
+                    # time to live after that.
+                    ttl_ms=milliseconds(ttl + message.delay),
+                    lease_ms=0,
+                ),
+            )
+        return items

@@ -22,6 +22,7 @@ own task id and run token hold.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -34,6 +35,7 @@ from celery._state import get_current_worker_task
 from celery.exceptions import Ignore, Retry
 
 from .checks import eviction_risk
+from .clients import cluster_target
 from .config import SettingReader
 from .deferral import DEFERRALS, SINCE, backoff, deferrals_of, since_of
 from .errors import DedupeError, KeyDerivationError, NotInstalled, RedisUnavailable
@@ -97,6 +99,7 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
     runtime = installed(app)
     if runtime is None:
         return
+    _watch_held(runtime, sender)  # (first: a dedup Redis down at start is the watch's to see)
     try:
         warning = eviction_risk(runtime.store.client)
     except RedisUnavailable as exc:  # (a Cluster no node of which answers yet)
@@ -104,7 +107,6 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
         return
     if warning:
         logger.warning(warning)
-    _watch_held(runtime, sender)
 
 
 # The watch of each app's worker (one per worker process; a new one replaces it).
@@ -115,7 +117,7 @@ def _watch_held(runtime: Runtime, consumer: Any) -> None:
     # A Redis broker names the messages a worker holds in its unacked hash (dedupe.unacked
     # restores them from there, or loses them with the records where it is the dedup store);
     # a Cluster has many servers to lose data, one at a time.
-    if runtime.redis_redelivery is not None or runtime.store.server is None:
+    if runtime.redis_redelivery is not None or cluster_target(runtime.config.redis_url):
         return
     config = runtime.config
     every = config.default_lease / 3
@@ -130,7 +132,7 @@ def _watch_held(runtime: Runtime, consumer: Any) -> None:
         prefix=config.key_prefix,
         default_ttl=config.default_ttl,
         every=every,
-        held=lambda: held_requests(consumer),
+        held=functools.partial(held_requests, consumer),
         enable_utc=bool(_enable_utc(runtime.app)),
     )
     previous = _held_watches.get(runtime.app)

@@ -117,9 +117,11 @@ def test_the_async_guard_never_blocks_the_event_loop(
         return max(gaps), ticks_while_paused, results
 
     largest_gap, ticks_while_paused, results = asyncio.run(scenario())
-    # A round trip that blocked the loop would stop the ticker for the whole 0.4 s pause.
+    # A round trip that blocked the loop would stop the ticker for the whole 0.4 s pause (and
+    # longer: the resume waits on the loop too). Shorter gaps are the calls' own CPU, which
+    # a loaded machine stretches: the bound is the pause, not a speed.
     assert ticks_while_paused >= 20
-    assert largest_gap < 0.2
+    assert largest_gap < 0.4
     assert sum(not result.deduplicated for result in results) == 20
     assert queue_length(app) == 20
 

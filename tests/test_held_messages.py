@@ -17,7 +17,9 @@ import redis
 from celery import Celery
 
 import dedupe
+from dedupe.header import HEADER, KeyHeader
 from dedupe.held import HeldWatch
+from dedupe.keys import CallKeys
 from dedupe.store import Store
 
 from .conftest import RedisFactory
@@ -69,6 +71,54 @@ def test_the_watch_sees_its_marker_gone_as_a_loss_on_the_same_run_of_the_server(
     watch.lost()
     redis.Redis.from_url(server.url).flushall()
     assert watch.lost() is True
+
+
+class HeldRequest:
+    """What the watch reads of a Celery request the worker holds: its id and headers."""
+
+    def __init__(self, task_id: str, keys: CallKeys) -> None:
+        self.id = task_id
+        self.request_dict = {HEADER: KeyHeader(keys, "finished", 60.0).encode(), "task": "t"}
+
+
+def watch_holding(url: str, *looks: list[HeldRequest]) -> HeldWatch:
+    """A watch whose worker holds ``looks[n]`` at its n-th look (nothing after the last)."""
+    client = redis.Redis.from_url(url)
+    answers = iter(looks)
+    return HeldWatch(
+        Store(client),
+        client,
+        prefix="held",
+        default_ttl=60,
+        every=1,
+        held=lambda started=False: next(answers, []),
+        enable_utc=True,
+    )
+
+
+def test_a_held_message_takes_its_key_again_as_a_message_that_is_not_running(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory()
+    keys = CallKeys.of("held:{t:ab}", separate_run_lock=False)
+    request = HeldRequest("A", keys)
+    watch = watch_holding(server.url, *[[request]] * (len(HeldWatch.LOOKS) + 1))
+    assert watch.restore() == 1
+    holder = Store(redis.Redis.from_url(server.url)).lookup(keys)
+    assert holder is not None
+    assert (holder.task_id, holder.worker) == ("A", "restored:0")
+
+
+def test_a_message_that_ran_while_its_key_was_written_back_has_it_withdrawn(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory()
+    keys = CallKeys.of("held:{t:ab}", separate_run_lock=False)
+    request = HeldRequest("A", keys)
+    # Held when read and at the write; gone at the next look: its run ended in between.
+    watch = watch_holding(server.url, [request], [request])
+    assert watch.restore() == 1
+    assert redis.Redis.from_url(server.url).exists(keys.call) == 0
 
 
 # -- a worker's messages, through a restart --------------------------------------------------------
@@ -187,6 +237,52 @@ def test_a_message_waiting_for_its_countdown_keeps_its_key_through_a_dedup_redis
     assert again.deduplicated is True
     assert again.id == later.id
     assert later.get(timeout=20) == tag
+
+
+@pytest.mark.slow
+def test_a_message_waiting_for_its_rate_limit_keeps_its_key_through_a_dedup_redis_restart(
+    worker_app: Any, producer: Celery, worker: WorkerProcess, tag: str
+) -> None:
+    @producer.task(
+        name=worker_app.rate_limited.name,
+        bind=True,
+        base=dedupe.DedupeTask,
+        unique=True,
+        shared=False,
+    )
+    def rate_limited(self: Any, tag: str) -> str: ...
+
+    first = rate_limited.delay(f"{tag}-first")
+    wait_for(lambda: worker_app.runlog(f"{tag}-first").runs(), message="the first run")
+    held = rate_limited.delay(tag)  # waits in the token bucket for up to 10 s
+    wait_for(lambda: f"[{held.id}] received" in worker.tail(), message="the message received")
+    lose_the_dedup_data(producer)
+    wait_for(
+        lambda: holder_of(rate_limited, (tag,)) == held.id,
+        timeout=RESTORED_WITHIN,
+        message="the key of the rate-limited message, written back",
+    )
+    assert rate_limited.delay(tag).deduplicated is True
+    assert held.get(timeout=30) == tag
+    assert first.get(timeout=10) == f"{tag}-first"
+
+
+@pytest.mark.slow
+def test_a_revoked_message_is_not_written_back(
+    producer: Celery, waits_its_turn: Any, worker: WorkerProcess, tag: str
+) -> None:
+    later = waits_its_turn.apply_async((tag, 0), countdown=5)
+    wait_for(lambda: f"[{later.id}] received" in worker.tail(), message="the message received")
+    later.revoke()
+    wait_for(lambda: f"flagged as revoked: {later.id}" in worker.tail(), message="the revoke")
+    restored_before = worker.tail().count("the dedup Redis lost its data")
+    lose_the_dedup_data(producer)
+    wait_for(
+        lambda: worker.tail().count("the dedup Redis lost its data") > restored_before,
+        timeout=RESTORED_WITHIN,
+        message="the worker's look at the messages it holds, after the restart",
+    )
+    assert dedupe.lookup(waits_its_turn, (tag, 0)) is None
 
 
 @pytest.mark.slow

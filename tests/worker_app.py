@@ -174,6 +174,13 @@ def waits_its_turn(self: Any, tag: str, seconds: float) -> str:
     return tag
 
 
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, rate_limit="6/m")
+def rate_limited(self: Any, tag: str) -> str:
+    """One run per 10 s: a second message waits in the worker's token bucket."""
+    _run(self, tag)
+    return tag
+
+
 @app.task(bind=True, base=dedupe.DedupeTask, unique=True)
 def soak(self: Any, tag: str, seconds: float) -> None:
     _run(self, tag, seconds)
