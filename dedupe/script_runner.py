@@ -153,9 +153,10 @@ class _Local(threading.local):
         #: Bytes received and not parsed yet (the start of the next reply).
         self.buffer = b""
         #: Calls sent on ``connection`` whose replies are not read yet, oldest first.
-        self.pending: deque[tuple[Script, bytes, Reply | None]] = deque()
+        #: (A script of None: the SCRIPT LOAD of a call sent again after NOSCRIPT.)
+        self.pending: deque[tuple[Script | None, bytes, Reply | None]] = deque()
         #: Calls sent on a connection that was lost before their replies came: send again.
-        self.unsent: list[tuple[Script, bytes, Reply | None]] = []
+        self.unsent: list[tuple[Script | None, bytes, Reply | None]] = []
 
 
 class ScriptRunner:
@@ -345,8 +346,29 @@ class ScriptRunner:
         self._resend_unsent(sock)
         while local.pending:
             script, command, slot = local.pending[0]
-            self._settle(sock, script, command, slot)
+            if script is None:
+                self._read_load(sock)  # (a reload's SCRIPT LOAD, sent below)
+            elif not self._settle(sock, script, command, slot):
+                # NOSCRIPT, with the replies of later sends still on their way: load the
+                # script and send the call again behind them, where its reply will come.
+                load = self._load_command(script)
+                self._send(sock, load)
+                self._send(sock, command)
+                local.pending.append((None, load, None))
+                local.pending.append((script, command, slot))
             local.pending.popleft()
+
+    def _load_command(self, script: Script) -> bytes:
+        return pack_command(b"SCRIPT", b"LOAD", script.script, encoding=self._encoding)
+
+    def _read_load(self, sock: socket.socket) -> None:
+        try:
+            self._read(sock)
+        except ResponseError as exc:
+            logger.warning("a script could not be loaded: %r", exc)
+        except BaseException:
+            self._drop_connection()
+            raise
 
     def _resend_unsent(self, sock: socket.socket) -> None:
         """Send again, in order, what a lost connection took with it (replies read later)."""
@@ -358,25 +380,44 @@ class ScriptRunner:
 
     def _settle(
         self, sock: socket.socket, script: Script, command: bytes, slot: Reply | None
-    ) -> None:
+    ) -> bool:
+        """Read the reply of the oldest send. False: NOSCRIPT, and the replies of later
+        sends follow it (the caller sends it again behind them)."""
+        alone = len(self._local.pending) <= 1
         try:
-            value = self._reply(sock, script, command)
+            value = self._reply(sock, script, command, reload=alone)
+        except NoScriptError as exc:
+            if not alone:
+                return False
+            self._failed_send(slot, exc)
+            return True
         except ResponseError as exc:
-            if slot is None:
-                # Nobody waits for this reply: say so, and carry on with the caller's call.
-                logger.warning("a script sent earlier failed: %r", exc)
-            else:
-                slot.settle(None, exc)
-            return
+            self._failed_send(slot, exc)
+            return True
         if slot is not None:
             slot.settle(value, None)
+        return True
 
-    def _reply(self, sock: socket.socket, script: Script, command: bytes) -> Any:
+    @staticmethod
+    def _failed_send(slot: Reply | None, exc: ResponseError) -> None:
+        if slot is None:
+            # Nobody waits for this reply: say so, and carry on with the caller's call.
+            logger.warning("a script sent earlier failed: %r", exc)
+        else:
+            slot.settle(None, exc)
+
+    def _reply(
+        self, sock: socket.socket, script: Script, command: bytes, *, reload: bool = True
+    ) -> Any:
+        """Read the reply of ``command``; on NOSCRIPT load the script and send it again
+        (``reload``: nothing else is in flight behind it), else raise NoScriptError."""
         try:
             try:
                 reply = self._read(sock)
             except NoScriptError:
-                load = pack_command(b"SCRIPT", b"LOAD", script.script, encoding=self._encoding)
+                if not reload:
+                    raise
+                load = self._load_command(script)
                 self._send(sock, load)
                 self._read(sock)
                 self._send(sock, command)

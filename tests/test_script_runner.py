@@ -126,6 +126,26 @@ def test_a_script_forgotten_by_the_server_is_loaded_and_run(
     assert run(runner, client, ECHO, "hello") == b"hello"
 
 
+def test_sends_in_flight_that_the_server_forgot_each_get_their_own_replies(
+    client: redis.Redis, own_client: redis.Redis
+) -> None:
+    # After a restart both sends meet NOSCRIPT; the first's reload must not take the reply
+    # meant for the second (it once read the second's NOSCRIPT as the load's answer, and
+    # handed the load's answer, the script's SHA, to the second as its reply).
+    runner = ScriptRunner(client)
+    echo = client.register_script(ECHO)
+    assert runner(echo, [], ["known"]) == b"known"  # sends go out only for known scripts
+    own_client.script_flush()
+    runner.send(echo, [], ["first"])
+    second = runner.send(echo, [], ["second"], reply=True)
+    third = runner.send(echo, [], ["third"], reply=True)
+    assert second is not None
+    assert third is not None
+    assert runner.result(second) == b"second"
+    assert runner.result(third) == b"third"
+    assert run(runner, client, ECHO, "after") == b"after"
+
+
 def test_an_error_reply_raises_and_leaves_the_connection_usable(client: redis.Redis) -> None:
     runner = ScriptRunner(client)
     with pytest.raises(redis.ResponseError, match="the script says no"):
