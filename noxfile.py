@@ -75,6 +75,7 @@ COMPAT_TESTS = [
     "tests/test_call_nonce.py",
     "tests/test_heartbeat.py",
     "tests/test_restore.py",
+    "tests/test_held_messages.py",
 ]
 
 

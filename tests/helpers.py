@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,39 @@ def keys_with_prefix(client: redis.Redis, prefix: str) -> list[bytes]:
         for key in client.scan_iter(match=f"{prefix}:*", count=1000)
         if key != marker and not key.startswith(watch)
     )
+
+
+@contextlib.contextmanager
+def app_with_a_store_of_its_own(
+    worker_app: Any, broker: str, queue: str, store: Any, **conf: Any
+) -> Iterator[Any]:
+    """An app of tests.worker_app's tasks on ``broker`` whose dedup store is ``store`` (a
+    Redis of the test's own, to restart: ``app.store_server``); none of its keys may be
+    left at the end."""
+    from celery import Celery
+
+    import dedupe
+
+    app = Celery("worker_app", broker=broker, backend=worker_app.REDIS, set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue,
+        dedupe_redis_url=store.url,
+        dedupe_key_prefix=worker_app.PREFIX,
+        dedupe_default_lease=worker_app.LEASE,
+        broker_connection_retry_on_startup=True,
+        **conf,
+    )
+    app.store_server = store
+    dedupe.install(app)
+    try:
+        yield app
+        client = redis.Redis.from_url(store.url)
+        try:
+            fail_on_keys_left(client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3)
+        finally:
+            client.close()
+    finally:
+        app.close()
 
 
 def fail_on_keys_left(client: redis.Redis, prefix: str, within: float) -> None:

@@ -23,54 +23,13 @@ from dedupe.keys import CallKeys
 from dedupe.store import Store
 
 from .conftest import RedisFactory
-from .helpers import WorkerProcess, fail_on_keys_left, wait_for
+from .helpers import WorkerProcess, app_with_a_store_of_its_own, wait_for
 
 #: The longest a restarted dedup Redis may go without the held message's key.
 RESTORED_WITHIN = 3.0
 
 
 # -- the watch's look at the server --------------------------------------------------------------
-
-
-def watch_of(url: str) -> HeldWatch:
-    client = redis.Redis.from_url(url)
-    return HeldWatch(
-        Store(client),
-        client,
-        prefix="held",
-        default_ttl=60,
-        every=1,
-        held=list,
-        enable_utc=True,
-    )
-
-
-def test_the_watch_sees_no_loss_at_its_first_look_nor_on_the_same_server(
-    redis_factory: RedisFactory,
-) -> None:
-    watch = watch_of(redis_factory().url)
-    assert watch.lost() is False
-    assert watch.lost() is False
-
-
-def test_the_watch_sees_a_restart_without_the_data_as_a_loss(redis_factory: RedisFactory) -> None:
-    server = redis_factory()
-    watch = watch_of(server.url)
-    watch.lost()
-    server.stop()
-    server.start()
-    assert watch.lost() is True
-    assert watch.lost() is False  # (once)
-
-
-def test_the_watch_sees_its_marker_gone_as_a_loss_on_the_same_run_of_the_server(
-    redis_factory: RedisFactory,
-) -> None:
-    server = redis_factory()
-    watch = watch_of(server.url)
-    watch.lost()
-    redis.Redis.from_url(server.url).flushall()
-    assert watch.lost() is True
 
 
 class HeldRequest:
@@ -94,6 +53,34 @@ def watch_holding(url: str, *looks: list[HeldRequest]) -> HeldWatch:
         held=lambda started=False: next(answers, []),
         enable_utc=True,
     )
+
+
+def test_the_watch_sees_no_loss_at_its_first_look_nor_on_the_same_server(
+    redis_factory: RedisFactory,
+) -> None:
+    watch = watch_holding(redis_factory().url)
+    assert watch.lost() is False
+    assert watch.lost() is False
+
+
+def test_the_watch_sees_a_restart_without_the_data_as_a_loss(redis_factory: RedisFactory) -> None:
+    server = redis_factory()
+    watch = watch_holding(server.url)
+    watch.lost()
+    server.stop()
+    server.start()
+    assert watch.lost() is True
+    assert watch.lost() is False  # (once)
+
+
+def test_the_watch_sees_its_marker_gone_as_a_loss_on_the_same_run_of_the_server(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory()
+    watch = watch_holding(server.url)
+    watch.lost()
+    redis.Redis.from_url(server.url).flushall()
+    assert watch.lost() is True
 
 
 def test_a_held_message_takes_its_key_again_as_a_message_that_is_not_running(
@@ -129,29 +116,18 @@ def producer(
     worker_app: Any, rabbitmq_url: str, tag: str, redis_factory: RedisFactory
 ) -> Iterator[Celery]:
     """An app on RabbitMQ whose dedup store is a Redis of its own (``app.store_server``)."""
-    store = redis_factory()
-    app = Celery("worker_app", broker=rabbitmq_url, backend=worker_app.REDIS, set_as_current=False)
-    app.conf.update(
-        task_default_queue=f"held-{tag}",
-        dedupe_redis_url=store.url,
-        dedupe_key_prefix=worker_app.PREFIX,
-        dedupe_default_lease=worker_app.LEASE,
+    with app_with_a_store_of_its_own(
+        worker_app,
+        rabbitmq_url,
+        f"held-{tag}",
+        redis_factory(),
         broker_transport_options={"confirm_publish": True},
-        broker_connection_retry_on_startup=True,
-    )
-    app.store_server = store  # type: ignore[attr-defined]
-    dedupe.install(app)
-    yield app
-    client = redis.Redis.from_url(store.url)
-    try:
-        fail_on_keys_left(client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3)
-    finally:
-        client.close()
+    ) as app:
         try:
+            yield app
+        finally:
             with app.connection_for_write() as connection:
                 connection.default_channel.queue_delete(app.conf.task_default_queue)
-        finally:
-            app.close()
 
 
 @pytest.fixture
@@ -195,6 +171,33 @@ def lose_the_dedup_data(producer: Celery) -> None:
     store.start()
 
 
+def keeps_its_key_through_a_restart(
+    producer: Celery, task: Any, args: tuple[Any, ...], held_id: str, what: str
+) -> None:
+    """Lose the dedup data: the key must name the held message again within
+    RESTORED_WITHIN, and a new call must be its duplicate."""
+    lose_the_dedup_data(producer)
+    wait_for(
+        lambda: holder_of(task, args) == held_id,
+        timeout=RESTORED_WITHIN,
+        message=f"the key of {what}, written back by the worker that holds it",
+    )
+    again = task.delay(*args)
+    assert again.deduplicated is True
+    assert again.id == held_id
+
+
+def watched_a_restart(producer: Celery, worker: WorkerProcess) -> None:
+    """Lose the dedup data, and wait for the worker's look at the messages it holds."""
+    looks = worker.tail().count("the dedup Redis lost its data")
+    lose_the_dedup_data(producer)
+    wait_for(
+        lambda: worker.tail().count("the dedup Redis lost its data") > looks,
+        timeout=RESTORED_WITHIN,
+        message="the worker's look at the messages it holds, after the restart",
+    )
+
+
 @pytest.mark.slow
 def test_a_deferred_message_its_worker_holds_keeps_its_key_through_a_dedup_redis_restart(
     worker_app: Any, producer: Celery, waits_its_turn: Any, worker: WorkerProcess, tag: str
@@ -207,15 +210,9 @@ def test_a_deferred_message_its_worker_holds_keeps_its_key_through_a_dedup_redis
         lambda: worker_app._events.llen(f"deferred:{held.id}"),
         message="the second call's message deferred, its next try seconds away",
     )
-    lose_the_dedup_data(producer)
-    wait_for(
-        lambda: holder_of(waits_its_turn, (tag, 2)) == held.id,
-        timeout=RESTORED_WITHIN,
-        message="the deferred message's key, written back by the worker that holds it",
+    keeps_its_key_through_a_restart(
+        producer, waits_its_turn, (tag, 2), held.id, "the deferred message"
     )
-    again = waits_its_turn.delay(tag, 2)
-    assert again.deduplicated is True
-    assert again.id == held.id
     assert held.get(timeout=worker_app.WAITS_ITS_TURN + 20) == tag
     assert first.get(timeout=10) == tag
     assert [run[0] for run in worker_app.runlog(tag).runs()] == [first.id, held.id]
@@ -227,15 +224,9 @@ def test_a_message_waiting_for_its_countdown_keeps_its_key_through_a_dedup_redis
 ) -> None:
     later = waits_its_turn.apply_async((tag, 0), countdown=5)
     wait_for(lambda: f"[{later.id}] received" in worker.tail(), message="the message received")
-    lose_the_dedup_data(producer)
-    wait_for(
-        lambda: holder_of(waits_its_turn, (tag, 0)) == later.id,
-        timeout=RESTORED_WITHIN,
-        message="the key of the message waiting for its countdown, written back",
+    keeps_its_key_through_a_restart(
+        producer, waits_its_turn, (tag, 0), later.id, "the message waiting for its countdown"
     )
-    again = waits_its_turn.delay(tag, 0)
-    assert again.deduplicated is True
-    assert again.id == later.id
     assert later.get(timeout=20) == tag
 
 
@@ -256,13 +247,9 @@ def test_a_message_waiting_for_its_rate_limit_keeps_its_key_through_a_dedup_redi
     wait_for(lambda: worker_app.runlog(f"{tag}-first").runs(), message="the first run")
     held = rate_limited.delay(tag)  # waits in the token bucket for up to 10 s
     wait_for(lambda: f"[{held.id}] received" in worker.tail(), message="the message received")
-    lose_the_dedup_data(producer)
-    wait_for(
-        lambda: holder_of(rate_limited, (tag,)) == held.id,
-        timeout=RESTORED_WITHIN,
-        message="the key of the rate-limited message, written back",
+    keeps_its_key_through_a_restart(
+        producer, rate_limited, (tag,), held.id, "the rate-limited message"
     )
-    assert rate_limited.delay(tag).deduplicated is True
     assert held.get(timeout=30) == tag
     assert first.get(timeout=10) == f"{tag}-first"
 
@@ -275,13 +262,7 @@ def test_a_revoked_message_is_not_written_back(
     wait_for(lambda: f"[{later.id}] received" in worker.tail(), message="the message received")
     later.revoke()
     wait_for(lambda: f"flagged as revoked: {later.id}" in worker.tail(), message="the revoke")
-    restored_before = worker.tail().count("the dedup Redis lost its data")
-    lose_the_dedup_data(producer)
-    wait_for(
-        lambda: worker.tail().count("the dedup Redis lost its data") > restored_before,
-        timeout=RESTORED_WITHIN,
-        message="the worker's look at the messages it holds, after the restart",
-    )
+    watched_a_restart(producer, worker)
     assert dedupe.lookup(waits_its_turn, (tag, 0)) is None
 
 
@@ -291,11 +272,5 @@ def test_a_message_that_ran_is_not_written_back_after_a_later_restart(
 ) -> None:
     later = waits_its_turn.apply_async((tag, 0), countdown=1)
     assert later.get(timeout=20) == tag
-    restored_before = worker.tail().count("the dedup Redis lost its data")
-    lose_the_dedup_data(producer)
-    wait_for(
-        lambda: worker.tail().count("the dedup Redis lost its data") > restored_before,
-        timeout=RESTORED_WITHIN,
-        message="the worker's look at the messages it holds, after the restart",
-    )
+    watched_a_restart(producer, worker)
     assert dedupe.lookup(waits_its_turn, (tag, 0)) is None

@@ -41,7 +41,7 @@ from dedupe.store import Lease, Renewal, Requeue, Restoration, Restore, Store
 from dedupe.unacked import Ours, RestartWatch, restorations, restore_unacked
 
 from .conftest import RedisFactory
-from .helpers import Lines, WorkerProcess, fail_on_keys_left, free_port, wait_for
+from .helpers import Lines, WorkerProcess, app_with_a_store_of_its_own, free_port, wait_for
 
 LEASE_MS = 5_000
 TTL_MS = 60_000
@@ -572,26 +572,10 @@ VISIBILITY = 15.0
 
 @pytest.fixture
 def producer(worker_app: Any, tag: str, redis_factory: RedisFactory) -> Iterator[Celery]:
-    store = redis_factory()
-    app = Celery(
-        "worker_app", broker=worker_app.BROKER, backend=worker_app.REDIS, set_as_current=False
-    )
-    app.conf.update(
-        task_default_queue=f"restore-{tag}",
-        dedupe_redis_url=store.url,
-        dedupe_key_prefix=worker_app.PREFIX,
-        dedupe_default_lease=worker_app.LEASE,
-        broker_connection_retry_on_startup=True,
-    )
-    app.store_server = store  # type: ignore[attr-defined]
-    dedupe.install(app)
-    yield app
-    client = redis.Redis.from_url(store.url)
-    try:
-        fail_on_keys_left(client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3)
-    finally:
-        client.close()
-        app.close()
+    with app_with_a_store_of_its_own(
+        worker_app, worker_app.BROKER, f"restore-{tag}", redis_factory()
+    ) as app:
+        yield app
 
 
 #: A kombu that takes the sweep's period from the transport options (the test workers sweep
