@@ -38,7 +38,7 @@ from .events import RESTORED, emit
 from .header import KeyHeader
 from .keys import watch_keys
 from .liveness import HOST
-from .record import RESTORED_TOKEN, pack_queued, pack_restored
+from .record import pack_queued, pack_restored
 from .store import Restoration, Restore, Store
 from .timing import milliseconds, seconds_until
 
@@ -86,7 +86,8 @@ def held_requests(consumer: Any, *, started: bool = False) -> list[Any]:
             held[id(args[0])] = args[0]
     for bucket in (getattr(consumer, "task_buckets", None) or {}).values():
         for item in _copied(getattr(bucket, "contents", ())):
-            held[id(item[0])] = item[0]
+            request = item[0] if isinstance(item, tuple) and item else item  # (request, tokens)
+            held[id(request)] = request
     requests = [r for r in held.values() if isinstance(r, Request) and r not in active]
     return requests + list(active) if started else requests
 
@@ -216,7 +217,7 @@ class HeldWatch:
             self._stopped.wait(look)
             now_held = {str(r.id) for r in self._held(started=True)}
             for item in [item for item in placed.values() if item.task_id not in now_held]:
-                self._store.release(item.keys, item.task_id, RESTORED_TOKEN)
+                self._store.withdraw(item)
                 del placed[item.task_id]
             items = {task_id: entry for task_id, entry in items.items() if task_id in now_held}
             replies = self._store.restore([item for _, item in items.values()])

@@ -27,7 +27,8 @@ task id at the same clock reading), so the scripts tell a resend by the record's
 Every byte of value counts: Redis rounds a string's allocation up in 16-byte steps, and a key
 with a TTL already costs ~130 bytes of its own (a 66-character key). So the owner is the task
 id packed to 17 bytes when it is a UUID in its usual text form (36 characters as text);
-``started_at`` is whole seconds (a 4-byte integer, where a double takes 8); ``eta`` stays exact
+``started_at`` is whole seconds (a 4-byte integer, where a double takes 8; a restored record's
+is exact, see :func:`pack_restored`); ``eta`` stays exact
 (it is only in the records of countdown and eta calls, and callers compare it to the clock).
 """
 
@@ -143,8 +144,11 @@ RESTORED_TOKEN = "restored"
 
 def pack_restored(task_id: str, delivered_at: float) -> bytes:
     """The record of a message the broker holds for a worker, written back after Redis lost
-    its key (restore.lua adds its lease)."""
-    return pack_running(task_id, RESTORED_TOKEN, RESTORED_TOKEN, 0, delivered_at)
+    its key (restore.lua adds its lease). ``delivered_at`` stays exact: it tells this record
+    from the restored records other transitions make (whole seconds), so that withdraw.lua
+    touches only what the restore wrote."""
+    fields = (pack_owner(task_id), RESTORED_TOKEN, RESTORED_TOKEN, 0, float(delivered_at))
+    return bytes(_pack(fields))
 
 
 def pack_running(task_id: str, token: str, host: str, pid: int, started_at: float) -> bytes:

@@ -361,6 +361,7 @@ class Store:
         self._restore = self._register("restore")
         self._release = self._register("release")
         self._cancel = self._register("cancel")
+        self._withdraw = self._register("withdraw")
         self._publish = self._register("publish")
         self._confirm = self._register("confirm")
 
@@ -636,6 +637,15 @@ class Store:
         goes on to its next task at once (the reply is read before that thread's next call)."""
         with reraise_unavailable("release", keys.call):
             self._run.send(self._release, [keys.call, keys.run], [pack_owner(task_id), token])
+
+    def withdraw(self, restoration: Restoration) -> bool:
+        """Withdraw what :meth:`restore` wrote for a message that is gone since without
+        running (never the records its task id wrote since: a retry, a deferral's next try).
+        True if there was something to withdraw."""
+        keys = restoration.keys
+        with reraise_unavailable("withdraw", keys.call):
+            reply = self._run(self._withdraw, [keys.call], [restoration.record, restoration.queued])
+        return bool(reply)
 
     def cancel(self, keys: CallKeys, task_id: str) -> bool:
         """Delete this task id's record if it is still queued (never a running one)."""

@@ -35,7 +35,7 @@ from .errors import RedisUnavailable
 from .events import RESTORED, emit
 from .header import KeyHeader
 from .keys import alive_key
-from .record import RESTORED_TOKEN, pack_queued, pack_restored
+from .record import pack_queued, pack_restored
 from .redelivery import redis_visibility
 from .store import Restoration, Restore, Store
 
@@ -226,8 +226,7 @@ def _withdraw_acked(
     present = client.hmget(_named_for(client, "HMGET", channel.unacked_key), tags)
     gone = {tag for tag, value in zip(tags, present, strict=True) if value is None}
     for tag in gone:
-        item = restored[tag]
-        store.release(item.keys, item.task_id, RESTORED_TOKEN)
+        store.withdraw(restored[tag])
     return gone
 
 

@@ -30,7 +30,6 @@ from dedupe._redis_server import RedisServer
 from dedupe.header import HEADER, KeyHeader
 from dedupe.keys import CallKeys, alive_key
 from dedupe.record import (
-    RESTORED_TOKEN,
     pack_provisional,
     pack_queued,
     pack_restored,
@@ -54,8 +53,8 @@ def keys(request: pytest.FixtureRequest) -> CallKeys:
     )
 
 
-def restore(store: Store, keys: CallKeys, task_id: str, lease_ms: int = LEASE_MS) -> Restore:
-    item = Restoration(
+def restoration(keys: CallKeys, task_id: str, lease_ms: int = LEASE_MS) -> Restoration:
+    return Restoration(
         keys,
         task_id,
         pack_restored(task_id, time.time()),
@@ -63,7 +62,10 @@ def restore(store: Store, keys: CallKeys, task_id: str, lease_ms: int = LEASE_MS
         TTL_MS,
         lease_ms,
     )
-    [reply] = store.restore([item])
+
+
+def restore(store: Store, keys: CallKeys, task_id: str, lease_ms: int = LEASE_MS) -> Restore:
+    [reply] = store.restore([restoration(keys, task_id, lease_ms)])
     return reply
 
 
@@ -178,19 +180,60 @@ def test_a_restored_key_whose_message_was_acked_meanwhile_is_withdrawn(
 ) -> None:
     queued_b = pack_queued("B", time.time(), None)
     store.enqueue(keys, queued_b, TTL_MS)
-    restore(store, keys, "A")
-    assert store.release(keys, "A", RESTORED_TOKEN) == 1
+    item = restoration(keys, "A")
+    store.restore([item])
+    assert store.withdraw(item) is True
     assert store.client.get(keys.call) == queued_b  # the call waiting in it has the key again
 
 
 def test_withdrawing_a_restored_key_leaves_the_live_run_that_took_it_back(
     store: Store, keys: CallKeys
 ) -> None:
-    restore(store, keys, "A")
+    item = restoration(keys, "A")
+    store.restore([item])
     record = pack_running("A", "t1", "h", 1, time.time())
     store.renew([Lease(keys.run, "A", "t1", LEASE_MS, record, TTL_MS)])
-    assert store.release(keys, "A", RESTORED_TOKEN) == 0
+    assert store.withdraw(item) is False
     assert fields(store, keys)[1] == b"t1"
+
+
+def test_a_message_restored_into_a_run_that_was_acked_meanwhile_leaves_that_run(
+    store: Store, keys: CallKeys
+) -> None:
+    claim(store, keys, "B", "t1")
+    item = restoration(keys, "A")
+    assert store.restore([item]) == [Restore.JOINED]  # A waits in B's run
+    assert store.withdraw(item) is True
+    assert store.release(keys, "B", "t1") == 1
+    assert store.lookup(keys) is None
+
+
+def test_withdrawing_leaves_the_record_the_messages_next_try_wrote(
+    store: Store, keys: CallKeys
+) -> None:
+    # The message went on as a new message of its task id (a deferral), whose next try took
+    # its place ahead of a call accepted since: not the record the restore wrote.
+    item = restoration(keys, "A")
+    queued_b = pack_queued("B", time.time(), None)
+    store.enqueue(keys, queued_b, TTL_MS)
+    store.wait(keys, "A", pack_queued("A", time.time(), None), TTL_MS, time.time() - 5)
+    assert store.withdraw(item) is False
+    holder = store.lookup(keys)
+    assert holder is not None
+    assert holder.task_id == "A"
+
+
+def test_withdrawing_leaves_the_place_the_messages_next_try_took_in_a_run(
+    store: Store, keys: CallKeys
+) -> None:
+    claim(store, keys, "B", "t1")
+    item = restoration(keys, "A")
+    store.wait(keys, "A", pack_queued("A", time.time(), None), TTL_MS)  # A waits in B's run
+    assert store.withdraw(item) is False
+    assert store.release(keys, "B", "t1") == 1
+    holder = store.lookup(keys)
+    assert holder is not None
+    assert holder.task_id == "A"
 
 
 # unique_until="started": the call's record key is restored; the run holds the run lock.
