@@ -222,7 +222,8 @@ def test_a_deferred_message_its_worker_holds_keeps_its_key_through_a_dedup_redis
 def test_a_message_waiting_for_its_countdown_keeps_its_key_through_a_dedup_redis_restart(
     worker_app: Any, producer: Celery, waits_its_turn: Any, worker: WorkerProcess, tag: str
 ) -> None:
-    later = waits_its_turn.apply_async((tag, 0), countdown=5)
+    # (The countdown outlasts the restore and the call after it, on a loaded machine too.)
+    later = waits_its_turn.apply_async((tag, 0), countdown=10)
     wait_for(lambda: f"[{later.id}] received" in worker.tail(), message="the message received")
     keeps_its_key_through_a_restart(
         producer, waits_its_turn, (tag, 0), later.id, "the message waiting for its countdown"

@@ -159,7 +159,7 @@ def started_mode(self: Any, tag: str, seconds: float) -> str:
 
 
 #: Seconds a deferred ``waits_its_turn`` message waits in its worker for its next try.
-WAITS_ITS_TURN = 5.0
+WAITS_ITS_TURN = 8.0
 
 
 @app.task(
