@@ -38,17 +38,13 @@ from .events import RESTORED, emit
 from .header import KeyHeader
 from .keys import watch_keys
 from .liveness import HOST
-from .record import pack_queued, pack_restored
-from .store import Restoration, Restore, Store
+from .record import RESTORED_MODES
+from .store import Restoration, Restore, Store, run_id_of
 from .timing import milliseconds, seconds_until
 
 __all__ = ["HeldMessage", "HeldWatch", "held_message", "held_requests"]
 
 logger = logging.getLogger("dedupe.keys")
-
-# A message of these modes holds its call's key until it runs; a throttle window's key is its
-# window, which no message restores.
-_HELD_MODES = ("finished", "started")
 
 #: Seconds before the first look at a server that did not answer, doubled up to the cap: a
 #: restart is over in well under a second, and calls decided meanwhile are the ones at risk.
@@ -106,7 +102,7 @@ def held_message(request: Any, now: float, enable_utc: bool) -> HeldMessage | No
     throttle window (whose key is its window), revoked, or expired: it will not run."""
     headers = getattr(request, "request_dict", None) or {}
     header = KeyHeader.read(headers)
-    if header is None or header.until not in _HELD_MODES:
+    if header is None or header.until not in RESTORED_MODES:
         return None
     expires = headers.get("expires")
     if request.id in worker_state.revoked or (
@@ -196,7 +192,7 @@ class HeldWatch:
         if isinstance(created, Exception):
             raise created
         # (An ACL or a proxy may refuse INFO: the marker's absence alone then tells.)
-        run = str(info.get("run_id", "")).encode() if isinstance(info, dict) else b""
+        run = run_id_of(info)
         changed = bool(run) and bool(self._run) and run != self._run
         lost = self._looked and (bool(created) or changed)
         self._looked = True
@@ -251,17 +247,9 @@ class HeldWatch:
             header = message.header
             ttl = header.ttl if header.ttl is not None else self._default_ttl
             eta = now + message.delay if message.delay else None
-            items[message.task_id] = (
-                message.task_name,
-                Restoration(
-                    keys=header.keys,
-                    task_id=message.task_id,
-                    record=pack_restored(message.task_id, now),
-                    queued=pack_queued(message.task_id, now, eta),
-                    # As long as its own record would live from now: until its eta, and its
-                    # time to live after that.
-                    ttl_ms=milliseconds(ttl + message.delay),
-                    lease_ms=0,
-                ),
-            )
+            # As long as its own record would live from now: until its eta, and its time to
+            # live after that; its lease over at once (the message is not running).
+            ttl_ms = milliseconds(ttl + message.delay)
+            restoration = Restoration.of(header.keys, message.task_id, now, ttl_ms, 0, eta)
+            items[message.task_id] = (message.task_name, restoration)
         return items

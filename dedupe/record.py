@@ -45,6 +45,7 @@ from ._packing import shared_pack
 from .errors import RecordFormatError
 
 __all__ = [
+    "RESTORED_MODES",
     "RESTORED_TOKEN",
     "Holder",
     "new_nonce",
@@ -140,6 +141,11 @@ def pack_queued(
 #: The run token (and host) of a restored record (see dedupe/lua/restore.lua): not one run's,
 #: it stands for every run of its task id.
 RESTORED_TOKEN = "restored"
+
+#: The ``unique_until`` modes whose records are restored after a data loss: a message of
+#: these holds its call's key until it runs (or, "finished", until its run ends); a throttle
+#: window's key is its window, which no message can restore.
+RESTORED_MODES = ("finished", "started")
 
 
 def pack_restored(task_id: str, delivered_at: float) -> bytes:

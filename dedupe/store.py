@@ -27,7 +27,7 @@ from .clients import DedupRedis
 from .cluster_runner import ClusterScriptRunner, cluster_unreachable
 from .errors import RedisCommandError, RedisUnavailable, UnexpectedReply
 from .keys import CallKeys
-from .record import Holder, pack_owner
+from .record import Holder, pack_owner, pack_queued, pack_restored
 from .script_runner import Reply, ScriptRunner
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "read_wait",
     "redis_errors",
     "reraise_unavailable",
+    "run_id_of",
     "script_text",
 ]
 
@@ -305,6 +306,23 @@ class Restoration:
     ttl_ms: int
     lease_ms: int
 
+    @classmethod
+    def of(
+        cls,
+        keys: CallKeys,
+        task_id: str,
+        delivered_at: float,
+        ttl_ms: int,
+        lease_ms: int,
+        eta: float | None = None,
+    ) -> Restoration:
+        """The restoration of the message of ``task_id`` delivered at ``delivered_at``: its
+        restored record and its queued record, both of that moment (withdraw.lua tells what
+        restore.lua wrote by these bytes)."""
+        record = pack_restored(task_id, delivered_at)
+        queued = pack_queued(task_id, delivered_at, eta)
+        return cls(keys, task_id, record, queued, ttl_ms, lease_ms)
+
     def args(self) -> list[Any]:
         """restore.lua's ARGV."""
         return [pack_owner(self.task_id), self.record, self.queued, self.ttl_ms, self.lease_ms]
@@ -325,6 +343,13 @@ class DataLossBarrier(Protocol):
     def restore(self) -> None:
         """Restore the records, then set the marker (once per process at a time). Never
         raises: a failure is logged, and disarms the barrier for a while."""
+
+
+def run_id_of(info: Any) -> bytes:
+    """The ``run_id`` in an ``INFO server`` reply; empty where it has none (or INFO was
+    refused: ``info`` is then the error)."""
+    run = info.get("run_id", "") if isinstance(info, dict) else ""
+    return str(run).encode()
 
 
 def not_decided(reply: Any) -> bool:
@@ -623,8 +648,7 @@ class Store:
                 info: Any = self._command(lambda: self.client.info("server"))
         except RedisCommandError:
             return b""  # (an ACL or a proxy without INFO: the marker's presence alone)
-        run = info.get("run_id", "") if isinstance(info, dict) else ""
-        return str(run).encode()
+        return run_id_of(info)
 
     def release(self, keys: CallKeys, task_id: str, token: str = "") -> int:
         """Delete what this task id (and run, when a token is given) holds; returns the count."""

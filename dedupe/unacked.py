@@ -35,17 +35,13 @@ from .errors import RedisUnavailable
 from .events import RESTORED, emit
 from .header import KeyHeader
 from .keys import alive_key
-from .record import pack_queued, pack_restored
+from .record import RESTORED_MODES
 from .redelivery import redis_visibility
 from .store import Restoration, Restore, Store
 
 __all__ = ["AckFollower", "Ours", "RestartWatch", "restorations", "restore_unacked"]
 
 logger = logging.getLogger("dedupe.keys")
-
-# A message of these modes holds its call's key until it runs (or, "finished", until its run
-# ends); a throttle window's key is its window, which a restore cannot know.
-_RESTORED_MODES = ("finished", "started")
 
 
 class RestartWatch:
@@ -276,17 +272,7 @@ def restorations(
             continue
         at = delivered.get(tag, now)
         ttl_ms = max(int((at + redelivery + lease - now) * 1000), lease_ms)
-        items[tag] = (
-            task,
-            Restoration(
-                keys=header.keys,
-                task_id=task_id,
-                record=pack_restored(task_id, at),
-                queued=pack_queued(task_id, at, None),
-                ttl_ms=ttl_ms,
-                lease_ms=lease_ms,
-            ),
-        )
+        items[tag] = (task, Restoration.of(header.keys, task_id, at, ttl_ms, lease_ms))
     return items
 
 
@@ -300,7 +286,7 @@ def _message_key(value: bytes) -> tuple[str, str, KeyHeader] | None:
         task, task_id = headers["task"], headers["id"]
     except (ValueError, LookupError, TypeError):
         return None
-    if header is None or header.until not in _RESTORED_MODES:
+    if header is None or header.until not in RESTORED_MODES:
         return None
     if not isinstance(task, str) or not isinstance(task_id, str):
         return None

@@ -32,7 +32,6 @@ from dedupe.keys import CallKeys, alive_key
 from dedupe.record import (
     pack_provisional,
     pack_queued,
-    pack_restored,
     pack_running,
 )
 from dedupe.runtime import runtime_of
@@ -54,14 +53,7 @@ def keys(request: pytest.FixtureRequest) -> CallKeys:
 
 
 def restoration(keys: CallKeys, task_id: str, lease_ms: int = LEASE_MS) -> Restoration:
-    return Restoration(
-        keys,
-        task_id,
-        pack_restored(task_id, time.time()),
-        pack_queued(task_id, time.time(), None),
-        TTL_MS,
-        lease_ms,
-    )
+    return Restoration.of(keys, task_id, time.time(), TTL_MS, lease_ms)
 
 
 def restore(store: Store, keys: CallKeys, task_id: str, lease_ms: int = LEASE_MS) -> Restore:

@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import redis
-from celery import Celery
 
 import dedupe
 from dedupe._redis_server import RedisServer
 
 from .conftest import RedisFactory
-from .helpers import WorkerProcess, keys_with_prefix, wait_for
+from .helpers import WorkerProcess, app_with_a_store_of_its_own, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,52 +44,40 @@ def holder(task: Any, tag: str) -> dedupe.Holder | None:
 def restarted(redis_factory: RedisFactory, worker_app: Any, tag: str) -> Iterator[Restarted]:
     store = redis_factory()
     queue = f"restart-{tag}"
-    producer = Celery(
-        "worker_app", broker=worker_app.BROKER, backend=worker_app.REDIS, set_as_current=False
-    )
-    producer.conf.update(
-        task_default_queue=queue,
-        dedupe_redis_url=store.url,
-        dedupe_key_prefix=worker_app.PREFIX,
-        dedupe_default_lease=worker_app.LEASE,
-        broker_connection_retry_on_startup=True,
-    )
-    dedupe.install(producer)
+    with app_with_a_store_of_its_own(worker_app, worker_app.BROKER, queue, store) as producer:
 
-    @producer.task(
-        name=worker_app.sleepy.name, bind=True, base=dedupe.DedupeTask, unique=True, shared=False
-    )
-    def sleepy(self: Any, tag: str, seconds: float) -> str: ...
+        @producer.task(
+            name=worker_app.sleepy.name,
+            bind=True,
+            base=dedupe.DedupeTask,
+            unique=True,
+            shared=False,
+        )
+        def sleepy(self: Any, tag: str, seconds: float) -> str: ...
 
-    worker = WorkerProcess(producer, {"DEDUPE_TEST_QUEUE": queue, "DEDUPE_TEST_STORE": store.url})
-    worker.start()
-    assert worker.process is not None
-    try:
-        first = sleepy.delay(tag, RUN)
-        wait_for(lambda: (h := holder(sleepy, tag)) and h.state == "running", message="running")
-        # The worker is held still while Redis restarts, so that the call below comes before
-        # the run's heartbeat can write its key again (as a call may, between two beats).
-        os.killpg(worker.process.pid, signal.SIGSTOP)
+        env = {"DEDUPE_TEST_QUEUE": queue, "DEDUPE_TEST_STORE": store.url}
+        worker = WorkerProcess(producer, env)
+        worker.start()
+        assert worker.process is not None
         try:
-            store.stop()
-            store.start()
-            second = sleepy.apply_async((tag, RUN), countdown=1.5)
+            first = sleepy.delay(tag, RUN)
+            wait_for(lambda: (h := holder(sleepy, tag)) and h.state == "running", message="running")
+            # The worker is held still while Redis restarts, so that the call below comes
+            # before the run's heartbeat can write its key again (as a call may, between two
+            # beats).
+            os.killpg(worker.process.pid, signal.SIGSTOP)
+            try:
+                store.stop()
+                store.start()
+                second = sleepy.apply_async((tag, RUN), countdown=1.5)
+            finally:
+                os.killpg(worker.process.pid, signal.SIGCONT)
+            assert second.deduplicated is False  # the key was gone: this call is let in
+            yield Restarted(sleepy, first, second, store)
+            first.get(timeout=20)
+            second.get(timeout=30)
         finally:
-            os.killpg(worker.process.pid, signal.SIGCONT)
-        assert second.deduplicated is False  # the key was gone: this call is let in
-        yield Restarted(sleepy, first, second, store)
-        first.get(timeout=20)
-        second.get(timeout=30)
-    finally:
-        worker.stop()
-        producer.close()
-    client = redis.Redis.from_url(store.url)
-    wait_for(
-        lambda: not keys_with_prefix(client, worker_app.PREFIX),
-        timeout=3 * worker_app.LEASE + 3,
-        message="no key left",
-    )
-    client.close()
+            worker.stop()
 
 
 def test_after_a_redis_restart_one_call_is_let_in_until_it_has_run(
