@@ -46,6 +46,7 @@ from .publish_seam import (
     PushPlan,
     Refused,
     deciding_at_push,
+    declaring_once,
     pushing_through,
 )
 from .record import Holder, new_nonce, pack_provisional
@@ -320,7 +321,7 @@ class PreparedCall:
         with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
             call.options["producer"] = producer
             try:
-                with self._seam(producer, decision):
+                with self._seam(producer, decision), declaring_once(producer):
                     result = self.publish(sender_for(call, producer))
             except Refused as exc:
                 # Caught inside the block: kombu (5.5+) replaces the connection of a pooled

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from kombu import Queue
 
 import dedupe
 from dedupe.producer import Call
@@ -240,3 +241,47 @@ def test_a_forked_producer_names_itself_as_the_messages_origin(
     origins = {m["body"][0][0]: m["headers"]["origin"] for m in messages}
     assert origins[1].startswith(f"gen{os.getpid()}@")
     assert origins[2].startswith(f"gen{child}@")
+
+
+# -- the queue's declaration --------------------------------------------------------------
+
+
+def test_an_accepted_call_declares_a_queue_its_connection_never_declared(
+    app: Celery, queue_length: Callable[[Celery], int]
+) -> None:
+    job = _job(app)  # (the app is new: nothing declared its queue yet)
+    assert job.apply_async((1,)).deduplicated is False
+    assert queue_length(app) == 1
+
+
+def test_an_accepted_call_declares_its_queue_once_per_connection_as_celery_does(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(app)
+    declared: list[str] = []
+    kombu_declare = Queue.declare
+
+    def declare(queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        declared.append(queue.name)
+        return kombu_declare(queue, *args, **kwargs)
+
+    monkeypatch.setattr(Queue, "declare", declare)
+    assert [job.apply_async((n,)).deduplicated for n in (1, 2, 3)] == [False] * 3
+    assert declared == [app.conf.task_default_queue]
+
+
+def test_an_accepted_call_declares_its_queue_again_on_a_new_connection(
+    make_app: Callable[..., Celery], rabbitmq_url: str, queue_length: Callable[[Celery], int]
+) -> None:
+    # A publish to a queue the broker lost (RabbitMQ drops what no queue is bound for) would
+    # leave a record with no message: a new connection's first publish declares again.
+    app = make_app(broker=rabbitmq_url)
+    job = _job(app)
+    assert job.apply_async((1,)).deduplicated is False
+    with app.connection_for_write() as connection:
+        connection.default_channel.queue_delete(app.conf.task_default_queue)
+    with app.producer_pool.acquire(block=True) as producer:
+        producer.connection.close()  # (kombu connects again at the next publish)
+    assert queue_length(app) == 0
+    assert job.apply_async((2,)).deduplicated is False
+    assert queue_length(app) == 1
