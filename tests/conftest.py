@@ -177,6 +177,21 @@ def _delete_queue(app: Celery) -> None:
         pass
 
 
+@pytest.fixture
+def side_queue(app: Celery) -> Iterator[str]:
+    """A queue of this test's own beside the app's (a bypass's, say), deleted after it: on
+    the shared RabbitMQ a message left in a queue of a fixed name (a deferral's next try)
+    would reach the next test, or the next run, that reads that name."""
+    name = unique_name("side")
+    yield name
+    if str(app.conf.broker_url).startswith("amqp"):
+        try:
+            with app.connection_for_write() as connection:
+                connection.default_channel.queue_delete(name)
+        except Exception:  # never declared: nothing to clean
+            pass
+
+
 @pytest.fixture(params=["redis", "amqp"])
 def broker(request: pytest.FixtureRequest, redis_url: str) -> str:
     """Each test that takes ``app`` runs with a Redis broker and with RabbitMQ."""

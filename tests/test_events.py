@@ -128,15 +128,15 @@ def test_a_run_sends_run_claimed_then_key_released(
 
 @pytest.mark.slow
 def test_a_bypassing_message_that_finds_the_key_held_sends_run_skipped(
-    app: Celery, received: Callable[[Signal], Received]
+    app: Celery, received: Callable[[Signal], Received], side_queue: str
 ) -> None:
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True, on_running="skip")
     def refresh(x: int) -> None: ...
 
     holder = refresh.delay(1)  # queued, never run here: the key stays held
     skipped = received(events.run_skipped)
-    with in_process_worker(app, queues=["bypass"]):
-        bypass = app.send_task(refresh.name, args=(1,), queue="bypass")
+    with in_process_worker(app, queues=[side_queue]):
+        bypass = app.send_task(refresh.name, args=(1,), queue=side_queue)
         wait_for(lambda: skipped, message="run_skipped")
     assert skipped[0]["task_id"] == bypass.id
     assert skipped[0]["holder"].task_id == holder.id
@@ -144,7 +144,7 @@ def test_a_bypassing_message_that_finds_the_key_held_sends_run_skipped(
 
 @pytest.mark.slow
 def test_a_bypassing_message_of_a_retrying_task_sends_run_deferred_with_its_countdown(
-    app: Celery, received: Callable[[Signal], Received]
+    app: Celery, received: Callable[[Signal], Received], side_queue: str
 ) -> None:
     @app.task(
         shared=False,
@@ -157,8 +157,8 @@ def test_a_bypassing_message_of_a_retrying_task_sends_run_deferred_with_its_coun
 
     holder = refresh.delay(1)
     deferred = received(events.run_deferred)
-    with in_process_worker(app, queues=["bypass"]):
-        bypass = app.send_task(refresh.name, args=(1,), queue="bypass")
+    with in_process_worker(app, queues=[side_queue]):
+        bypass = app.send_task(refresh.name, args=(1,), queue=side_queue)
         wait_for(lambda: deferred, message="run_deferred")
     assert deferred[0]["task_id"] == bypass.id
     assert deferred[0]["holder"].task_id == holder.id
