@@ -64,8 +64,8 @@ class Fault:
     start: float
     end: float
     detail: str = ""
-    #: A whole-worker kill on the Redis broker: task ids in the queue just before it that were
-    #: neither in the queue nor in kombu's unacked hash just after it.
+    #: A whole-worker kill or a broker cut on the Redis broker: task ids in the queue just
+    #: before it that were neither in the queue nor in kombu's unacked hash just after it.
     vanished: frozenset[str] = frozenset()
 
 
@@ -359,12 +359,40 @@ class Checks:
             lines,
         )
 
+    def lost_by_the_transport(self, call: Call) -> Fault | None:
+        """The kill or cut at which kombu lost this accepted call's message before any child
+        had it: in the queue just before, in neither the queue nor the unacked hash after,
+        never delivered (no prerun: one that reached a child was Celery's and ours)."""
+        if call.error or call.deduplicated or call.task_id in self.starts:
+            return None
+        if call.task_id in self.e.prerun:
+            return None
+        return next((f for f in self.e.faults if call.task_id in f.vanished), None)
+
+    def keys_left_rows(self) -> list[Row]:
+        """Keys left after the drain: a failure, but for the key of a message kombu lost
+        (its record names a task id whose message is gone: the transport's loss, shown)."""
+        lost = {call.task_id for call in self.e.calls if self.lost_by_the_transport(call)}
+        ours, transport = [], []
+        for line in self.e.keys_left:
+            holder = re.search(r" held by (\S+)$", line)
+            (transport if holder and holder.group(1) in lost else ours).append(line)
+        return [
+            Row("keys left after the drain", len(ours), _fail(ours), ours),
+            Row(
+                "kombu: keys of the messages it lost (below), left",
+                len(transport),
+                "not ours" if transport else "ok",
+                transport,
+            ),
+        ]
+
     def never_ran_rows(self) -> list[Row]:
         ours, transport = [], []
         for call in self.e.calls:
             if call.error or call.deduplicated or call.task_id in self.starts:
                 continue
-            kill = next((f for f in self.e.faults if call.task_id in f.vanished), None)
+            kill = self.lost_by_the_transport(call)
             if kill is not None:
                 transport.append(
                     f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}: in "
@@ -380,7 +408,7 @@ class Checks:
         return [
             Row("accepted calls that never ran", len(ours), _fail(ours), ours),
             Row(
-                "kombu: popped by a killed worker before it was unacked (lost)",
+                "kombu: popped before it was unacked, by a killed worker or at a broker cut (lost)",
                 len(transport),
                 "not ours" if transport else "ok",
                 transport,
@@ -485,12 +513,7 @@ class Checks:
             self.rerun_row(),
             self.deferral_row(),
             self.warning_row(),
-            Row(
-                "keys left after the drain",
-                len(self.e.keys_left),
-                _fail(self.e.keys_left),
-                self.e.keys_left,
-            ),
+            *self.keys_left_rows(),
             self.lost_row(),
             *self.never_ran_rows(),
             Row(

@@ -3,7 +3,7 @@ an accepted ``unique_until="started"`` call stops holding its key."""
 
 from __future__ import annotations
 
-from benchmarks.chaos_evidence import Call, Checks, Evidence
+from benchmarks.chaos_evidence import Call, Checks, Evidence, Fault
 
 HOLDER, LATER = "aaaaaaaa-holder", "bbbbbbbb-later"
 
@@ -65,3 +65,67 @@ def test_a_deferral_in_another_child_does_not_stand_for_this_childs_delivery() -
         later_call_at=6.0,
     )
     assert checks.duplicates() == []
+
+
+def _never_run(
+    faults: list[Fault],
+    prerun: dict[str, list[tuple[float, int]]] | None = None,
+    keys_left: list[str] | None = None,
+) -> Checks:
+    """The holder, accepted at 1 s, its body never started; ``prerun``: its deliveries to a
+    child; ``keys_left``: the keys left after the drain."""
+    evidence = Evidence(
+        calls=[Call("finished", 4, HOLDER, False, 1.0, 1.0)],
+        runs={},
+        completed={},
+        overlaps={},
+        prerun=prerun or {},
+        faults=faults,
+        keys_left=keys_left or [],
+        t0=0.0,
+        deferred={},
+    )
+    return Checks(evidence, restart_window=20.0, broker="redis")
+
+
+def _never_ran(
+    faults: list[Fault], prerun: dict[str, list[tuple[float, int]]] | None = None
+) -> tuple[list[str], list[str]]:
+    """The rows the holder lands in (ours, kombu's)."""
+    ours, kombu = _never_run(faults, prerun).never_ran_rows()
+    return ours.details, kombu.details
+
+
+def test_an_accepted_call_that_never_ran_is_a_failure_of_ours() -> None:
+    ours, kombu = _never_ran([Fault("broker cut", 2.0, 5.0, "redis down 3s")])
+    assert len(ours) == 1
+    assert kombu == []
+
+
+def test_a_message_that_left_the_queue_at_a_broker_cut_and_never_ran_is_kombus_loss() -> None:
+    # In the queue just before the cut, in neither the queue nor the unacked hash after it:
+    # a worker's BRPOP took it as the server shut down, and kombu never recorded it.
+    cut = Fault("broker cut", 2.0, 5.0, "redis down 3s", frozenset({HOLDER}))
+    ours, kombu = _never_ran([cut])
+    assert ours == []
+    assert len(kombu) == 1
+    assert "before the broker cut" in kombu[0]
+
+
+def test_a_message_that_reached_a_child_before_it_left_the_queue_stays_a_failure_of_ours() -> None:
+    # Its prerun was written: the worker had it, so what became of it is no transport loss.
+    cut = Fault("broker cut", 2.0, 5.0, "redis down 3s", frozenset({HOLDER}))
+    ours, kombu = _never_ran([cut], prerun={HOLDER: [(1.5, 10)]})
+    assert len(ours) == 1
+    assert kombu == []
+
+
+def test_the_key_of_a_message_kombu_lost_is_shown_apart_and_any_other_key_left_fails() -> None:
+    cut = Fault("broker cut", 2.0, 5.0, "redis down 3s", frozenset({HOLDER}))
+    left = [
+        f"p:{{finished:1}} ttl 3500s held by {HOLDER}",
+        f"p:{{finished:2}} ttl 3500s held by {LATER}",
+    ]
+    ours, kombu = _never_run([cut], keys_left=left).keys_left_rows()
+    assert (ours.verdict, ours.details) == ("FAIL", [left[1]])
+    assert (kombu.verdict, kombu.details) == ("not ours", [left[0]])
