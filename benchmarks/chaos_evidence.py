@@ -144,6 +144,15 @@ class Row:
     details: list[str] = field(default_factory=list)
 
 
+def _ours_and_kombus(check: str, ours: list[str], kombus: str, transport: list[str]) -> list[Row]:
+    """A check's row, which fails on any line of ``ours``, and beside it the row of what the
+    transport did (``transport``: shown, not ours)."""
+    return [
+        Row(check, len(ours), _fail(ours), ours),
+        Row(kombus, len(transport), "not ours" if transport else "ok", transport),
+    ]
+
+
 class Checks:
     """The checks, each a row of the table."""
 
@@ -377,15 +386,12 @@ class Checks:
         for line in self.e.keys_left:
             holder = re.search(r" held by (\S+)$", line)
             (transport if holder and holder.group(1) in lost else ours).append(line)
-        return [
-            Row("keys left after the drain", len(ours), _fail(ours), ours),
-            Row(
-                "kombu: keys of the messages it lost (below), left",
-                len(transport),
-                "not ours" if transport else "ok",
-                transport,
-            ),
-        ]
+        return _ours_and_kombus(
+            "keys left after the drain",
+            ours,
+            "kombu: keys of the messages it lost (below), left",
+            transport,
+        )
 
     def never_ran_rows(self) -> list[Row]:
         ours, transport = [], []
@@ -405,15 +411,12 @@ class Checks:
                     f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}, "
                     f"never ran{where}; {self.before(call.start)}"
                 )
-        return [
-            Row("accepted calls that never ran", len(ours), _fail(ours), ours),
-            Row(
-                "kombu: popped before it was unacked, by a killed worker or at a broker cut (lost)",
-                len(transport),
-                "not ours" if transport else "ok",
-                transport,
-            ),
-        ]
+        return _ours_and_kombus(
+            "accepted calls that never ran",
+            ours,
+            "kombu: popped before it was unacked, by a killed worker or at a broker cut (lost)",
+            transport,
+        )
 
     def error_row(self, errors: Counter[str]) -> Row:
         """Calls that raised (the broker cut); any whose message ran anyway, by its id."""
