@@ -491,12 +491,13 @@ def test_until_started_accepts_a_call_during_a_run_and_runs_it_after(
     worker_app: Any, tag: str
 ) -> None:
     task = worker_app.started_mode
-    first = task.delay(tag, 1.5)
+    # (Each run lasts 3 s: the third call comes while the first runs, and the second waits.)
+    first = task.delay(tag, 3)
     wait_for(lambda: worker_app.runlog(tag).runs(), message="first run started")
-    second = task.delay(tag, 1.5)
+    second = task.delay(tag, 3)
     assert second.deduplicated is False
     assert second.id != first.id
-    assert task.delay(tag, 1.5).id == second.id  # queued behind the run: a duplicate
+    assert task.delay(tag, 3).id == second.id  # queued behind the run: a duplicate
     first.get(timeout=10)
     second.get(timeout=15)
     one, two = worker_app.runlog(tag).runs()
