@@ -64,6 +64,14 @@ def _deferred(task_id: str = "", **_: Any) -> None:
     evidence.rpush(f"{PREFIX}:deferred", f"{task_id} {time.time()!r} {os.getpid()}")
 
 
+@dedupe.events.key_reclaimed.connect(weak=False)
+def _reclaimed(task_id: str = "", requeued: bool = False, **_: Any) -> None:
+    # In the worker's main process: it freed the key of a run it lost (Celery acked the
+    # message as failed); a requeued key stays its message's.
+    if not requeued:
+        evidence.rpush(f"{PREFIX}:freed", f"{task_id} {time.time()!r} {os.getpid()}")
+
+
 @signals.task_received.connect(weak=False)
 def _received(**_: Any) -> None:
     # In the worker's main process, whose pid is the worker's.

@@ -87,6 +87,9 @@ class Evidence:
     held: set[str] = field(default_factory=set)
     #: Task id -> (time, pid) of each delivery the guard deferred (its claim was held).
     deferred: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    #: Task id -> (time, pid) of each time a worker's main process freed its key for a run it
+    #: lost, Celery acking the message as failed (key_reclaimed, not requeued).
+    freed: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
     @classmethod
     def read(
@@ -122,6 +125,7 @@ class Evidence:
             warnings,
             set(),
             deferred,
+            _timed(client, f"{prefix}:freed"),
         )
 
 
@@ -241,7 +245,10 @@ class Checks:
 
         ``"finished"``: when its first run completed (a redelivery of a message whose run
         completed, its ack lost in a broker cut, is the broker's at-least-once, counted apart),
-        else when its last run was killed (acked as failed: the message is gone).
+        else when its last run was killed (acked as failed: the message is gone). A run lost
+        before that whose key the worker's main process freed as Celery acked it as failed
+        (:meth:`acked_lost`) released it then: a run after it is the message again, its ack
+        lost (the worker killed before the broker had it), counted apart.
         ``"started"``: the prerun of its first claim (:meth:`claims`).
         """
         starts = self.starts.get(call.task_id)
@@ -249,9 +256,15 @@ class Checks:
             if not starts:
                 return None
             if completed := self.e.completed.get(call.task_id):
-                return min(completed)
+                return self.acked_lost(call.task_id) or min(completed)
             return max(self.ends[call.task_id], default=max(starts))
         return min(self.claims(call.task_id) + (starts or []), default=None)
+
+    def acked_lost(self, task_id: str) -> float | None:
+        """When the worker's main process freed the key of a lost run of ``task_id``, Celery
+        acking it as failed, before any run of it completed (None: never)."""
+        first = min(self.e.completed.get(task_id, []), default=float("inf"))
+        return min((at for at, _ in self.e.freed.get(task_id, []) if at < first), default=None)
 
     def unrecorded(self) -> set[str]:
         """Task ids a producer published without dedup: the dedup Redis was unreachable (the
@@ -460,6 +473,14 @@ class Checks:
 
     def rerun_row(self) -> Row:
         lines = []
+        for task_id in self.e.completed:
+            freed = self.acked_lost(task_id)
+            later = [at for at in self.starts[task_id] if freed is not None and at > freed]
+            if later:
+                lines.append(
+                    f"{task_id} lost, acked as failed and its key freed {self.t(freed or 0)}, "
+                    f"ran again {', '.join(map(self.t, sorted(later)))}; {self.before(min(later))}"
+                )
         for task_id, ends in self.e.completed.items():
             later = [at for at in self.starts[task_id] if at > min(ends)]
             if later:
@@ -468,7 +489,10 @@ class Checks:
                     f"{', '.join(map(self.t, sorted(later)))}; {self.before(min(later))}"
                 )
         return Row(
-            "runs again after a completed run (redelivered: ack lost)", len(lines), "info", lines
+            "runs again after a completed or failed run (redelivered: ack lost)",
+            len(lines),
+            "info",
+            lines,
         )
 
     def rows(self) -> list[Row]:

@@ -129,3 +129,47 @@ def test_the_key_of_a_message_kombu_lost_is_shown_apart_and_any_other_key_left_f
     ours, kombu = _never_run([cut], keys_left=left).keys_left_rows()
     assert (ours.verdict, ours.details) == ("FAIL", [left[1]])
     assert (kombu.verdict, kombu.details) == ("not ours", [left[0]])
+
+
+def _lost_then_redelivered(duplicate_at: float, freed_at: float | None) -> Checks:
+    """The holder (``finished``, accepted at 1 s) ran at 2 s in a child killed at 2.5 s, and
+    again from 7.6 s to 7.8 s; its worker's main process freed its key at ``freed_at``
+    (Celery acking the lost run as failed); a later call of its key, accepted at
+    ``duplicate_at``."""
+    evidence = Evidence(
+        calls=[
+            Call("finished", 2, HOLDER, False, 1.0, 1.0),
+            Call("finished", 2, LATER, False, duplicate_at, duplicate_at),
+        ],
+        runs={("finished", 2): [(HOLDER, 2.0, 2.5), (HOLDER, 7.6, 7.8), (LATER, 8.0, 8.1)]},
+        completed={HOLDER: [7.8], LATER: [8.1]},
+        overlaps={},
+        prerun={},
+        faults=[],
+        keys_left=[],
+        t0=0.0,
+        freed={HOLDER: [(freed_at, 10)]} if freed_at is not None else {},
+    )
+    return Checks(evidence, restart_window=20.0, broker="amqp")
+
+
+def test_a_run_after_a_lost_run_acked_as_failed_is_the_message_again_not_a_holder() -> None:
+    # The main process freed the key at 7.5 s as Celery acked the lost run; the worker was
+    # killed before RabbitMQ had the ack, and the message came back at 7.6 s. A call at
+    # 7.52 s found the key free, as the library had every reason to leave it.
+    checks = _lost_then_redelivered(duplicate_at=7.52, freed_at=7.5)
+    assert checks.duplicates() == []
+    assert (
+        "acked as failed and its key freed 7.50s, ran again 7.60s" in checks.rerun_row().details[0]
+    )
+
+
+def test_a_call_before_the_lost_runs_key_was_freed_is_still_a_duplicate() -> None:
+    checks = _lost_then_redelivered(duplicate_at=5.0, freed_at=7.5)
+    assert [(a.task_id, b.task_id) for a, b in checks.duplicates()] == [(HOLDER, LATER)]
+
+
+def test_a_run_after_a_lost_run_whose_key_nobody_freed_holds_the_key_until_it_completes() -> None:
+    # (A whole-worker kill: no main process freed the key; the message came back unacked.)
+    checks = _lost_then_redelivered(duplicate_at=7.52, freed_at=None)
+    assert [(a.task_id, b.task_id) for a, b in checks.duplicates()] == [(HOLDER, LATER)]
