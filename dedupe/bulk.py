@@ -31,7 +31,7 @@ from celery import Celery
 from .call import Call, publisher_for, resolve_task
 from .errors import ConfigurationError, RedisUnavailable
 from .producer import PreparedCall, forget_result, publish_prepared
-from .publish_seam import pushing_through_many
+from .publish_seam import declaring_once, pushing_through_many
 from .record import Holder
 from .result import DedupeResult
 from .runtime import Runtime
@@ -208,6 +208,7 @@ def _build_messages(
     with (
         acquired if acquired is not None else nullcontext(given) as producer,
         pushing_through_many(producer, plans),
+        declaring_once(producer),
     ):
         for index in accepted:
             call = prepared[index]

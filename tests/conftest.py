@@ -164,15 +164,18 @@ def make_app(redis_url: str) -> Iterator[Callable[..., Celery]]:
 
     yield make
     for app in apps:
-        if str(app.conf.broker_url).startswith("amqp"):
-            _delete_queue(app)
+        _delete_queue(app, app.conf.task_default_queue)
         app.close()
 
 
-def _delete_queue(app: Celery) -> None:
+def _delete_queue(app: Celery, name: str) -> None:
+    """Delete a queue of the test's own on RabbitMQ, which is shared and keeps it (a Redis
+    broker's queue is on the session's own server)."""
+    if not str(app.conf.broker_url).startswith("amqp"):
+        return
     try:
         with app.connection_for_write() as connection:
-            connection.default_channel.queue_delete(app.conf.task_default_queue)
+            connection.default_channel.queue_delete(name)
     except Exception:  # never declared: nothing to clean
         pass
 
@@ -184,12 +187,7 @@ def side_queue(app: Celery) -> Iterator[str]:
     would reach the next test, or the next run, that reads that name."""
     name = unique_name("side")
     yield name
-    if str(app.conf.broker_url).startswith("amqp"):
-        try:
-            with app.connection_for_write() as connection:
-                connection.default_channel.queue_delete(name)
-        except Exception:  # never declared: nothing to clean
-            pass
+    _delete_queue(app, name)
 
 
 @pytest.fixture(params=["redis", "amqp"])

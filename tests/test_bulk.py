@@ -19,7 +19,7 @@ from dedupe._redis_server import RedisServer
 from dedupe.header import HEADER, KeyHeader
 from dedupe.script_runner import ScriptRunner
 
-from .conftest import RedisFactory, unique_name
+from .conftest import RedisFactory, _delete_queue, unique_name
 from .helpers import ROOT
 
 QueueLength = Callable[[Celery], int]
@@ -247,6 +247,26 @@ def test_a_batch_to_a_queue_never_declared_declares_it(
     assert client.llen(fresh) == 3
     bindings = client.smembers(f"_kombu.binding.{fresh}")
     assert any(fresh.encode() in binding for binding in bindings)
+
+
+def test_a_batch_on_rabbitmq_to_a_queue_never_declared_declares_it(
+    make_app: Callable[..., Celery], rabbitmq_url: str
+) -> None:
+    # RabbitMQ drops what no queue is bound for: each message would leave a key and no run.
+    app = make_app(broker=rabbitmq_url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def remind(user: int) -> None: ...
+
+    fresh = unique_name("fresh")
+    try:
+        results = remind.map_unique([(1,), (2,), (3,)], queue=fresh)
+        assert [r.deduplicated for r in results] == [False, False, False]
+        with app.connection_for_write() as connection:
+            _, count, _ = connection.default_channel.queue_declare(fresh, passive=True)
+        assert count == 3
+    finally:
+        _delete_queue(app, fresh)
 
 
 # -- many producers at once ---------------------------------------------------------------
