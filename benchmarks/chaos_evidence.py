@@ -475,12 +475,15 @@ class Checks:
         lines = []
         for task_id in self.e.completed:
             freed = self.acked_lost(task_id)
-            later = [at for at in self.starts[task_id] if freed is not None and at > freed]
-            if later:
-                lines.append(
-                    f"{task_id} lost, acked as failed and its key freed {self.t(freed or 0)}, "
-                    f"ran again {', '.join(map(self.t, sorted(later)))}; {self.before(min(later))}"
-                )
+            if freed is None:
+                continue
+            later = sorted(at for at in self.starts[task_id] if at > freed)
+            if not later:
+                continue
+            lines.append(
+                f"{task_id} lost, acked as failed and its key freed {self.t(freed)}, "
+                f"ran again {', '.join(map(self.t, later))}; {self.before(later[0])}"
+            )
         for task_id, ends in self.e.completed.items():
             later = [at for at in self.starts[task_id] if at > min(ends)]
             if later:

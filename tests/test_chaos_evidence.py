@@ -1,11 +1,29 @@
 """The chaos run's judgement (benchmarks/chaos_evidence.py), on evidence written by hand: when
-an accepted ``unique_until="started"`` call stops holding its key."""
+an accepted call stops holding its key, and what of a call that never ran is kombu's."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from benchmarks.chaos_evidence import Call, Checks, Evidence, Fault
 
 HOLDER, LATER = "aaaaaaaa-holder", "bbbbbbbb-later"
+
+
+def _judged(calls: list[Call], broker: str = "redis", **found: Any) -> Checks:
+    """The checks on evidence written by hand: ``calls``, and whatever of the rest a test
+    names (none of it by default)."""
+    nothing: dict[str, Any] = {
+        "runs": {},
+        "completed": {},
+        "overlaps": {},
+        "prerun": {},
+        "faults": [],
+        "keys_left": [],
+        "t0": 0.0,
+    }
+    evidence = Evidence(calls=calls, **{**nothing, **found})
+    return Checks(evidence, restart_window=20.0, broker=broker)
 
 
 def _checks(
@@ -20,18 +38,13 @@ def _checks(
         Call("started", 1, HOLDER, False, 1.0, 1.0),
         Call("started", 1, LATER, False, later_call_at, later_call_at),
     ]
-    evidence = Evidence(
-        calls=calls,
+    return _judged(
+        calls,
         runs={("started", 1): [(HOLDER, start, end) for start, end in runs]},
         completed={HOLDER: [end for _, end in runs]},
-        overlaps={},
         prerun={HOLDER: prerun},
-        faults=[],
-        keys_left=[],
-        t0=0.0,
         deferred={HOLDER: deferred},
     )
-    return Checks(evidence, restart_window=20.0, broker="redis")
 
 
 def test_a_claim_killed_before_the_body_started_frees_the_started_key_at_its_prerun() -> None:
@@ -74,18 +87,12 @@ def _never_run(
 ) -> Checks:
     """The holder, accepted at 1 s, its body never started; ``prerun``: its deliveries to a
     child; ``keys_left``: the keys left after the drain."""
-    evidence = Evidence(
-        calls=[Call("finished", 4, HOLDER, False, 1.0, 1.0)],
-        runs={},
-        completed={},
-        overlaps={},
+    return _judged(
+        [Call("finished", 4, HOLDER, False, 1.0, 1.0)],
         prerun=prerun or {},
         faults=faults,
         keys_left=keys_left or [],
-        t0=0.0,
-        deferred={},
     )
-    return Checks(evidence, restart_window=20.0, broker="redis")
 
 
 def _never_ran(
@@ -136,21 +143,16 @@ def _lost_then_redelivered(duplicate_at: float, freed_at: float | None) -> Check
     again from 7.6 s to 7.8 s; its worker's main process freed its key at ``freed_at``
     (Celery acking the lost run as failed); a later call of its key, accepted at
     ``duplicate_at``."""
-    evidence = Evidence(
-        calls=[
+    return _judged(
+        [
             Call("finished", 2, HOLDER, False, 1.0, 1.0),
             Call("finished", 2, LATER, False, duplicate_at, duplicate_at),
         ],
+        broker="amqp",
         runs={("finished", 2): [(HOLDER, 2.0, 2.5), (HOLDER, 7.6, 7.8), (LATER, 8.0, 8.1)]},
         completed={HOLDER: [7.8], LATER: [8.1]},
-        overlaps={},
-        prerun={},
-        faults=[],
-        keys_left=[],
-        t0=0.0,
         freed={HOLDER: [(freed_at, 10)]} if freed_at is not None else {},
     )
-    return Checks(evidence, restart_window=20.0, broker="amqp")
 
 
 def test_a_run_after_a_lost_run_acked_as_failed_is_the_message_again_not_a_holder() -> None:
