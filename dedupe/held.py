@@ -204,9 +204,12 @@ class HeldWatch:
         """Write back the records of the held messages (``restore.lua``: restored records,
         whose lease is over at once: each stands for a message that is not running, which
         its own run takes over, and a call accepted since the loss waits in it); then
-        withdraw those of messages the worker no longer holds, and try again those a call
-        was being published into. Returns how many took a key (withdrawn or not)."""
+        withdraw those of messages the worker no longer holds, try again those a call was
+        being published into, and write back those it received since the first look (on
+        their way to it at the loss: a deferred run's next try, a prefetch). Returns how
+        many took a key (withdrawn or not)."""
         items = self._restorations()
+        seen = set(items)
         placed: dict[str, Restoration] = {}
         took = 0
         for look in self.LOOKS:
@@ -215,6 +218,10 @@ class HeldWatch:
             for item in [item for item in placed.values() if item.task_id not in now_held]:
                 self._store.withdraw(item)
                 del placed[item.task_id]
+            if look:
+                received = {t: e for t, e in self._restorations().items() if t not in seen}
+                seen.update(received)
+                items.update(received)
             items = {task_id: entry for task_id, entry in items.items() if task_id in now_held}
             replies = self._store.restore([item for _, item in items.values()])
             for (task_name, item), reply in zip(items.values(), replies, strict=True):
@@ -227,8 +234,6 @@ class HeldWatch:
                 for (task_id, entry), reply in zip(items.items(), replies, strict=True)
                 if reply is Restore.PENDING
             }
-            if not items and not placed:
-                break
         logger.warning(
             "the dedup Redis lost its data (it restarted or failed over): %d messages this "
             "worker holds took their keys again (%d of them started since)",

@@ -37,20 +37,33 @@ class HeldRequest:
 
     def __init__(self, task_id: str, keys: CallKeys) -> None:
         self.id = task_id
+        self.header_keys = keys
         self.request_dict = {HEADER: KeyHeader(keys, "finished", 60.0).encode(), "task": "t"}
 
 
+#: A message the worker holds, of a key of its own.
+HELD_A = HeldRequest("A", CallKeys.of("held:{t:ab}", separate_run_lock=False))
+
+
 def watch_holding(url: str, *looks: list[HeldRequest]) -> HeldWatch:
-    """A watch whose worker holds ``looks[n]`` at its n-th look (nothing after the last)."""
+    """A watch whose worker holds ``looks[n]`` at its n-th look at them (nothing after the
+    last): the first read of a restore is look 0, and each of its looks after the write
+    (one read of the messages started or not, then perhaps one of those not started) the
+    next."""
     client = redis.Redis.from_url(url)
-    answers = iter(looks)
+    look = [0]
+
+    def held(started: bool = False) -> list[HeldRequest]:
+        look[0] += started  # (each look after the write reads the started ones first)
+        return looks[look[0]] if look[0] < len(looks) else []
+
     return HeldWatch(
         Store(client),
         client,
         prefix="held",
         default_ttl=60,
         every=1,
-        held=lambda started=False: next(answers, []),
+        held=held,
         enable_utc=True,
     )
 
@@ -83,15 +96,29 @@ def test_the_watch_sees_its_marker_gone_as_a_loss_on_the_same_run_of_the_server(
     assert watch.lost() is True
 
 
+def restored(url: str, *looks: list[HeldRequest]) -> tuple[int, Any]:
+    """What a restore wrote back for message A, held at ``looks`` (its
+    :func:`watch_holding`): how many took a key, and the key's holder."""
+    watch = watch_holding(url, *looks)
+    return watch.restore(), Store(redis.Redis.from_url(url)).lookup(HELD_A.header_keys)
+
+
 def test_a_held_message_takes_its_key_again_as_a_message_that_is_not_running(
     redis_factory: RedisFactory,
 ) -> None:
-    server = redis_factory()
-    keys = CallKeys.of("held:{t:ab}", separate_run_lock=False)
-    request = HeldRequest("A", keys)
-    watch = watch_holding(server.url, *[[request]] * (len(HeldWatch.LOOKS) + 1))
-    assert watch.restore() == 1
-    holder = Store(redis.Redis.from_url(server.url)).lookup(keys)
+    took, holder = restored(redis_factory().url, *[[HELD_A]] * (len(HeldWatch.LOOKS) + 1))
+    assert took == 1
+    assert holder is not None
+    assert (holder.task_id, holder.worker) == ("A", "restored:0")
+
+
+def test_a_message_received_after_the_first_look_takes_its_key_again(
+    redis_factory: RedisFactory,
+) -> None:
+    # On its way to the worker at the loss (a deferred run's next try published a moment
+    # before): held from the second look after the write on.
+    took, holder = restored(redis_factory().url, [], [], [HELD_A], [HELD_A])
+    assert took == 1
     assert holder is not None
     assert (holder.task_id, holder.worker) == ("A", "restored:0")
 
@@ -99,13 +126,11 @@ def test_a_held_message_takes_its_key_again_as_a_message_that_is_not_running(
 def test_a_message_that_ran_while_its_key_was_written_back_has_it_withdrawn(
     redis_factory: RedisFactory,
 ) -> None:
-    server = redis_factory()
-    keys = CallKeys.of("held:{t:ab}", separate_run_lock=False)
-    request = HeldRequest("A", keys)
     # Held when read and at the write; gone at the next look: its run ended in between.
-    watch = watch_holding(server.url, [request], [request])
-    assert watch.restore() == 1
-    assert redis.Redis.from_url(server.url).exists(keys.call) == 0
+    url = redis_factory().url
+    took, _ = restored(url, [HELD_A], [HELD_A])
+    assert took == 1
+    assert redis.Redis.from_url(url).exists(HELD_A.header_keys.call) == 0
 
 
 # -- a worker's messages, through a restart --------------------------------------------------------
