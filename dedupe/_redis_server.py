@@ -138,7 +138,8 @@ class RedisServer(_StartedInBlock):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        # RESP2: a server may be started without HELLO (to stand for a Redis before 6).
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, protocol=2)
         deadline = time.monotonic() + timeout
         try:
             while True:

@@ -16,6 +16,9 @@ dedupe_busy_poll_us        microseconds to poll for a Redis reply       100
                            before sleeping for it (0: never poll)
 dedupe_provisional_ttl     seconds the record of a call being           20
                            published lives until the publish returns
+dedupe_remember_duplicates seconds a thread may answer a repeated       1
+                           duplicate without asking Redis, which tells
+                           it when the key changes (0: always ask)
 dedupe_call_budget         seconds a call may wait on Redis in all,     3
                            retries included (0: no limit but theirs)
 dedupe_deferral_cap        the longest wait between two tries of a run  30
@@ -61,6 +64,8 @@ class DedupeConfig:
     #: Seconds to poll for a Redis reply before sleeping for it (see dedupe.script_runner).
     busy_poll: float = defaults.BUSY_POLL_US / 1e6
     provisional_ttl: float = defaults.PROVISIONAL_TTL
+    #: Seconds a thread may answer a repeated duplicate from memory (0: never).
+    remember_duplicates: float = defaults.REMEMBER_DUPLICATES
     call_budget: float = defaults.CALL_BUDGET
     deferral_cap: float = defaults.DEFERRAL_CAP
     max_deferrals: int = defaults.MAX_DEFERRALS
@@ -113,6 +118,10 @@ class DedupeConfig:
                 "dedupe_provisional_ttl",
                 _setting(conf, "dedupe_provisional_ttl", defaults.PROVISIONAL_TTL),
             ),
+            remember_duplicates=_seconds_or_never(
+                "dedupe_remember_duplicates",
+                _setting(conf, "dedupe_remember_duplicates", defaults.REMEMBER_DUPLICATES),
+            ),
             deferral_cap=positive_seconds(
                 "dedupe_deferral_cap",
                 _setting(conf, "dedupe_deferral_cap", defaults.DEFERRAL_CAP),
@@ -138,9 +147,13 @@ def _count(name: str, value: Any) -> int:
 
 
 def _budget(seconds: Any) -> float:
-    if seconds == 0:
+    return _seconds_or_never("dedupe_call_budget", seconds)
+
+
+def _seconds_or_never(name: str, seconds: Any) -> float:
+    if seconds == 0 and not isinstance(seconds, bool):
         return 0.0
-    return positive_seconds("dedupe_call_budget", seconds)
+    return positive_seconds(name, seconds)
 
 
 def _busy_poll(micros: Any) -> float:

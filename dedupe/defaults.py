@@ -22,6 +22,7 @@ __all__ = [
     "ON_REDIS_ERROR",
     "PROVISIONAL_TTL",
     "RATE_WEIGHT",
+    "REMEMBER_DUPLICATES",
     "RETRIES",
     "RETRY_BACKOFF_BASE",
     "RETRY_BACKOFF_CAP",
@@ -60,6 +61,10 @@ RATE_WEIGHT: Final = 1 / 16
 ON_REDIS_ERROR: Final = "enqueue"
 #: Microseconds to poll for a Redis reply before sleeping for it (``dedupe_busy_poll_us``).
 BUSY_POLL_US: Final = 100
+#: Seconds a thread answers a repeated duplicate from memory (``dedupe_remember_duplicates``),
+#: at most: Redis tells it the moment the key changes (server-assisted client-side caching),
+#: so this only bounds what a connection cut without a word could leave stale.
+REMEMBER_DUPLICATES: Final = 1.0
 
 # Short timeouts and few retries: a producer must not stall for long when the dedup Redis is
 # down (redis-py's default retries a failing command ten times). Every script is idempotent

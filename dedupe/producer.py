@@ -531,6 +531,12 @@ def publish_prepared(prepared: PreparedCall) -> DedupeResult:
     """:func:`publish_unique` of a call prepared already."""
     if prepared.kind == "eager":
         return prepared.publish()
+    if prepared.kind == "enqueue":
+        # (Nothing is remembered before the store exists: never make it here, unguarded.)
+        store = prepared.runtime.existing_store
+        holder = store.remembered(prepared.keys) if store is not None else None
+        if holder is not None:
+            return prepared.duplicate(holder)
     if prepared.writes_first:
         store = prepared.store
         try:
@@ -540,7 +546,10 @@ def publish_prepared(prepared: PreparedCall) -> DedupeResult:
                     token = lost_run_token(store, prepared.keys)
                 outcome: Holder | Requeue | None = store.requeue(*prepared.requeue_arguments(token))
             else:
-                outcome = store.enqueue(*prepared.enqueue_arguments())
+                # A task of mostly duplicates: the duplicate's answer is remembered.
+                outcome = store.enqueue(
+                    *prepared.enqueue_arguments(), remember=prepared.kind == "enqueue"
+                )
         except RedisUnavailable as exc:
             prepared.first_write_failed(exc)
             return prepared.publish_unrecorded()

@@ -113,7 +113,12 @@ class Runtime:
                         # A Cluster's client learns the layout as it is made: no node
                         # answered. Made again at the next call.
                         raise RedisUnavailable("connect", exc) from exc
-                    store = Store(client, busy_poll=config.busy_poll, budget=config.call_budget)
+                    store = Store(
+                        client,
+                        busy_poll=config.busy_poll,
+                        budget=config.call_budget,
+                        remember_duplicates=config.remember_duplicates,
+                    )
                     # Set before any call can use the store.
                     store.barrier = self._restart_watch(store)
                     self._store = store

@@ -23,6 +23,15 @@ Replies are read, in order, before the next call on that connection; a call refu
 NOSCRIPT after all (a restart in between) is loaded and run then, and a connection lost with
 calls in flight sends them again on its successor.
 
+A thread can answer a repeated duplicate without a round trip (:meth:`ScriptRunner.remembered`):
+its connection speaks RESP3 with ``CLIENT TRACKING ON OPTIN``, a call whose answer is to be
+remembered goes behind ``CLIENT CACHING YES``, and Redis then pushes an invalidation on this
+very connection the moment the key is written, expires or is flushed. Before a remembered
+answer is given, what the connection has received is read without waiting (pushes only: the
+replies of earlier sends are read first). A lost connection, a fork and a NOSCRIPT reload
+forget everything; an entry lives ``remember_for`` seconds at most, which bounds what a
+connection cut without a word (or a proxy that drops pushes) could leave stale.
+
 Waiting for a reply polls the socket for a short while (``busy_poll``) before it sleeps in
 ``recv``. A loopback or same-rack round trip takes a few tens of microseconds, but a thread
 that sleeps for it pays the wake-up of an idle CPU on top, which on virtual machines is
@@ -102,6 +111,9 @@ _RETRY_POLL_AFTER = 63
 # longer than this). Redis's shortest idle timeout is 1 s.
 _TRUSTED_IDLE = 0.5
 
+#: Answers one thread remembers at most (each lives ``remember_for`` seconds at most).
+_MAX_REMEMBERED = 4096
+
 _T = TypeVar("_T")
 
 # A fork leaves the child its parent's sockets: the first call after a fork opens its own.
@@ -148,8 +160,17 @@ class _Local(threading.local):
     cap: float | None = None
     #: The connection's timeouts were capped: set back once the retry has its reply.
     capped: bool = False
+    #: Redis pushes this connection invalidations of the keys it reads behind CACHING YES.
+    tracking: bool = False
+    #: Polls the tracking connection for pushes without waiting.
+    hear: Any = None
+    #: NOSCRIPT reloads on this thread (a reloaded call is sent again without CACHING YES).
+    reloads: int = 0
 
     def __init__(self) -> None:
+        #: Remembered answers of tracked keys: key -> (remember until, value), until
+        #: Redis says the key changed (time.monotonic()).
+        self.known: dict[bytes, tuple[float, Any]] = {}
         #: Bytes received and not parsed yet (the start of the next reply).
         self.buffer = b""
         #: Calls sent on ``connection`` whose replies are not read yet, oldest first.
@@ -168,11 +189,16 @@ class ScriptRunner:
         busy_poll: float = 0.0,
         budget: float = 0.0,
         retry: Retry | None = None,
+        remember_for: float = 0.0,
     ) -> None:
         """``busy_poll``: seconds to poll for a reply before sleeping for it (0: never);
         ``budget``: seconds one call may take in all, retries included (0: no limit but the
-        Retry policy's); ``retry``: that policy (default: the client's)."""
+        Retry policy's); ``retry``: that policy (default: the client's); ``remember_for``:
+        the longest a tracked answer is remembered (0: track nothing, speak RESP2)."""
         self._pool = client.connection_pool
+        self._remember_for = remember_for
+        #: The server refused RESP3 or tracking: remember nothing.
+        self._tracking_refused = False
         self._busy_poll = busy_poll
         self._budget = budget
         self._retry: Retry = retry or client.get_retry() or Retry(NoBackoff(), 0)
@@ -340,6 +366,124 @@ class ScriptRunner:
         self._send(sock, command)
         return self._reply(sock, script, command)
 
+    def call_tracked(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
+    ) -> tuple[Any, float | None]:
+        """Run a script with Redis tracking the keys it reads for this thread (when the
+        server can): its reply, and when it was sent (time.monotonic()) if the keys are
+        tracked from then on, else None. :meth:`remember` keeps an answer made of it."""
+        command = self._pack(script, keys, args)
+        sent_at: list[float | None] = [None]
+
+        def attempt() -> Any:
+            sock = self._socket()
+            local = self._local
+            if local.pending or local.unsent:
+                self._catch_up(sock)
+            if not local.tracking or script.sha not in self._known:
+                sent_at[0] = None
+                self._send(sock, command)
+                return self._reply(sock, script, command)
+            reloads, sent_at[0] = local.reloads, time.monotonic()
+            self._send(sock, _CACHING_YES + command)
+            try:
+                self._read(sock)  # +OK
+            except BaseException:
+                self._drop_connection()
+                raise
+            reply = self._reply(sock, script, command)
+            if local.reloads != reloads:
+                sent_at[0] = None  # sent again after NOSCRIPT, untracked
+            return reply
+
+        return self._tried(attempt), sent_at[0]
+
+    def remember(self, key: str, until: float, value: Any) -> None:
+        """Keep ``value`` as this thread's answer for ``key`` until Redis says the key changed,
+        or ``until`` (time.monotonic(); capped at ``remember_for`` from now). Only for a key a
+        :meth:`call_tracked` just read, tracked."""
+        local = self._local
+        if local.tracking:
+            now = time.monotonic()
+            known = local.known
+            if len(known) >= _MAX_REMEMBERED:
+                for name in [name for name, entry in known.items() if entry[0] <= now]:
+                    del known[name]
+                if len(known) >= _MAX_REMEMBERED:
+                    known.clear()  # (all live: a burst over that many keys; ask again)
+            known[key.encode(self._encoding)] = (min(until, now + self._remember_for), value)
+
+    def remembered(self, key: str) -> Any:
+        """This thread's remembered answer for ``key``, or None: Redis has said nothing of the
+        key since it was remembered (what arrived on the connection is read first)."""
+        local = self._local
+        known = local.known
+        if not known:
+            return None
+        if local.forks != _forks:
+            known.clear()  # the parent's memory, and its socket
+            return None
+        name = key.encode(self._encoding)
+        entry = known.get(name)
+        if entry is None:
+            return None
+        if time.monotonic() >= entry[0]:
+            del known[name]
+            return None
+        try:
+            self._hear()
+        except self._retried:
+            self._drop_connection()
+            return None
+        entry = known.get(name)
+        return None if entry is None else entry[1]
+
+    def forget(self, key: str) -> None:
+        """Drop this thread's remembered answer for ``key`` (a write of this process's own)."""
+        self._local.known.pop(key.encode(self._encoding), None)
+
+    def _hear(self) -> None:
+        """Read what the tracking connection has received, without waiting: the replies of
+        earlier sends, then pushes."""
+        local = self._local
+        sock = local.sock
+        if sock is None or local.hear is None:
+            local.known.clear()
+            return
+        if local.pending or local.unsent:
+            self._catch_up(sock)
+        buffer = local.buffer
+        while True:
+            while buffer:
+                parsed = _parse(buffer, 0)
+                if parsed is None:
+                    break
+                reply, end = parsed
+                buffer = local.buffer = buffer[end:]
+                if not isinstance(reply, _Push):
+                    # Nothing was sent whose reply this could be.
+                    raise redis.ConnectionError("the dedup Redis sent a reply out of turn")
+                self._on_push(reply)
+            if not local.hear.poll(0):
+                return
+            try:
+                chunk = sock.recv(65536)
+            except OSError as exc:
+                raise redis.ConnectionError(f"Error reading from the dedup Redis: {exc}") from exc
+            if not chunk:
+                raise redis.ConnectionError("The dedup Redis closed the connection")
+            buffer = local.buffer = buffer + chunk
+
+    def _on_push(self, push: _Push) -> None:
+        if len(push) >= 2 and push[0] == b"invalidate":
+            known = self._local.known
+            names = push[1]
+            if names is None:  # FLUSHDB, FLUSHALL: everything
+                known.clear()
+            else:
+                for name in names:
+                    known.pop(name, None)
+
     def _catch_up(self, sock: socket.socket) -> None:
         """Resend what a lost connection took with it, then read the replies of sends."""
         local = self._local
@@ -417,6 +561,7 @@ class ScriptRunner:
             except NoScriptError:
                 if not reload:
                     raise
+                self._local.reloads += 1
                 load = self._load_command(script)
                 self._send(sock, load)
                 self._read(sock)
@@ -454,7 +599,8 @@ class ScriptRunner:
                     if isinstance(reply, ResponseError):
                         raise reply
                     if isinstance(reply, _Push):
-                        continue  # out of band (RESP3): not the reply of any call
+                        self._on_push(reply)  # out of band: not the reply of any call
+                        continue
                     return reply
             try:
                 if local.poll is not None:
@@ -504,6 +650,7 @@ class ScriptRunner:
             local.connection, local.sock, local.buffer = None, None, b""
             local.pending.clear()
             local.unsent.clear()
+            local.known.clear()
             local.forks = _forks
         # One try per connect, no health check: the Retry policy above is the only one that
         # retries. redis-py's own would nest inside it (its connect retries, and before
@@ -522,14 +669,53 @@ class ScriptRunner:
                 configured = settings.get(name)
                 settings[name] = cap if configured is None else min(configured, cap)
             local.capped = local.cap is not None
+        track = self._remember_for > 0 and not self._tracking_refused
+        if track:
+            settings["protocol"] = 3  # pushes come on the connection itself
         connection = self._pool.connection_class(**settings)
-        connection.connect()  # the handshake: TLS, AUTH, HELLO, SELECT, client name
+        try:
+            connection.connect()  # the handshake: TLS, AUTH, HELLO, SELECT, client name
+        except ResponseError as exc:
+            if not track:
+                raise
+            # No HELLO 3 (Redis before 6, or a proxy): RESP2, and nothing remembered.
+            self._refuse_tracking(exc)
+            return self._socket()
         opened: socket.socket | None = getattr(connection, "_sock", None)
         if opened is None:
             raise redis.ConnectionError("redis-py gave a connection without a socket")
         local.connection, local.sock, local.buffer = connection, opened, b""
         local.poll, local.poll_skips, local.poll_misses = self._poller(opened), 0, 0
+        local.tracking, local.hear = False, None
+        if track and type(opened).__module__ == "socket":
+            self._start_tracking(opened)
         return opened
+
+    def _start_tracking(self, sock: socket.socket) -> None:
+        # Only a plain stdlib socket: pushes are looked for with a poll, which neither sees
+        # the bytes a TLS socket decrypted already nor suits a cooperative socket.
+        local = self._local
+        self._send(sock, _TRACKING_ON)
+        try:
+            self._read(sock)
+        except ResponseError as exc:
+            self._refuse_tracking(exc)
+            return
+        except BaseException:
+            self._drop_connection()
+            raise
+        hear = select.poll()
+        hear.register(sock, select.POLLIN)
+        local.tracking, local.hear = True, hear
+
+    def _refuse_tracking(self, exc: ResponseError) -> None:
+        if not self._tracking_refused:
+            self._tracking_refused = True
+            logger.info(
+                "the dedup Redis cannot track keys for this client (%s): every duplicate "
+                "is asked of Redis",
+                exc,
+            )
 
     def _socket_timeout(self) -> float | None:
         """The read timeout of a connection: the configured one, within the budget."""
@@ -550,6 +736,9 @@ class ScriptRunner:
     def _drop_connection(self, _error: BaseException | None = None) -> None:
         local = self._local
         connection, local.connection, local.sock, local.buffer = local.connection, None, None, b""
+        # Invalidations sent to the lost connection are lost with it.
+        local.known.clear()
+        local.tracking, local.hear = False, None
         # Calls in flight may not have reached Redis: send them again on the next one.
         local.unsent.extend(local.pending)
         local.pending.clear()
@@ -560,6 +749,8 @@ class ScriptRunner:
 
 
 _CRLF = b"\r\n"
+_TRACKING_ON = pack_command(b"CLIENT", b"TRACKING", b"ON", b"OPTIN")
+_CACHING_YES = pack_command(b"CLIENT", b"CACHING", b"YES")
 
 
 def _parse(buffer: bytes, start: int) -> tuple[Any, int] | None:

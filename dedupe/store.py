@@ -10,8 +10,10 @@ exception, for the sync :class:`Store` and the asyncio store alike.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -370,13 +372,16 @@ class Store:
         *,
         busy_poll: float = defaults.BUSY_POLL_US / 1e6,
         budget: float = defaults.CALL_BUDGET,
+        remember_duplicates: float = 0.0,
     ) -> None:
+        """``remember_duplicates``: the longest a thread answers a repeated duplicate from
+        memory (:meth:`remembered`; 0: never; one server only, not a Cluster)."""
         self.client = client
         self._run: ScriptRunner | ClusterScriptRunner
         if isinstance(client, redis.cluster.RedisCluster):
             self._run = ClusterScriptRunner(client, busy_poll, budget)
         else:
-            self._run = ScriptRunner(client, busy_poll, budget)
+            self._run = ScriptRunner(client, busy_poll, budget, remember_for=remember_duplicates)
         self._enqueue = self._register("enqueue")
         self._enqueue_many = self._register("enqueue_many")
         self._claim = self._register("claim")
@@ -412,17 +417,53 @@ class Store:
         assert barrier is not None
         barrier.restore()
 
-    def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
-        """Create the queued record of a call. None: accepted; a Holder: a duplicate of it."""
+    def enqueue(
+        self, keys: CallKeys, record: bytes, ttl_ms: int, *, remember: bool = False
+    ) -> Holder | None:
+        """Create the queued record of a call. None: accepted; a Holder: a duplicate of it.
+        ``remember``: a duplicate's holder is this thread's answer for the key until Redis
+        says the key changed (:meth:`remembered`)."""
         barrier = self._barrier()
         marked = [keys.call, barrier.marker] if barrier else [keys.call]
+        run = self._run
         with reraise_unavailable("enqueue", keys.call):
-            reply = self._run(self._enqueue, marked, [record, ttl_ms])
+            if remember and isinstance(run, ScriptRunner):
+                reply, tracked_at = run.call_tracked(self._enqueue, marked, [record, ttl_ms])
+                if tracked_at is not None and isinstance(reply, bytes):
+                    return self._remember(keys.call, reply, tracked_at)
+            else:
+                reply = run(self._enqueue, marked, [record, ttl_ms])
         if not_decided(reply):
             self._restore_lost(barrier)
             with reraise_unavailable("enqueue", keys.call):
                 reply = self._run(self._enqueue, [keys.call], [record, ttl_ms])
         return read_enqueue(keys.call, reply)
+
+    def _remember(self, key: str, reply: bytes, tracked_at: float) -> Holder:
+        holder = read_enqueue(key, reply)
+        assert holder is not None
+        if holder.ttl is not None and not holder.provisional:
+            # (A provisional holder is a publish in flight: its answer changes in a moment.)
+            expires_at = tracked_at + holder.ttl
+            run = self._run
+            assert isinstance(run, ScriptRunner)
+            run.remember(key, expires_at, (expires_at, holder))
+        return holder
+
+    def remembered(self, keys: CallKeys) -> Holder | None:
+        """The holder of a call's key as this thread last heard it from an enqueue made with
+        ``remember``, if Redis has said nothing of the key since (no round trip); else None."""
+        run = self._run
+        if not isinstance(run, ScriptRunner):
+            return None
+        entry = run.remembered(keys.call)
+        if entry is None:
+            return None
+        expires_at, holder = entry
+        remembered: Holder = dataclasses.replace(
+            holder, ttl=max(expires_at - time.monotonic(), 0.0)
+        )
+        return remembered
 
     def enqueue_many(self, calls: Sequence[tuple[CallKeys, bytes, int]]) -> list[Holder | None]:
         """:meth:`enqueue` for many calls in one round trip; the answers in order. On one
@@ -673,6 +714,7 @@ class Store:
 
     def cancel(self, keys: CallKeys, task_id: str) -> bool:
         """Delete this task id's record if it is still queued (never a running one)."""
+        self._forget(keys)
         with reraise_unavailable("cancel", keys.call):
             reply = self._run(self._cancel, [keys.call], [pack_owner(task_id)])
         return read_cancel(reply)
@@ -705,8 +747,15 @@ class Store:
 
     def clear(self, keys: CallKeys) -> bool:
         """Delete a call's keys whoever holds them. True if anything was deleted."""
+        self._forget(keys)
         with reraise_unavailable("clear", keys.call):
             return bool(self._command(lambda: self.client.delete(*keys.names)))
+
+    def _forget(self, keys: CallKeys) -> None:
+        # Redis pushes the change to this thread's connection as well, but the caller may
+        # ask again before reading it (the write goes on another connection).
+        if isinstance(self._run, ScriptRunner):
+            self._run.forget(keys.call)
 
     def _command(self, attempt: Callable[[], _T]) -> _T:
         """A command of the client itself: on a Cluster under the script runner's retries

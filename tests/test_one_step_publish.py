@@ -191,6 +191,7 @@ def test_a_task_of_mostly_duplicates_decides_before_building_its_message(
     job.delay(1)
     for _ in range(20):
         job.delay(1)
+    job.delay(3)  # a key no duplicate has met yet (an answer would be remembered)
     redis_client.config_resetstat()
     published: list[str] = []
 
@@ -201,15 +202,16 @@ def test_a_task_of_mostly_duplicates_decides_before_building_its_message(
 
     signals.before_task_publish.connect(before, weak=False)
     try:
-        assert job.delay(1).deduplicated
+        assert job.delay(3).deduplicated
     finally:
         signals.before_task_publish.disconnect(before)
     assert published == []  # no message was built for it
-    assert _stats(redis_client) == {"evalsha": 1, "get": 1, "pttl": 1}
+    # (CLIENT CACHING YES: Redis tracks the key for this thread's remembered answer.)
+    assert _stats(redis_client) == {"client|caching": 1, "evalsha": 1, "get": 1, "pttl": 1}
     # An accepted call of that task still writes its record with its message.
     accepted = job.delay(2)
     assert accepted.deduplicated is False
-    assert redis_client.llen(one_step_app.conf.task_default_queue) == 2
+    assert redis_client.llen(one_step_app.conf.task_default_queue) == 3
 
 
 def test_a_debug_log_says_which_path_a_call_took(

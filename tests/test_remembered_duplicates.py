@@ -1,0 +1,306 @@
+"""A repeated duplicate is answered from memory, and only while Redis has said nothing of its
+key: Redis pushes an invalidation (client-side caching, ``CLIENT TRACKING``) the moment the
+key is written, expires or is flushed, and a lost connection forgets everything.
+
+Each test's dedup store is a private server, so its commands can be counted and the server
+flushed, restarted or frozen."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+import dedupe
+from dedupe._redis_server import RedisServer
+from dedupe.producer import keys_of_call
+from dedupe.runtime import runtime_of
+
+from .conftest import RedisFactory, in_process_worker
+from .helpers import wait_for
+
+
+def evalsha_calls(server: RedisServer) -> int:
+    client = redis.Redis.from_url(server.url, protocol=2)
+    try:
+        stats: dict[str, Any] = client.info("commandstats")
+    finally:
+        client.close()
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+@pytest.fixture
+def store_server(redis_factory: RedisFactory) -> RedisServer:
+    return redis_factory()
+
+
+@pytest.fixture
+def make_store_app(
+    make_app: Callable[..., Any], broker: str, store_server: RedisServer
+) -> Callable[..., Any]:
+    """An app on ``broker`` whose dedup store is the private server."""
+
+    def make(**conf: Any) -> Any:
+        return make_app(broker, dedupe_redis_url=store_server.url, **conf)
+
+    return make
+
+
+@pytest.fixture
+def store_app(make_store_app: Callable[..., Any]) -> Any:
+    return make_store_app()
+
+
+def unique_task(app: Any, **options: Any) -> Any:
+    @app.task(base=dedupe.DedupeTask, unique=True, shared=False, **options)
+    def refresh(x: int) -> int:
+        return x
+
+    return refresh
+
+
+def mostly_duplicates(task: Any) -> None:
+    """Make the task's recent calls mostly duplicates: its calls decide before publishing,
+    and their duplicates' answers are remembered."""
+    runtime_of(task.app).duplicate_share[task.name] = 1.0
+
+
+def remembered(task: Any, *args: Any) -> Any:
+    """Queue a call of ``task`` and make its duplicate's answer remembered: the holder."""
+    first = task.delay(*args)
+    assert first.deduplicated is False
+    mostly_duplicates(task)
+    assert task.delay(*args).deduplicated is True  # asks Redis, and remembers
+    return first
+
+
+def test_a_repeated_duplicate_is_answered_without_a_round_trip(
+    store_app: Any, store_server: RedisServer
+) -> None:
+    refresh = unique_task(store_app)
+    first = remembered(refresh, 1)
+    before = evalsha_calls(store_server)
+    answers = [refresh.delay(1) for _ in range(5)]
+    assert [(a.deduplicated, a.id) for a in answers] == [(True, first.id)] * 5
+    assert evalsha_calls(store_server) == before
+
+
+def test_a_remembered_answer_names_the_holder_as_redis_did(store_app: Any) -> None:
+    refresh = unique_task(store_app)
+    first = remembered(refresh, 2)
+    asked = dedupe.lookup(refresh, (2,))
+    answer = refresh.delay(2)
+    assert asked is not None
+    assert answer.holder is not None
+    assert (answer.holder.task_id, answer.holder.state) == (first.id, "queued")
+    assert answer.holder.key == asked.key
+    assert answer.holder.ttl is not None
+    assert asked.ttl is not None
+    assert 0 < answer.holder.ttl <= asked.ttl + 0.001
+
+
+def test_a_key_freed_on_another_connection_takes_the_next_call(
+    store_app: Any, store_server: RedisServer
+) -> None:
+    refresh = unique_task(store_app)
+    first = remembered(refresh, 3)
+    holder = dedupe.lookup(refresh, (3,))
+    assert holder is not None
+    other = redis.Redis.from_url(store_server.url)
+    try:
+        assert other.delete(holder.key) == 1
+    finally:
+        other.close()
+    again = refresh.delay(3)
+    assert again.deduplicated is False
+    assert again.id != first.id
+
+
+def test_a_key_released_by_this_process_takes_the_next_call(store_app: Any) -> None:
+    refresh = unique_task(store_app)
+    remembered(refresh, 4)
+    assert dedupe.release(refresh, (4,)) is True
+    assert refresh.delay(4).deduplicated is False
+
+
+def test_a_key_whose_run_ended_takes_the_next_call(store_app: Any) -> None:
+    refresh = unique_task(store_app)
+    first = remembered(refresh, 5)
+    with in_process_worker(store_app):
+        assert first.get(timeout=20) == 5
+        wait_for(lambda: dedupe.lookup(refresh, (5,)) is None, message="the key freed")
+        again = refresh.delay(5)
+        assert again.deduplicated is False
+        assert again.get(timeout=20) == 5
+
+
+def test_a_claimed_key_answers_with_its_running_record(store_app: Any) -> None:
+    @store_app.task(base=dedupe.DedupeTask, unique=True, shared=False)
+    def slow(x: int) -> int:
+        time.sleep(2)
+        return x
+
+    first = remembered(slow, 6)
+    with in_process_worker(store_app):
+        wait_for(
+            lambda: (h := dedupe.lookup(slow, (6,))) is not None and h.state == "running",
+            message="the run claimed its key",
+        )
+        answer = slow.delay(6)
+        assert answer.deduplicated is True
+        assert answer.holder is not None
+        assert (answer.holder.task_id, answer.holder.state) == (first.id, "running")
+        assert first.get(timeout=20) == 6
+
+
+def test_a_key_that_expired_takes_the_next_call(store_app: Any) -> None:
+    refresh = unique_task(store_app, unique_ttl=0.5)
+    first = remembered(refresh, 7)
+    time.sleep(0.6)
+    again = refresh.delay(7)
+    assert again.deduplicated is False
+    assert again.id != first.id
+
+
+def test_a_flushed_store_forgets_every_remembered_answer(
+    store_app: Any, store_server: RedisServer
+) -> None:
+    refresh = unique_task(store_app)
+    remembered(refresh, 8)
+    other = redis.Redis.from_url(store_server.url)
+    try:
+        other.flushall()
+    finally:
+        other.close()
+    assert refresh.delay(8).deduplicated is False
+
+
+def test_a_restarted_store_forgets_every_remembered_answer(
+    store_app: Any, store_server: RedisServer
+) -> None:
+    refresh = unique_task(store_app)
+    remembered(refresh, 9)
+    store_server.stop()
+    store_server.start()
+    assert refresh.delay(9).deduplicated is False
+
+
+def test_a_remembered_answer_lasts_no_longer_than_dedupe_remember_duplicates(
+    make_store_app: Callable[..., Any], store_server: RedisServer
+) -> None:
+    # A frozen server says nothing, as a connection cut without a word would: the answer
+    # stands for the setting's time at most, then the call asks, and meets the freeze.
+    app = make_store_app(
+        dedupe_remember_duplicates=0.5, dedupe_call_budget=0.5, dedupe_on_redis_error="raise"
+    )
+    refresh = unique_task(app)
+    remembered(refresh, 10)
+    store_server.pause()
+    try:
+        time.sleep(0.6)
+        with pytest.raises(dedupe.RedisUnavailable):
+            refresh.delay(10)
+    finally:
+        store_server.resume()
+
+
+def test_remembering_can_be_turned_off(
+    make_store_app: Callable[..., Any], store_server: RedisServer
+) -> None:
+    refresh = unique_task(make_store_app(dedupe_remember_duplicates=0))
+    remembered(refresh, 11)
+    before = evalsha_calls(store_server)
+    assert refresh.delay(11).deduplicated is True
+    assert evalsha_calls(store_server) == before + 1
+
+
+@pytest.mark.parametrize(
+    ("refused", "options"),
+    [
+        # A Redis before 6, or a proxy that speaks RESP2 only (redis-py 8 asks for RESP3
+        # by default: such a server needs protocol=2).
+        ("HELLO", {"protocol": 2}),
+        # A managed Redis that keeps CLIENT to itself.
+        ("CLIENT", {}),
+    ],
+)
+def test_a_server_that_cannot_track_keys_is_asked_every_time(
+    redis_factory: RedisFactory,
+    make_app: Callable[..., Any],
+    broker: str,
+    refused: str,
+    options: dict[str, Any],
+) -> None:
+    server = redis_factory("--rename-command", refused, "")
+    app = make_app(broker, dedupe_redis_url=server.url, dedupe_redis_options=options)
+    refresh = unique_task(app)
+    first = remembered(refresh, 12)
+    before = evalsha_calls(server)
+    answer = refresh.delay(12)
+    assert (answer.deduplicated, answer.id) == (True, first.id)
+    assert evalsha_calls(server) == before + 1
+
+
+@pytest.fixture
+def forked() -> Callable[[Callable[[], bool]], bool]:
+    """Run a check in a forked child: its verdict."""
+
+    def run(check: Callable[[], bool]) -> bool:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            code = 1
+            try:
+                code = 0 if check() else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status) == 0
+
+    return run
+
+
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_a_forked_child_does_not_answer_from_its_parents_memory(
+    store_app: Any, forked: Callable[[Callable[[], bool]], bool]
+) -> None:
+    refresh = unique_task(store_app)
+    remembered(refresh, 13)
+    _, keys = keys_of_call(refresh, (13,), None, None, {})
+    store = runtime_of(store_app).store
+    assert store.remembered(keys) is not None
+    assert forked(lambda: store.remembered(keys) is None)
+
+
+def test_a_change_pushed_behind_an_unread_reply_is_not_missed(
+    store_app: Any, store_server: RedisServer
+) -> None:
+    refresh = unique_task(store_app)
+    remembered(refresh, 14)
+    # An accepted call of a task of mostly duplicates confirms its record without waiting
+    # for the reply: the push below comes behind that reply.
+    assert refresh.delay(15).deduplicated is False
+    holder = dedupe.lookup(refresh, (14,))
+    assert holder is not None
+    other = redis.Redis.from_url(store_server.url, protocol=2)
+    try:
+        assert other.delete(holder.key) == 1
+    finally:
+        other.close()
+    assert refresh.delay(14).deduplicated is False
+
+
+def test_a_thread_remembers_a_bounded_number_of_answers(
+    store_app: Any, store_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("dedupe.script_runner._MAX_REMEMBERED", 3)
+    refresh = unique_task(store_app)
+    for x in range(20, 25):
+        remembered(refresh, x)
+    before = evalsha_calls(store_server)
+    for x in range(20, 23):
+        assert refresh.delay(x).deduplicated is True
+    assert evalsha_calls(store_server) > before  # the oldest answers were dropped
