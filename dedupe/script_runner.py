@@ -388,6 +388,11 @@ class ScriptRunner:
             self._send(sock, _CACHING_YES + command)
             try:
                 self._read(sock)  # +OK
+            except ResponseError as exc:
+                # (An ACL that allows TRACKING but not CACHING: the call goes on, untracked.)
+                self._refuse_tracking(exc)
+                local.tracking, sent_at[0] = False, None
+                local.known.clear()
             except BaseException:
                 self._drop_connection()
                 raise

@@ -245,6 +245,24 @@ def test_a_server_that_cannot_track_keys_is_asked_every_time(
     assert evalsha_calls(server) == before + 1
 
 
+def test_a_user_whose_acl_refuses_client_caching_is_asked_every_time(
+    store_app: Any, store_server: RedisServer, make_app: Callable[..., Any], broker: str
+) -> None:
+    admin = redis.Redis.from_url(store_server.url, protocol=2)
+    try:
+        admin.execute_command("ACL", "SETUSER", "producer", "on", "nopass", "~*", "&*", "+@all")
+        admin.execute_command("ACL", "SETUSER", "producer", "-client|caching")
+    finally:
+        admin.close()
+    url = store_server.url.replace("redis://", "redis://producer@", 1)
+    refresh = unique_task(make_app(broker, dedupe_redis_url=url))
+    first = remembered(refresh, 16)
+    before = evalsha_calls(store_server)
+    answer = refresh.delay(16)
+    assert (answer.deduplicated, answer.id) == (True, first.id)
+    assert evalsha_calls(store_server) == before + 1
+
+
 @pytest.fixture
 def forked() -> Callable[[Callable[[], bool]], bool]:
     """Run a check in a forked child: its verdict."""
