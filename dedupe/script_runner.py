@@ -28,9 +28,10 @@ its connection speaks RESP3 with ``CLIENT TRACKING ON OPTIN``, a call whose answ
 remembered goes behind ``CLIENT CACHING YES``, and Redis then pushes an invalidation on this
 very connection the moment the key is written, expires or is flushed. Before a remembered
 answer is given, what the connection has received is read without waiting (pushes only: the
-replies of earlier sends are read first). A lost connection, a fork and a NOSCRIPT reload
-forget everything; an entry lives ``remember_for`` seconds at most, which bounds what a
-connection cut without a word (or a proxy that drops pushes) could leave stale.
+replies of earlier sends are read first). A lost connection and a fork forget everything (a
+call sent again after NOSCRIPT goes without CACHING YES, and its answer is not kept); an entry
+lives ``remember_for`` seconds at most, which bounds what a connection cut without a word (or
+a proxy that drops pushes) could leave stale.
 
 Waiting for a reply polls the socket for a short while (``busy_poll``) before it sleeps in
 ``recv``. A loopback or same-rack round trip takes a few tens of microseconds, but a thread

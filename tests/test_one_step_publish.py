@@ -206,8 +206,10 @@ def test_a_task_of_mostly_duplicates_decides_before_building_its_message(
     finally:
         signals.before_task_publish.disconnect(before)
     assert published == []  # no message was built for it
-    # (CLIENT CACHING YES: Redis tracks the key for this thread's remembered answer.)
-    assert _stats(redis_client) == {"client|caching": 1, "evalsha": 1, "get": 1, "pttl": 1}
+    # CLIENT CACHING YES ("client" before Redis 7): Redis tracks the key for this thread's
+    # remembered answer.
+    stats = {name.split("|")[0]: count for name, count in _stats(redis_client).items()}
+    assert stats == {"client": 1, "evalsha": 1, "get": 1, "pttl": 1}
     # An accepted call of that task still writes its record with its message.
     accepted = job.delay(2)
     assert accepted.deduplicated is False
