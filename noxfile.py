@@ -58,6 +58,7 @@ COMPAT_TESTS = [
     "tests/test_store.py",
     "tests/test_producer.py",
     "tests/test_one_step_publish.py",
+    "tests/test_remembered_duplicates.py",
     "tests/test_unknown_fate.py",
     "tests/test_async.py",
     "tests/test_canvas.py",
