@@ -38,6 +38,7 @@ import redis
 from celery import signals
 from kombu import Connection
 
+from dedupe import events
 from dedupe._redis_server import RedisServer
 from dedupe.errors import RecordFormatError
 from dedupe.record import Holder
@@ -105,6 +106,13 @@ def _produce(seed: int, params: Params, barrier: Any) -> None:
         publishing[0] = str((headers or {}).get("id", ""))
 
     signals.before_task_publish.connect(note, weak=False)
+    # Whether the call's duplicate answer was remembered (no round trip).
+    from_memory = [False]
+
+    def deduplicated(remembered: bool = False, **_: Any) -> None:
+        from_memory[0] = remembered
+
+    events.call_deduplicated.connect(deduplicated, weak=False)
     tasks = {"finished": chaos_app.finished, "started": chaos_app.started}
     if params.plain:
         tasks = {"finished": chaos_app.plain_finished, "started": chaos_app.plain_started}
@@ -115,7 +123,7 @@ def _produce(seed: int, params: Params, barrier: Any) -> None:
     barrier.wait()
     for _ in range(params.calls):
         name, key = rng.choice(list(tasks)), rng.randrange(params.keys)
-        start, publishing[0] = time.time(), ""
+        start, publishing[0], from_memory[0] = time.time(), "", False
         try:
             result = tasks[name].apply_async((key, 0.05 + (key % 5) * 0.08))
             call = Call(
@@ -126,6 +134,7 @@ def _produce(seed: int, params: Params, barrier: Any) -> None:
                 start,
                 time.time(),
                 pid=os.getpid(),
+                remembered=from_memory[0],
             )
         except Exception as exc:
             error = type(exc).__name__

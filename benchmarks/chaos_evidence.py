@@ -36,6 +36,8 @@ class Call:
     end: float
     error: str = ""
     pid: int = 0  # the producer's
+    #: A duplicate answered from the producer thread's memory (no round trip).
+    remembered: bool = False
 
     def encode(self) -> str:
         return json.dumps(
@@ -48,6 +50,7 @@ class Call:
                 self.end,
                 self.error,
                 self.pid,
+                self.remembered,
             ]
         )
 
@@ -513,7 +516,8 @@ class Checks:
                 "info",
                 [
                     f"{accepted} accepted, {len(calls) - accepted - sum(errors.values())} "
-                    f"deduplicated, {runs} runs"
+                    f"deduplicated ({sum(call.remembered for call in calls)} answered from "
+                    f"memory), {runs} runs"
                 ],
             ),
             self.error_row(errors),

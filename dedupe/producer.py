@@ -441,11 +441,19 @@ class PreparedCall:
             holder.task_id,
         )
 
-    def duplicate(self, holder: Holder) -> DedupeResult:
-        """The answer to a duplicate call: the holder's result, or AlreadyQueued."""
+    def duplicate(self, holder: Holder, *, remembered: bool = False) -> DedupeResult:
+        """The answer to a duplicate call: the holder's result, or AlreadyQueued.
+        ``remembered``: the holder was this thread's remembered answer (no round trip)."""
         call = self.call
         self.runtime.count_call(call.task_name, duplicate=True)
-        emit(DEDUPLICATED, call.task_name, self.task_id, self.keys.call, holder)
+        emit(
+            DEDUPLICATED,
+            call.task_name,
+            self.task_id,
+            self.keys.call,
+            holder,
+            remembered=remembered,
+        )
         if self.on_duplicate == "raise":
             raise AlreadyQueued(call.task_name, holder.task_id, holder.state, holder.key)
         return duplicate_result(
@@ -536,7 +544,7 @@ def publish_prepared(prepared: PreparedCall) -> DedupeResult:
         store = prepared.runtime.existing_store
         holder = store.remembered(prepared.keys) if store is not None else None
         if holder is not None:
-            return prepared.duplicate(holder)
+            return prepared.duplicate(holder, remembered=True)
     if prepared.writes_first:
         store = prepared.store
         try:

@@ -460,9 +460,11 @@ class ScriptRunner:
             self._catch_up(sock)
         buffer = local.buffer
         while True:
+            whole = True
             while buffer:
                 parsed = _parse(buffer, 0)
                 if parsed is None:
+                    whole = False  # a push cut short: its rest is on its way, wait for it
                     break
                 reply, end = parsed
                 buffer = local.buffer = buffer[end:]
@@ -470,10 +472,12 @@ class ScriptRunner:
                     # Nothing was sent whose reply this could be.
                     raise redis.ConnectionError("the dedup Redis sent a reply out of turn")
                 self._on_push(reply)
-            if not local.hear.poll(0):
+            if whole and not local.hear.poll(0):
                 return
             try:
                 chunk = sock.recv(65536)
+            except TimeoutError:
+                raise redis.TimeoutError("Timeout reading from the dedup Redis") from None
             except OSError as exc:
                 raise redis.ConnectionError(f"Error reading from the dedup Redis: {exc}") from exc
             if not chunk:

@@ -7,7 +7,10 @@ flushed, restarted or frozen."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +19,7 @@ import pytest
 import redis
 
 import dedupe
+from dedupe import events
 from dedupe._redis_server import RedisServer
 from dedupe.producer import keys_of_call
 from dedupe.runtime import runtime_of
@@ -333,3 +337,87 @@ def test_a_thread_remembers_a_bounded_number_of_answers(
     for x in range(20, 23):
         assert refresh.delay(x).deduplicated is True
     assert evalsha_calls(store_server) > before  # the oldest answers were dropped
+
+
+def test_call_deduplicated_says_whether_the_answer_was_remembered(store_app: Any) -> None:
+    refresh = unique_task(store_app)
+    refresh.delay(17)
+    mostly_duplicates(refresh)
+    said: list[bool] = []
+
+    def deduplicated(remembered: bool, **_: Any) -> None:
+        said.append(remembered)
+
+    events.call_deduplicated.connect(deduplicated, weak=False)
+    try:
+        refresh.delay(17)  # asks Redis
+        refresh.delay(17)  # answered from memory
+    finally:
+        events.call_deduplicated.disconnect(deduplicated)
+    assert said == [False, True]
+
+
+class HalvingProxy:
+    """A TCP proxy to a Redis that, once ``halve`` is set, hands each of the server's writes
+    to the client in two halves, the second ``pause`` seconds after the first: a message cut
+    across two segments, as a network may deliver it."""
+
+    def __init__(self, target_port: int, pause: float) -> None:
+        self.target_port, self.pause, self.halve = target_port, pause, False
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+                self.sockets += [client, server]
+                threading.Thread(
+                    target=self._pipe, args=(client, server, False), daemon=True
+                ).start()
+                threading.Thread(
+                    target=self._pipe, args=(server, client, True), daemon=True
+                ).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if from_server and self.halve and len(data) > 1:
+                    sink.sendall(data[: len(data) // 2])
+                    time.sleep(self.pause)
+                    data = data[len(data) // 2 :]
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+def test_a_change_pushed_in_two_segments_is_waited_for(
+    make_app: Callable[..., Any], broker: str, store_server: RedisServer
+) -> None:
+    proxy = HalvingProxy(store_server.port, pause=1.0)
+    try:
+        refresh = unique_task(make_app(broker, dedupe_redis_url=proxy.url))
+        remembered(refresh, 18)
+        holder = dedupe.lookup(refresh, (18,))
+        assert holder is not None
+        proxy.halve = True
+        other = redis.Redis.from_url(store_server.url, protocol=2)
+        try:
+            assert other.delete(holder.key) == 1
+        finally:
+            other.close()
+        time.sleep(0.3)  # the push's first half is here, its second a second away
+        assert refresh.delay(18).deduplicated is False
+    finally:
+        proxy.close()
