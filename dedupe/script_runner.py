@@ -474,15 +474,7 @@ class ScriptRunner:
                 self._on_push(reply)
             if whole and not local.hear.poll(0):
                 return
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                raise redis.TimeoutError("Timeout reading from the dedup Redis") from None
-            except OSError as exc:
-                raise redis.ConnectionError(f"Error reading from the dedup Redis: {exc}") from exc
-            if not chunk:
-                raise redis.ConnectionError("The dedup Redis closed the connection")
-            buffer = local.buffer = buffer + chunk
+            buffer = local.buffer = buffer + self._receive(sock)
 
     def _on_push(self, push: _Push) -> None:
         if len(push) >= 2 and push[0] == b"invalidate":
@@ -612,17 +604,22 @@ class ScriptRunner:
                         self._on_push(reply)  # out of band: not the reply of any call
                         continue
                     return reply
-            try:
-                if local.poll is not None:
-                    self._poll(local)
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                raise redis.TimeoutError("Timeout reading from the dedup Redis") from None
-            except OSError as exc:
-                raise redis.ConnectionError(f"Error reading from the dedup Redis: {exc}") from exc
-            if not chunk:
-                raise redis.ConnectionError("The dedup Redis closed the connection")
-            buffer += chunk
+            if local.poll is not None:
+                self._poll(local)
+            buffer += self._receive(sock)
+
+    @staticmethod
+    def _receive(sock: socket.socket) -> bytes:
+        """What the server sent next (waits for it), or redis-py's error for why not."""
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            raise redis.TimeoutError("Timeout reading from the dedup Redis") from None
+        except OSError as exc:
+            raise redis.ConnectionError(f"Error reading from the dedup Redis: {exc}") from exc
+        if not chunk:
+            raise redis.ConnectionError("The dedup Redis closed the connection")
+        return chunk
 
     def _poll(self, local: _Local) -> None:
         """Poll for the reply, within the budget, so that the recv after it need not sleep."""
