@@ -60,7 +60,7 @@ from redis._parsers import BaseParser
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.connection import AbstractConnection
-from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ReadOnlyError, ResponseError
 from redis.retry import Retry
 
 __all__ = ["Reply", "ScriptRunner", "pack_command"]
@@ -390,10 +390,12 @@ class ScriptRunner:
             try:
                 self._read(sock)  # +OK
             except ResponseError as exc:
-                # (An ACL that allows TRACKING but not CACHING: the call goes on, untracked.)
-                self._refuse_tracking(exc)
-                local.tracking, sent_at[0] = False, None
-                local.known.clear()
+                # The call goes on, untracked: an ACL that allows TRACKING but not CACHING
+                # (for good), or an answer of the moment (BUSY, LOADING: this call only).
+                sent_at[0] = None
+                if _cannot_track(exc):
+                    self._refuse_tracking(exc)
+                    local.known.clear()
             except BaseException:
                 self._drop_connection()
                 raise
@@ -408,20 +410,37 @@ class ScriptRunner:
         """Keep ``value`` as this thread's answer for ``key`` until Redis says the key changed,
         or ``until`` (time.monotonic(); capped at ``remember_for`` from now). Only for a key a
         :meth:`call_tracked` just read, tracked."""
-        local = self._local
-        if local.tracking:
-            now = time.monotonic()
-            known = local.known
+        if self._local.tracking:
+            self._keep(key, until, value)
+
+    def note_duplicate(self, key: str) -> None:
+        """``key`` was met held (asked untracked): a duplicate of it again within
+        ``remember_for`` is worth tracking (:meth:`worth_tracking`)."""
+        if self._local.tracking:
+            self._keep(key, time.monotonic() + self._remember_for, None)
+
+    def worth_tracking(self, key: str) -> bool:
+        """Was ``key`` met held (or remembered) in this thread within ``remember_for``? Only
+        such keys are tracked: Redis keeps every tracked key in its table until it changes,
+        so the first meeting of a key asks untracked."""
+        entry = self._local.known.get(key.encode(self._encoding))
+        return entry is not None and time.monotonic() < entry[0]
+
+    def _keep(self, key: str, until: float, value: Any) -> None:
+        now = time.monotonic()
+        known = self._local.known
+        if len(known) >= _MAX_REMEMBERED:
+            for name in [name for name, entry in known.items() if entry[0] <= now]:
+                del known[name]
             if len(known) >= _MAX_REMEMBERED:
-                for name in [name for name, entry in known.items() if entry[0] <= now]:
-                    del known[name]
-                if len(known) >= _MAX_REMEMBERED:
-                    known.clear()  # (all live: a burst over that many keys; ask again)
-            known[key.encode(self._encoding)] = (min(until, now + self._remember_for), value)
+                known.clear()  # (all live: a burst over that many keys; ask again)
+        known[key.encode(self._encoding)] = (min(until, now + self._remember_for), value)
 
     def remembered(self, key: str) -> Any:
         """This thread's remembered answer for ``key``, or None: Redis has said nothing of the
-        key since it was remembered (what arrived on the connection is read first)."""
+        key since it was remembered, and nothing waits to be read on the connection (bytes
+        that do may be an invalidation's first part, or come before one still on its way:
+        the call then asks, and its reply comes behind them)."""
         local = self._local
         known = local.known
         if not known:
@@ -431,50 +450,48 @@ class ScriptRunner:
             return None
         name = key.encode(self._encoding)
         entry = known.get(name)
-        if entry is None:
+        if entry is None or entry[1] is None:
             return None
         if time.monotonic() >= entry[0]:
             del known[name]
             return None
         try:
-            self._hear()
-        except self._retried:
+            quiet = self._quiet()
+        except redis.RedisError:
             self._drop_connection()
             return None
-        entry = known.get(name)
-        return None if entry is None else entry[1]
+        return entry[1] if quiet else None
 
     def forget(self, key: str) -> None:
         """Drop this thread's remembered answer for ``key`` (a write of this process's own)."""
         self._local.known.pop(key.encode(self._encoding), None)
 
-    def _hear(self) -> None:
-        """Read what the tracking connection has received, without waiting: the replies of
-        earlier sends, then pushes."""
+    def _quiet(self) -> bool:
+        """Has the tracking connection nothing to read, and no reply owed to an earlier send?
+        Never waits: what has arrived is read (pushes only), so what follows is the call's
+        own round trip, under its own budget."""
         local = self._local
         sock = local.sock
         if sock is None or local.hear is None:
             local.known.clear()
-            return
-        if local.pending or local.unsent:
-            self._catch_up(sock)
-        buffer = local.buffer
-        while True:
-            whole = True
-            while buffer:
-                parsed = _parse(buffer, 0)
-                if parsed is None:
-                    whole = False  # a push cut short: its rest is on its way, wait for it
-                    break
-                reply, end = parsed
-                buffer = local.buffer = buffer[end:]
-                if not isinstance(reply, _Push):
-                    # Nothing was sent whose reply this could be.
-                    raise redis.ConnectionError("the dedup Redis sent a reply out of turn")
-                self._on_push(reply)
-            if whole and not local.hear.poll(0):
-                return
-            buffer = local.buffer = buffer + self._receive(sock)
+            return False
+        if local.pending or local.unsent or local.buffer:
+            return False
+        if not local.hear.poll(0):
+            return True
+        # Read it: pushes drop what they name, a closed connection is found now.
+        local.buffer = self._receive(sock)
+        while local.buffer:
+            parsed = _parse(local.buffer, 0)
+            if parsed is None:
+                break
+            reply, end = parsed
+            local.buffer = local.buffer[end:]
+            if not isinstance(reply, _Push):
+                # Nothing was sent whose reply this could be.
+                raise redis.ConnectionError("the dedup Redis sent a reply out of turn")
+            self._on_push(reply)
+        return False
 
     def _on_push(self, push: _Push) -> None:
         if len(push) >= 2 and push[0] == b"invalidate":
@@ -683,7 +700,7 @@ class ScriptRunner:
         try:
             connection.connect()  # the handshake: TLS, AUTH, HELLO, SELECT, client name
         except ResponseError as exc:
-            if not track:
+            if not track or not _cannot_track(exc):
                 raise
             # No HELLO 3 (Redis before 6, or a proxy): RESP2, and nothing remembered.
             self._refuse_tracking(exc)
@@ -716,13 +733,17 @@ class ScriptRunner:
         local.tracking, local.hear = True, hear
 
     def _refuse_tracking(self, exc: ResponseError) -> None:
-        if not self._tracking_refused:
-            self._tracking_refused = True
-            logger.info(
-                "the dedup Redis cannot track keys for this client (%s): every duplicate "
-                "is asked of Redis",
-                exc,
-            )
+        """Track nothing on this connection; on the next ones too if the server cannot or
+        may not (a Redis before 6, a proxy, an ACL), not for an answer of the moment."""
+        self._local.tracking = False
+        if self._tracking_refused or not _cannot_track(exc):
+            return
+        self._tracking_refused = True
+        logger.info(
+            "the dedup Redis cannot track keys for this client (%s): every duplicate is "
+            "asked of Redis",
+            exc,
+        )
 
     def _socket_timeout(self) -> float | None:
         """The read timeout of a connection: the configured one, within the budget."""
@@ -804,6 +825,15 @@ def _parse_aggregate(buffer: bytes, kind: bytes, count: int, end: int) -> tuple[
 
 class _Push(list[Any]):
     """A RESP3 push message: something the server says of its own accord."""
+
+
+def _cannot_track(exc: ResponseError) -> bool:
+    """Does this refusal of HELLO 3, CLIENT TRACKING or CLIENT CACHING mean the server cannot
+    or may not track keys for this client (rather than "not now")?"""
+    text = str(exc).lstrip("-").lower()
+    return isinstance(exc, NoPermissionError) or text.startswith(
+        ("unknown command", "unknown subcommand", "err unknown", "noperm", "noproto")
+    )
 
 
 def _error(message: bytes) -> ResponseError:

@@ -421,18 +421,21 @@ class Store:
         self, keys: CallKeys, record: bytes, ttl_ms: int, *, remember: bool = False
     ) -> Holder | None:
         """Create the queued record of a call. None: accepted; a Holder: a duplicate of it.
-        ``remember``: a duplicate's holder is this thread's answer for the key until Redis
-        says the key changed (:meth:`remembered`)."""
+        ``remember``: a duplicate's holder becomes this thread's answer for the key until
+        Redis says the key changed (:meth:`remembered`), from the key's second duplicate
+        within ``remember_duplicates`` on (Redis tracks only keys met held before)."""
         barrier = self._barrier()
         marked = [keys.call, barrier.marker] if barrier else [keys.call]
         run = self._run
         with reraise_unavailable("enqueue", keys.call):
-            if remember and isinstance(run, ScriptRunner):
+            if remember and isinstance(run, ScriptRunner) and run.worth_tracking(keys.call):
                 reply, tracked_at = run.call_tracked(self._enqueue, marked, [record, ttl_ms])
                 if tracked_at is not None and isinstance(reply, bytes):
                     return self._remember(keys.call, reply, tracked_at)
             else:
                 reply = run(self._enqueue, marked, [record, ttl_ms])
+                if remember and isinstance(reply, bytes) and isinstance(run, ScriptRunner):
+                    run.note_duplicate(keys.call)  # the next duplicate is tracked
         if not_decided(reply):
             self._restore_lost(barrier)
             with reraise_unavailable("enqueue", keys.call):

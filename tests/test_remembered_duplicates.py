@@ -78,7 +78,8 @@ def remembered(task: Any, *args: Any) -> Any:
     first = task.delay(*args)
     assert first.deduplicated is False
     mostly_duplicates(task)
-    assert task.delay(*args).deduplicated is True  # asks Redis, and remembers
+    assert task.delay(*args).deduplicated is True  # asks Redis
+    assert task.delay(*args).deduplicated is True  # asks Redis, tracked, and remembers
     return first
 
 
@@ -351,10 +352,11 @@ def test_call_deduplicated_says_whether_the_answer_was_remembered(store_app: Any
     events.call_deduplicated.connect(deduplicated, weak=False)
     try:
         refresh.delay(17)  # asks Redis
+        refresh.delay(17)  # asks Redis, and remembers
         refresh.delay(17)  # answered from memory
     finally:
         events.call_deduplicated.disconnect(deduplicated)
-    assert said == [False, True]
+    assert said == [False, False, True]
 
 
 class HalvingProxy:
@@ -421,3 +423,133 @@ def test_a_change_pushed_in_two_segments_is_waited_for(
         assert refresh.delay(18).deduplicated is False
     finally:
         proxy.close()
+
+
+def test_bytes_waiting_on_the_connection_make_the_call_ask(
+    store_app: Any, store_server: RedisServer
+) -> None:
+    # They may be an invalidation's first part, or come before one still on its way.
+    refresh = unique_task(store_app)
+    first = remembered(refresh, 19)
+    remembered(refresh, 20)
+    other_key = dedupe.lookup(refresh, (20,))
+    assert other_key is not None
+    other = redis.Redis.from_url(store_server.url, protocol=2)
+    try:
+        assert other.delete(other_key.key) == 1  # a push for the other key comes
+    finally:
+        other.close()
+    time.sleep(0.1)
+    before = evalsha_calls(store_server)
+    answer = refresh.delay(19)
+    assert (answer.deduplicated, answer.id) == (True, first.id)
+    assert evalsha_calls(store_server) == before + 1  # asked: its reply came behind them
+    assert refresh.delay(19).deduplicated is True
+    assert evalsha_calls(store_server) == before + 1  # and remembered again
+
+
+def test_a_call_owed_an_earlier_reply_on_a_frozen_store_waits_out_one_retry_cycle_not_two(
+    make_store_app: Callable[..., Any], store_server: RedisServer
+) -> None:
+    app = make_store_app(
+        dedupe_redis_options={"socket_timeout": 0.2, "socket_connect_timeout": 0.2},
+        dedupe_on_redis_error="raise",
+    )
+    refresh = unique_task(app)
+    remembered(refresh, 21)
+    # An accepted call of a task of mostly duplicates confirms without waiting: its reply
+    # is owed when the next call comes.
+    assert refresh.delay(22).deduplicated is False
+    stats = redis.Redis.from_url(store_server.url, protocol=2)
+    try:
+        before = stats.info("stats")["total_connections_received"]
+        store_server.pause()
+        try:
+            with pytest.raises(dedupe.RedisUnavailable):
+                refresh.delay(21)
+        finally:
+            store_server.resume()
+        # The first try on the call's open connection, then one per retry (2): no wait
+        # before them for the remembered answer.
+        assert stats.info("stats")["total_connections_received"] - before == 2
+    finally:
+        stats.close()
+
+
+def test_a_busy_store_refuses_tracking_for_that_call_only(
+    store_app: Any, store_server: RedisServer
+) -> None:
+    refresh = unique_task(store_app)
+    first = refresh.delay(23)
+    mostly_duplicates(refresh)
+    assert refresh.delay(23).deduplicated is True  # met held: its next duplicate is tracked
+    admin = redis.Redis.from_url(store_server.url, protocol=2, socket_timeout=10)
+    busy = redis.Redis.from_url(store_server.url, protocol=2, socket_timeout=10)
+
+    def spin() -> None:
+        with contextlib.suppress(redis.RedisError):
+            busy.eval("while true do end", 0)  # until SCRIPT KILL
+
+    try:
+        admin.config_set("lua-time-limit", 50)  # (busy-reply-threshold's old name)
+        spinning = threading.Thread(target=spin, daemon=True)
+        spinning.start()
+        time.sleep(0.3)
+        with contextlib.suppress(dedupe.RedisUnavailable):
+            refresh.delay(23)  # BUSY, to its CLIENT CACHING YES too
+        admin.script_kill()
+        spinning.join(5)
+    finally:
+        busy.close()
+        admin.close()
+    assert refresh.delay(23).deduplicated is True  # met held again, tracked
+    answer = refresh.delay(23)  # from memory: tracking was not given up for good
+    assert (answer.deduplicated, answer.id) == (True, first.id)
+    assert answer.holder is not None
+    before = evalsha_calls(store_server)
+    assert refresh.delay(23).deduplicated is True
+    assert evalsha_calls(store_server) == before
+
+
+def test_a_killed_connection_under_a_retry_policy_that_retries_no_connection_error_answers(
+    make_store_app: Callable[..., Any], store_server: RedisServer
+) -> None:
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    app = make_store_app(
+        dedupe_redis_options={
+            "retry": Retry(NoBackoff(), 2, supported_errors=(redis.TimeoutError,))
+        }
+    )
+    refresh = unique_task(app)
+    first = remembered(refresh, 24)
+    admin = redis.Redis.from_url(store_server.url, protocol=2)
+    try:
+        admin.client_kill_filter(_type="normal", skipme=True)
+    finally:
+        admin.close()
+    answer = refresh.delay(24)
+    assert (answer.deduplicated, answer.id) == (True, first.id)
+
+
+def test_only_keys_met_held_before_are_tracked(store_app: Any, store_server: RedisServer) -> None:
+    # Redis keeps a tracked key in its table until the key changes: accepted calls and a
+    # key's first duplicate add nothing to it.
+    refresh = unique_task(store_app)
+    mostly_duplicates(refresh)
+    for x in range(30, 40):
+        assert refresh.delay(x).deduplicated is False
+        assert refresh.delay(x).deduplicated is True
+    assert tracked_keys(store_server) == 0
+    assert refresh.delay(30).deduplicated is True
+    # The key, and on a Redis broker the marker its store's enqueue reads (dedupe.keys).
+    assert 1 <= tracked_keys(store_server) <= 2
+
+
+def tracked_keys(server: RedisServer) -> int:
+    client = redis.Redis.from_url(server.url, protocol=2)
+    try:
+        return int(client.info("stats")["tracking_total_keys"])
+    finally:
+        client.close()
