@@ -40,6 +40,7 @@ from celery.result import AsyncResult
 from celery.utils.nodenames import anon_nodename
 
 from .call import Call, Publish, TaskPublish
+from .message_repr import plain_repr
 from .publish_seam import is_redis_channel
 
 __all__ = ["BatchSender", "sender_for"]
@@ -112,6 +113,10 @@ class BatchSender:
         # (Cached properties of kombu's, read through a descriptor at each access.)
         self._create_task_message: Any = amqp.create_task_message
         self._send_task_message: Any = amqp.send_task_message
+        # What as_task_v2 gives saferepr (before Celery 5.5 no maxlevels: saferepr's 3).
+        self._argsrepr_maxsize: int = amqp.argsrepr_maxsize
+        self._kwargsrepr_maxsize: int = amqp.kwargsrepr_maxsize
+        self._repr_maxlevels: int | None = app.conf.get("task_repr_maxlevels", 3)
         self._backend = app.backend
         self._reply_to = app.thread_oid
         # What as_task_v2 would name each message's origin: this process, on this host.
@@ -228,7 +233,7 @@ class BatchSender:
             None, None, self._reply_to, time_limit, soft_time_limit, context.sent_event,
             context.root_id, context.parent_id, shadow, None,
             ignore_result=ignore_result, replaced_task_nesting=0, origin=self._origin,
-            **options,
+            **self._reprs(args, kwargs, options), **options,
         )  # fmt: skip
         with producer.connection._reraise_as_library_errors():
             if not ignore_result:
@@ -239,6 +244,21 @@ class BatchSender:
         if add_to_parent and parent is not None:
             parent.add_trail(result)
         return result
+
+    def _reprs(self, args: Any, kwargs: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """The message's argsrepr and kwargsrepr where they are cheap to make as saferepr
+        would (a None is made by Celery); none given where the call gives its own."""
+        reprs = {}
+        levels = self._repr_maxlevels
+        if "argsrepr" not in options:
+            reprs["argsrepr"] = plain_repr(
+                args or (), maxsize=self._argsrepr_maxsize, maxlevels=levels
+            )
+        if "kwargsrepr" not in options:
+            reprs["kwargsrepr"] = plain_repr(
+                kwargs or {}, maxsize=self._kwargsrepr_maxsize, maxlevels=levels
+            )
+        return reprs
 
     def _route(self, options: dict[str, Any], args: Any, kwargs: Any) -> dict[str, Any]:
         """The app's route of a call with ``options``."""

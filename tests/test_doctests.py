@@ -22,6 +22,7 @@ RUNNABLE = [
     "dedupe.header",
     "dedupe.inventory",
     "dedupe.keys",
+    "dedupe.message_repr",
     "dedupe.record",
     "dedupe.timing",
 ]
