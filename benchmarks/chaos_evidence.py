@@ -204,12 +204,15 @@ class Checks:
         claimed its key (and, ``unique_until="started"``, freed its call's key), whether or not
         its body started before a kill."""
         deferred = set(self.e.deferred.get(task_id, []))
+        preruns = sorted(self.e.prerun.get(task_id, []))
         claims = []
-        for at, pid in self.e.prerun.get(task_id, []):
-            # A child runs one delivery at a time: its deferral is its next one of this id.
-            after = [d for d in deferred if d[1] == pid and d[0] >= at]
-            if after:
-                deferred.discard(min(after))
+        for index, (at, pid) in enumerate(preruns):
+            # A child runs one delivery at a time: a deferral of this delivery comes after its
+            # prerun and before that child's next prerun of this id (a later delivery's own).
+            until = min((t for t, p in preruns[index + 1 :] if p == pid), default=float("inf"))
+            own = [d for d in deferred if d[1] == pid and at <= d[0] < until]
+            if own:
+                deferred.discard(min(own))
             else:
                 claims.append(at)
         return claims

@@ -80,6 +80,20 @@ def test_a_deferral_in_another_child_does_not_stand_for_this_childs_delivery() -
     assert checks.duplicates() == []
 
 
+def test_a_delivery_that_ran_is_a_claim_though_its_child_defers_a_later_one() -> None:
+    # Child 10 claimed at 5 s and ran; at 20 s the same child got the message again (its ack
+    # lost) and deferred it. The 20 s deferral is that delivery's, not the 5 s one's: a call
+    # at 5.5 s came after the claim freed the started key.
+    checks = _checks(
+        prerun=[(5.0, 10), (20.0, 10)],
+        deferred=[(20.01, 10)],
+        runs=[(5.01, 5.2)],
+        later_call_at=5.005,
+    )
+    assert checks.duplicates() == []
+    assert checks.deferrals(HOLDER) == 1
+
+
 def _never_run(
     faults: list[Fault],
     prerun: dict[str, list[tuple[float, int]]] | None = None,
