@@ -113,7 +113,9 @@ class DedupeConfig:
             ),
             on_redis_error=cast('Literal["enqueue", "raise"]', on_error),
             busy_poll=_busy_poll(_setting(conf, "dedupe_busy_poll_us", defaults.BUSY_POLL_US)),
-            call_budget=_budget(_setting(conf, "dedupe_call_budget", defaults.CALL_BUDGET)),
+            call_budget=_seconds_or_never(
+                "dedupe_call_budget", _setting(conf, "dedupe_call_budget", defaults.CALL_BUDGET)
+            ),
             provisional_ttl=positive_seconds(
                 "dedupe_provisional_ttl",
                 _setting(conf, "dedupe_provisional_ttl", defaults.PROVISIONAL_TTL),
@@ -144,10 +146,6 @@ def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"{name} must be a whole number, 1 or more; got {value!r}")
     return value
-
-
-def _budget(seconds: Any) -> float:
-    return _seconds_or_never("dedupe_call_budget", seconds)
 
 
 def _seconds_or_never(name: str, seconds: Any) -> float:

@@ -25,13 +25,14 @@ calls in flight sends them again on its successor.
 
 A thread can answer a repeated duplicate without a round trip (:meth:`ScriptRunner.remembered`):
 its connection speaks RESP3 with ``CLIENT TRACKING ON OPTIN``, a call whose answer is to be
-remembered goes behind ``CLIENT CACHING YES``, and Redis then pushes an invalidation on this
-very connection the moment the key is written, expires or is flushed. Before a remembered
-answer is given, what the connection has received is read without waiting (pushes only: the
-replies of earlier sends are read first). A lost connection and a fork forget everything (a
-call sent again after NOSCRIPT goes without CACHING YES, and its answer is not kept); an entry
-lives ``remember_for`` seconds at most, which bounds what a connection cut without a word (or
-a proxy that drops pushes) could leave stale.
+remembered (a key met held before, :meth:`ScriptRunner.worth_tracking`) goes behind
+``CLIENT CACHING YES``, and Redis then pushes an invalidation on this very connection the
+moment the key is written, expires or is flushed. A remembered answer is given only while the
+connection is quiet: no reply owed to an earlier send, nothing received and unread (what has
+arrived is read without waiting, and the call asks instead). A lost connection and a fork
+forget everything (a call sent again after NOSCRIPT goes without CACHING YES, and its answer
+is not kept); an entry lives ``remember_for`` seconds at most, which bounds what a connection
+cut without a word (or a proxy that drops pushes) could leave stale.
 
 Waiting for a reply polls the socket for a short while (``busy_poll``) before it sleeps in
 ``recv``. A loopback or same-rack round trip takes a few tens of microseconds, but a thread
@@ -377,14 +378,13 @@ class ScriptRunner:
         sent_at: list[float | None] = [None]
 
         def attempt() -> Any:
-            sock = self._socket()
+            sock = self._socket()  # (a new connection starts tracking here)
             local = self._local
-            if local.pending or local.unsent:
-                self._catch_up(sock)
             if not local.tracking or script.sha not in self._known:
                 sent_at[0] = None
-                self._send(sock, command)
-                return self._reply(sock, script, command)
+                return self._call(script, command)
+            if local.pending or local.unsent:
+                self._catch_up(sock)
             reloads, sent_at[0] = local.reloads, time.monotonic()
             self._send(sock, _CACHING_YES + command)
             try:

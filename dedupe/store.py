@@ -427,15 +427,16 @@ class Store:
         barrier = self._barrier()
         marked = [keys.call, barrier.marker] if barrier else [keys.call]
         run = self._run
+        tracker = run if remember and isinstance(run, ScriptRunner) else None
         with reraise_unavailable("enqueue", keys.call):
-            if remember and isinstance(run, ScriptRunner) and run.worth_tracking(keys.call):
-                reply, tracked_at = run.call_tracked(self._enqueue, marked, [record, ttl_ms])
+            if tracker is not None and tracker.worth_tracking(keys.call):
+                reply, tracked_at = tracker.call_tracked(self._enqueue, marked, [record, ttl_ms])
                 if tracked_at is not None and isinstance(reply, bytes):
                     return self._remember(keys.call, reply, tracked_at)
             else:
                 reply = run(self._enqueue, marked, [record, ttl_ms])
-                if remember and isinstance(reply, bytes) and isinstance(run, ScriptRunner):
-                    run.note_duplicate(keys.call)  # the next duplicate is tracked
+                if tracker is not None and isinstance(reply, bytes):
+                    tracker.note_duplicate(keys.call)  # the next duplicate is tracked
         if not_decided(reply):
             self._restore_lost(barrier)
             with reraise_unavailable("enqueue", keys.call):
