@@ -137,6 +137,6 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def chaos(session: nox.Session) -> None:
     """Run the chaos scenario (kills, a dedup-Redis restart, a broker cut) on both brokers;
-    arguments after -- go to benchmarks/chaos.py (--help lists them)."""
+    arguments after -- go to tests/chaos/run.py (--help lists them)."""
     session.install("-e", ".[test]")
-    session.run("python", "-m", "benchmarks.chaos", *session.posargs)
+    session.run("python", "-m", "tests.chaos", *session.posargs)

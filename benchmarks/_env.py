@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 
 import dedupe
-from dedupe._redis_server import RedisServer
+from dedupe.demo.server import RedisServer
 
 
 @contextlib.contextmanager

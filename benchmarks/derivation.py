@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dedupe.keys import Binder, call_digest
+from dedupe.values.keys import Binder, call_digest
 
 
 def one(value: Any) -> None: ...

@@ -153,7 +153,7 @@ def run_rabbitmq(redis_url: str, amqp_url: str, rounds: int, calls: int) -> Timi
 
 
 def _then_a_round_trip(url: str, call: Callable[[int], Any]) -> Callable[[int], Any]:
-    """``call``, then a PING whose reply is polled for (as :mod:`dedupe.script_runner` polls):
+    """``call``, then a PING whose reply is polled for (as :mod:`dedupe.store.script_runner` polls):
     the :data:`FLOOR` variant."""
     where = urlsplit(url)
     sock = socket.create_connection((where.hostname or "127.0.0.1", where.port or 6379))

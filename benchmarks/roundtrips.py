@@ -11,7 +11,7 @@ import redis
 from celery import signals
 
 import dedupe
-from dedupe._redis_server import RedisServer
+from dedupe.demo.server import RedisServer
 
 from ._env import in_process_worker, make_app
 

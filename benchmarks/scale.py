@@ -8,10 +8,10 @@ from typing import Any
 
 import redis
 
-from dedupe._redis_server import RedisServer
-from dedupe.keys import call_keys
-from dedupe.record import pack_queued
-from dedupe.store import Store
+from dedupe.demo.server import RedisServer
+from dedupe.store.store import Store
+from dedupe.values.keys import call_keys
+from dedupe.values.record import pack_queued
 
 from ._env import Variant, interleaved
 

@@ -12,7 +12,8 @@ from typing import Any
 import redis
 
 import dedupe
-from dedupe._redis_server import ClusterSet, RedisServer, SentinelSet
+from dedupe.demo.server import RedisServer
+from tests.servers import ClusterSet, SentinelSet
 
 from ._env import Timings, Variant, interleaved, make_app
 from .enqueue import PLAIN
@@ -74,7 +75,7 @@ def _variants(
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def unique(x: int) -> None: ...
 
-    store: Any = dedupe.runtime.runtime_of(app).store.client
+    store: Any = dedupe.runs.runtime.runtime_of(app).store.client
     prefix = app.conf.dedupe_key_prefix
 
     def clear() -> None:

@@ -16,8 +16,6 @@
 from __future__ import annotations
 
 from . import events
-from .aio import aapply_async, alookup
-from .bulk import aapply_many, apply_many
 from .errors import (
     AlreadyQueued,
     ConfigurationError,
@@ -30,10 +28,12 @@ from .errors import (
     UnexpectedReply,
 )
 from .installer import install
-from .producer import apply_async, lookup, release
-from .record import Holder
-from .result import DedupeResult
+from .producer.aio import aapply_async, alookup
+from .producer.bulk import aapply_many, apply_many
+from .producer.guard import apply_async, lookup, release
+from .producer.result import DedupeResult
 from .task import DedupeTask
+from .values.record import Holder
 from .web import response_for
 
 __all__ = [

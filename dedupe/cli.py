@@ -21,13 +21,13 @@ from typing import Any
 import click
 from celery import Celery
 
-from .checks import eviction_risk
 from .errors import DedupeError, RecordFormatError
 from .installer import install
-from .inventory import live_key_counts, scan
-from .producer import lookup, release
-from .record import Holder
-from .runtime import installed
+from .producer.guard import lookup, release
+from .runs.inventory import live_key_counts, scan
+from .runs.runtime import installed
+from .store.checks import eviction_risk
+from .values.record import Holder
 
 __all__ = ["dedupe"]
 

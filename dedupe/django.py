@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from celery.result import AsyncResult
 from django.db import transaction
 
-from .producer import apply_async
+from .producer.guard import apply_async
 from .task import DedupeTask
 
 try:

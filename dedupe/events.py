@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from celery.utils.dispatch import Signal
 
 if TYPE_CHECKING:
-    from .record import Holder
+    from .values.record import Holder
 
 __all__ = [
     "EVENTS",

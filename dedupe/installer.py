@@ -1,17 +1,20 @@
 """``dedupe.install(app)``: enable celery-dedupe on an app, and connect the worker's handlers.
 
-=====================  ======================================  ================================
-signal                 handler                                 process
-=====================  ======================================  ================================
-task_prerun            :func:`dedupe.worker.on_prerun`           the one that runs the task
-task_postrun           :func:`dedupe.worker.on_postrun`          the one that runs the task
-before_task_publish    :func:`dedupe.worker.on_before_publish`   a run (a retry of another base)
-before_task_publish    :func:`dedupe.prefork_parent.on_before_publish`  prefork parent
-task_failure           :func:`dedupe.prefork_parent.on_failure`  prefork parent
-task_revoked           :func:`dedupe.prefork_parent.on_revoked`  prefork parent
-worker_init            :func:`dedupe.worker.on_worker_init`      the worker
-worker_ready           :func:`dedupe.worker.on_worker_ready`     the worker
-=====================  ======================================  ================================
+Handlers in :mod:`dedupe.worker.execution` (the process that runs the task) and
+:mod:`dedupe.worker.main_process` (the prefork pool's parent):
+
+=====================  ===============================  ===================================
+signal                 handler                          process
+=====================  ===============================  ===================================
+task_prerun            ``execution.on_prerun``          the one that runs the task
+task_postrun           ``execution.on_postrun``         the one that runs the task
+before_task_publish    ``execution.on_before_publish``  a run (a retry of another base)
+before_task_publish    ``main_process.on_before_publish``  prefork parent
+task_failure           ``main_process.on_failure``      prefork parent
+task_revoked           ``main_process.on_revoked``      prefork parent
+worker_init            ``execution.on_worker_init``     the worker
+worker_ready           ``execution.on_worker_ready``    the worker
+=====================  ===============================  ===================================
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import threading
 
 from celery import Celery, signals
 
-from . import prefork_parent, worker
-from .runtime import add_runtime
+from .runs.runtime import add_runtime
+from .worker import execution as worker
+from .worker import main_process as prefork_parent
 
 __all__ = ["connect", "install"]
 

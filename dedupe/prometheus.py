@@ -33,8 +33,8 @@ from typing import Any
 from celery import Celery, signals
 
 from . import events
-from .inventory import live_key_counts
-from .runtime import runtime_of
+from .runs.inventory import live_key_counts
+from .runs.runtime import runtime_of
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, start_http_server

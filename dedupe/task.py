@@ -9,16 +9,16 @@ from typing import Any, ClassVar, Literal
 from celery import signals
 from celery.result import AsyncResult
 
-from ._generics import AnyTask
-from .aio import apublish_unique
-from .bulk import aapply_many, apply_many
 from .errors import ConfigurationError
-from .header import HEADER
-from .options import CALL_OPTIONS, Until
-from .producer import Call, publish_unique
-from .result import DedupeResult, mark_result
-from .runtime import installed
-from .worker import guard, refuse_uninstalled
+from .producer.aio import apublish_unique
+from .producer.bulk import aapply_many, apply_many
+from .producer.guard import Call, publish_unique
+from .producer.result import DedupeResult, mark_result
+from .runs.runtime import installed
+from .values.generics import AnyTask
+from .values.header import HEADER
+from .values.options import CALL_OPTIONS, Until
+from .worker.execution import guard, refuse_uninstalled
 
 __all__ = ["DedupeTask"]
 

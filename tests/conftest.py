@@ -22,8 +22,8 @@ from celery.contrib.testing.worker import start_worker
 from kombu.asynchronous import set_event_loop
 
 import dedupe
-from dedupe._redis_server import RedisServer, find_redis_server
-from dedupe.store import Store
+from dedupe.demo.server import RedisServer, find_redis_server
+from dedupe.store.store import Store
 
 from .helpers import RunLog, WorkerProcess, keys_with_prefix, rabbitmq_available, require
 

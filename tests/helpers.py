@@ -19,7 +19,7 @@ import redis
 from celery.app.task import Task
 from celery.backends.redis import ResultConsumer
 
-from dedupe.keys import alive_key, watch_keys
+from dedupe.values.keys import alive_key, watch_keys
 
 # Celery 5.7 requeues a timed-out acks_late message (acks_on_timeout off) and can retry a run
 # lost with its child (retry_on_worker_lost); before, such a message is gone.
@@ -61,8 +61,8 @@ def wait_for(
 
 def keys_with_prefix(client: redis.Redis, prefix: str) -> list[bytes]:
     """The keys of calls, runs and beat ticks under ``prefix`` (not the markers, which live
-    as long as the server's data: the server's (dedupe.unacked) and each worker's watch's
-    (dedupe.held))."""
+    as long as the server's data: the server's (dedupe.recovery.unacked) and each worker's watch's
+    (dedupe.recovery.held))."""
     marker = alive_key(prefix).encode()
     watch = watch_keys(prefix, "")[1].encode()
     return sorted(
@@ -340,7 +340,7 @@ def worker_conf(
     queue: str, redis_url: str, prefix: str, lease: float, **more: Any
 ) -> dict[str, Any]:
     """The settings of an app that real worker subprocesses run (tests/worker_app.py,
-    benchmarks/chaos_app.py): its queue, its dedup store and prefix, one message at a time."""
+    tests/chaos/app.py): its queue, its dedup store and prefix, one message at a time."""
     return {
         "task_default_queue": queue,
         "dedupe_redis_url": redis_url,

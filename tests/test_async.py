@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 
 import dedupe
-from dedupe._redis_server import RedisServer
+from dedupe.demo.server import RedisServer
 
 from .conftest import RedisFactory
 

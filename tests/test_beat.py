@@ -20,7 +20,7 @@ import pytest
 import redis
 
 import dedupe
-from dedupe.header import KeyHeader
+from dedupe.values.header import KeyHeader
 
 from .conftest import RedisFactory
 from .helpers import ROOT, BeatProcess, wait_for

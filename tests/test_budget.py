@@ -13,7 +13,7 @@ import redis
 from celery import Celery, signals
 
 import dedupe
-from dedupe._redis_server import RedisServer
+from dedupe.demo.server import RedisServer
 
 from .conftest import RedisFactory, in_process_worker
 

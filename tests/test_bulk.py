@@ -15,9 +15,9 @@ import redis
 from celery import Celery
 
 import dedupe
-from dedupe._redis_server import RedisServer
-from dedupe.header import HEADER, KeyHeader
-from dedupe.script_runner import ScriptRunner
+from dedupe.demo.server import RedisServer
+from dedupe.store.script_runner import ScriptRunner
+from dedupe.values.header import HEADER, KeyHeader
 
 from .conftest import RedisFactory, _delete_queue, unique_name
 from .helpers import ROOT
@@ -145,7 +145,7 @@ def test_a_batch_on_the_brokers_redis_costs_two_round_trips_pushes_included(
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def remind(user: int) -> None: ...
 
-    assert dedupe.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
+    assert dedupe.runs.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
     remind.map_unique([(0,)])  # connects, loads the scripts
     client = redis.Redis.from_url(store_broker.url)
     client.config_resetstat()
@@ -334,9 +334,9 @@ def test_four_producers_of_a_thousand_calls_over_a_hundred_keys_queue_one_messag
 
 
 def _key(task: Any, user: int) -> str:
-    from dedupe.keys import keys_for
-    from dedupe.options import options_for
-    from dedupe.runtime import runtime_of
+    from dedupe.runs.runtime import runtime_of
+    from dedupe.values.keys import keys_for
+    from dedupe.values.options import options_for
 
     runtime = runtime_of(task.app)
     options = options_for(task, task.name, runtime.config)

@@ -3,8 +3,8 @@ the dedup store, the messages ``apply_many`` pushes, the arguments its ``before_
 and ``after_task_publish`` receivers get and its ``task-sent`` events equal those of plain
 ``apply_async`` for the same calls (ids, the clock and the dedup header aside).
 
-The batch's sender (dedupe.send_many) builds them without Celery's apply_async for the options
-it takes; the others ("left to Celery") show that it hands those to apply_async.
+The batch's sender (dedupe.producer.send_many) builds them without Celery's apply_async for
+the options it takes; the others ("left to Celery") show that it hands those to apply_async.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import redis
 from celery import Celery, Task, signals
 
 import dedupe
-from dedupe.header import HEADER
-from dedupe.producer import Call
-from dedupe.send_many import BatchSender
+from dedupe.producer.guard import Call
+from dedupe.producer.send_many import BatchSender
+from dedupe.values.header import HEADER
 
 # What differs between two sends of one call: its ids, and what is read from the clock.
 _PER_MESSAGE = {"id", "root_id", "task_id", "correlation_id", "delivery_tag", "uuid"}
@@ -99,7 +99,7 @@ CASES: dict[str, Case] = {
 @pytest.fixture
 def one_step_app(make_app: Callable[..., Celery]) -> Celery:
     app = make_app(task_send_sent_event=True)  # a Redis broker on the dedup store's server
-    assert dedupe.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
+    assert dedupe.runs.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
     return app
 
 

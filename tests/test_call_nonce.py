@@ -14,9 +14,9 @@ import pytest
 import redis
 from celery import Celery
 
-from dedupe.keys import call_keys
-from dedupe.record import new_nonce, pack_provisional, pack_queued
-from dedupe.store import Push, Store
+from dedupe.store.store import Push, Store
+from dedupe.values.keys import call_keys
+from dedupe.values.record import new_nonce, pack_provisional, pack_queued
 
 from .helpers import ROOT
 

@@ -1,4 +1,4 @@
-"""The chaos run's short form (benchmarks/chaos.py --quick): producers, two prefork workers,
+"""The chaos run's short form (tests/chaos/run.py --quick): producers, two prefork workers,
 kills of children and whole workers, a dedup-Redis restart and a broker cut; then the
 invariants of issue 14. ``./noxw -s chaos`` runs the full scenario on both brokers.
 """
@@ -22,7 +22,7 @@ def _chaos(tmp_path: Path, *args: str, timeout: float = 240) -> tuple[dict[str, 
     """Run the harness in a process of its own; its rows per broker and its output."""
     report = tmp_path / "chaos.json"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.chaos", "--quick", "--json", str(report), *args],
+        [sys.executable, "-m", "tests.chaos", "--quick", "--json", str(report), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,11 +1,11 @@
-"""The chaos run's judgement (benchmarks/chaos_evidence.py), on evidence written by hand: when
+"""The chaos run's judgement (tests/chaos/evidence.py), on evidence written by hand: when
 an accepted call stops holding its key, and what of a call that never ran is kombu's."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.chaos_evidence import Call, Checks, Evidence, Fault
+from tests.chaos.evidence import Call, Checks, Evidence, Fault
 
 HOLDER, LATER = "aaaaaaaa-holder", "bbbbbbbb-later"
 

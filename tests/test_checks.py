@@ -9,8 +9,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dedupe._redis_server import RedisServer
-from dedupe.checks import eviction_risk
+from dedupe.demo.server import RedisServer
+from dedupe.store.checks import eviction_risk
 
 from .conftest import RedisFactory
 

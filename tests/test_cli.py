@@ -14,7 +14,7 @@ from celery.bin.base import CLIContext
 from click.testing import CliRunner
 
 import dedupe
-import dedupe.runtime
+import dedupe.runs.runtime
 from dedupe.cli import dedupe as dedupe_cli
 
 from .helpers import ROOT
@@ -115,7 +115,7 @@ def test_list_task_takes_glob_characters_literally(cli: Any, app: Celery) -> Non
 
 def test_clearing_a_running_key_says_that_the_run_goes_on(cli: Any, job: Any, app: Celery) -> None:
     held = job.delay(5)
-    store = dedupe.runtime.runtime_of(app).store
+    store = dedupe.runs.runtime.runtime_of(app).store
     assert store.claim(held.keys, held.id, "run-1", 30_000, "host", 1, int(time.time())) is None
     result = cli("clear", "--task", "reports.refresh", "--yes")
     assert "cleared 1 key" in result.output

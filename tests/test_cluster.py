@@ -22,16 +22,17 @@ from celery.schedules import schedule
 from click.testing import CliRunner
 
 import dedupe
-import dedupe.cluster_runner
-from dedupe._redis_server import ClusterSet, find_redis_server
+import dedupe.store.cluster_runner
 from dedupe.beat import DedupeScheduler
-from dedupe.checks import eviction_risk
 from dedupe.cli import dedupe as dedupe_cli
-from dedupe.clients import cluster_target
-from dedupe.producer import keys_of_call
+from dedupe.demo.server import find_redis_server
+from dedupe.producer.guard import keys_of_call
+from dedupe.store.checks import eviction_risk
+from dedupe.values.urls import cluster_target
 
 from .conftest import in_process_worker
 from .helpers import require, wait_for
+from .servers import ClusterSet
 
 pytestmark = pytest.mark.slow
 
@@ -279,7 +280,7 @@ def test_the_command_line_counts_and_clears_the_keys_of_every_master(
 
 
 def test_the_eviction_check_reads_every_master(cluster_app: Celery, cluster: ClusterSet) -> None:
-    store = dedupe.runtime.runtime_of(cluster_app).store
+    store = dedupe.runs.runtime.runtime_of(cluster_app).store
     assert eviction_risk(store.client) is None
     evicting = cluster.masters()[-1]
     cluster.client(evicting).config_set("maxmemory", "1gb")
@@ -365,7 +366,7 @@ def test_a_call_on_a_slot_that_moved_follows_the_redirect_at_once(
     target = next(port for port in cluster.masters() if port != cluster.master_of_slot(slot))
     cluster.migrate_slot(slot, target)
     pauses: list[float] = []
-    monkeypatch.setattr(dedupe.cluster_runner.time, "sleep", pauses.append)
+    monkeypatch.setattr(dedupe.store.cluster_runner.time, "sleep", pauses.append)
     again = job.delay(x)  # MOVED from the old master
     assert (again.deduplicated, again.id) == (True, first.id)
     assert pauses == []

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 import dedupe
-from dedupe.config import DedupeConfig
+from dedupe.values.config import DedupeConfig
 
 
 def bare_app(broker: str, **conf: Any) -> Celery:
@@ -117,7 +117,7 @@ def test_dedupe_busy_poll_us_zero_turns_polling_off() -> None:
 def test_the_store_polls_as_long_as_dedupe_busy_poll_us_says(
     make_app: Callable[..., Celery],
 ) -> None:
-    from dedupe.runtime import runtime_of
+    from dedupe.runs.runtime import runtime_of
 
     app = make_app(dedupe_busy_poll_us=0)
 
@@ -233,7 +233,7 @@ class _DjangoSettings:
 def test_a_setting_is_read_as_app_conf_reads_it(
     configure: Callable[[Celery], None], expected: bool
 ) -> None:
-    from dedupe.config import SettingReader
+    from dedupe.values.config import SettingReader
 
     app = bare_app("redis://cache:6379/0")
     configure(app)
@@ -243,7 +243,7 @@ def test_a_setting_is_read_as_app_conf_reads_it(
 
 
 def test_a_setting_changed_after_the_first_read_is_seen() -> None:
-    from dedupe.config import SettingReader
+    from dedupe.values.config import SettingReader
 
     app = bare_app("redis://cache:6379/0")
     always_eager = SettingReader("task_always_eager")
@@ -253,7 +253,7 @@ def test_a_setting_changed_after_the_first_read_is_seen() -> None:
 
 
 def test_one_reader_serves_several_apps() -> None:
-    from dedupe.config import SettingReader
+    from dedupe.values.config import SettingReader
 
     eager, lazy = bare_app("redis://a//", task_always_eager=True), bare_app("redis://b//")
     always_eager = SettingReader("task_always_eager")

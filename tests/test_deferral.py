@@ -18,7 +18,7 @@ from celery.exceptions import TaskRevokedError
 
 import dedupe
 from dedupe import events
-from dedupe.deferral import DEFERRALS, SINCE
+from dedupe.worker.deferral import DEFERRALS, SINCE
 
 from .conftest import in_process_worker
 from .helpers import Lines, wait_for

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dedupe._redis_server import RedisServer
+from dedupe.demo.server import RedisServer
 
 from .helpers import ROOT
 

@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 
 RUNNABLE = [
-    "dedupe._packing",
     "dedupe.beat.ticks",
-    "dedupe.canonical",
-    "dedupe.clients",
-    "dedupe.config",
-    "dedupe.deferral",
-    "dedupe.header",
-    "dedupe.inventory",
-    "dedupe.keys",
-    "dedupe.message_repr",
-    "dedupe.record",
-    "dedupe.timing",
+    "dedupe.producer.message_repr",
+    "dedupe.runs.inventory",
+    "dedupe.values.canonical",
+    "dedupe.values.config",
+    "dedupe.values.header",
+    "dedupe.values.keys",
+    "dedupe.values.packing",
+    "dedupe.values.record",
+    "dedupe.values.timing",
+    "dedupe.values.urls",
+    "dedupe.worker.deferral",
 ]
 PACKAGE = Path(__file__).resolve().parent.parent / "dedupe"
 

@@ -15,11 +15,11 @@ from celery.utils.dispatch import Signal
 
 import dedupe
 from dedupe import events
-from dedupe._redis_server import RedisServer
-from dedupe.heartbeat import Heartbeat
-from dedupe.keys import CallKeys
-from dedupe.record import pack_running
-from dedupe.store import Lease, Store
+from dedupe.demo.server import RedisServer
+from dedupe.runs.heartbeat import Heartbeat
+from dedupe.store.store import Lease, Store
+from dedupe.values.keys import CallKeys
+from dedupe.values.record import pack_running
 
 from .conftest import RedisFactory, in_process_worker
 from .helpers import wait_for

@@ -9,12 +9,12 @@ import pytest
 import redis
 from celery import Celery
 
-from dedupe._redis_server import RedisServer
-from dedupe.heartbeat import Heartbeat
-from dedupe.keys import CallKeys
-from dedupe.record import pack_running
-from dedupe.store import Lease, Store
-from dedupe.unacked import RestartWatch
+from dedupe.demo.server import RedisServer
+from dedupe.recovery.unacked import RestartWatch
+from dedupe.runs.heartbeat import Heartbeat
+from dedupe.store.store import Lease, Store
+from dedupe.values.keys import CallKeys
+from dedupe.values.record import pack_running
 
 from .conftest import RedisFactory
 from .helpers import Lines, wait_for

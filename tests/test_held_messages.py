@@ -17,10 +17,10 @@ import redis
 from celery import Celery
 
 import dedupe
-from dedupe.header import HEADER, KeyHeader
-from dedupe.held import HeldWatch
-from dedupe.keys import CallKeys
-from dedupe.store import Store
+from dedupe.recovery.held import HeldWatch
+from dedupe.store.store import Store
+from dedupe.values.header import HEADER, KeyHeader
+from dedupe.values.keys import CallKeys
 
 from .conftest import RedisFactory
 from .helpers import WorkerProcess, app_with_a_store_of_its_own, wait_for

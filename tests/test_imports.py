@@ -1,17 +1,19 @@
-"""The package's imports form a ladder: each module imports only modules below it, with no
-cycle, and none hides an import of the package inside a function to break one.
+"""The package's layers are its folders, and imports only go down them.
 
-=========  ====================================================================================
-layer      modules
-=========  ====================================================================================
-base       errors, defaults, _generics, canonical, timing, config, options, keys, record, call,
-           header, events, clients, script_runner, cluster_runner, store, async_store,
-           publish_seam, heartbeat, runtime, run, liveness, result, inventory, checks,
-           _redis_server
-producer   producer, aio, send_many, bulk (never the worker side)
-worker     worker, prefork_parent (never the producer side)
-entry      task, installer, web, cli, django, demo, prometheus, beat, and the package itself
-=========  ====================================================================================
+=========  =====================================================================================
+rung       folders (each imports only its own folder, lower rungs and the leaves)
+=========  =====================================================================================
+1          ``values``: values and pure functions, no I/O
+2          ``store``: the only code that talks to Redis
+3          ``recovery``: records written back after the dedup Redis lost its data
+4          ``runs``: a run's lease, the app's runtime
+5          ``producer`` | ``worker``: side by side, neither imports the other
+top        the modules users import (and ``beat/``, ``demo/``): anything below
+=========  =====================================================================================
+
+A top-level module that imports nothing of the package is a leaf (``errors``, ``events``):
+every layer may import it. Nothing is listed by hand but the order of the rungs: a module
+belongs to the layer of the folder it is in.
 """
 
 from __future__ import annotations
@@ -24,21 +26,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dedupe"
 
-PRODUCER = {"dedupe.producer", "dedupe.aio", "dedupe.send_many", "dedupe.bulk"}
-WORKER = {"dedupe.worker", "dedupe.prefork_parent"}
-ENTRY = {
-    "dedupe",
-    "dedupe.task",
-    "dedupe.installer",
-    "dedupe.web",
-    "dedupe.cli",
-    "dedupe.django",
-    "dedupe.demo",
-    "dedupe.prometheus",
-    "dedupe.beat",
-    "dedupe.beat.database",
-    "dedupe.beat.redbeat",
-}
+#: The internal folders, lowest first; folders on one rung never import each other.
+RUNGS: tuple[tuple[str, ...], ...] = (
+    ("values",),
+    ("store",),
+    ("recovery",),
+    ("runs",),
+    ("producer", "worker"),
+)
+#: The most modules a folder (or the package's top) may hold.
+MOST_MODULES = 16
 
 
 def _module_name(path: Path) -> str:
@@ -47,7 +44,7 @@ def _module_name(path: Path) -> str:
 
 
 MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
-BASE = set(MODULES) - PRODUCER - WORKER - ENTRY
+FOLDERS = {folder for rung in RUNGS for folder in rung}
 
 
 def _resolve(module: str, path: Path, node: ast.ImportFrom | ast.Import) -> Iterator[str]:
@@ -92,6 +89,41 @@ def _top_level_imports(module: str, path: Path) -> set[str]:
 
 
 GRAPH = {module: _top_level_imports(module, path) for module, path in MODULES.items()}
+# A folder's own __init__ is imported by every import of a module in it: not an edge.
+for _module, _imported in GRAPH.items():
+    _imported -= {f"dedupe.{folder}" for folder in FOLDERS}
+
+
+def folder_of(module: str) -> str | None:
+    """The internal folder a module is in, or None for the top (and ``beat``, ``demo``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else None
+
+
+def is_leaf(module: str) -> bool:
+    """A top-level module that imports nothing of the package."""
+    return folder_of(module) is None and module.count(".") == 1 and not GRAPH[module]
+
+
+def rung_of(module: str) -> int:
+    folder = folder_of(module)
+    return next(i for i, rung in enumerate(RUNGS) if folder in rung)
+
+
+def upward_imports(module: str) -> set[str]:
+    """What ``module`` imports that its layer may not: a higher rung, a sibling folder on its
+    own rung, or an entry module."""
+    folder = folder_of(module)
+    if folder is None:
+        return set()
+    mine = rung_of(module)
+    return {
+        imported
+        for imported in GRAPH[module]
+        if not is_leaf(imported)
+        and folder_of(imported) != folder
+        and (folder_of(imported) is None or rung_of(imported) >= mine)
+    }
 
 
 def _cycle() -> list[str] | None:
@@ -121,11 +153,11 @@ def test_the_package_has_no_import_cycle() -> None:
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
-    GRAPH["dedupe.keys"].add("dedupe.worker")
+    GRAPH["dedupe.values.keys"].add("dedupe.worker.execution")
     try:
         assert _cycle() is not None
     finally:
-        GRAPH["dedupe.keys"].discard("dedupe.worker")
+        GRAPH["dedupe.values.keys"].discard("dedupe.worker.execution")
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -142,16 +174,41 @@ def test_no_function_imports_the_package(module: str) -> None:
     assert hidden == []
 
 
-@pytest.mark.parametrize("module", sorted(BASE))
-def test_a_base_module_imports_only_base_modules(module: str) -> None:
-    assert GRAPH[module] - BASE == set()
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if folder_of(m)))
+def test_a_layer_imports_only_its_own_folder_lower_rungs_and_leaves(module: str) -> None:
+    assert upward_imports(module) == set()
 
 
-@pytest.mark.parametrize("module", sorted(PRODUCER))
-def test_the_producer_side_never_imports_the_worker_side(module: str) -> None:
-    assert GRAPH[module] & (WORKER | ENTRY) == set()
+@pytest.mark.parametrize(
+    ("module", "imported"),
+    [
+        ("dedupe.values.keys", "dedupe.store.store"),  # a rung up
+        ("dedupe.producer.guard", "dedupe.worker.execution"),  # the other side
+        ("dedupe.worker.execution", "dedupe.producer.guard"),
+        ("dedupe.runs.runtime", "dedupe.task"),  # an entry point
+    ],
+)
+def test_the_layer_check_finds_an_upward_import(module: str, imported: str) -> None:
+    GRAPH[module].add(imported)
+    try:
+        assert upward_imports(module) == {imported}
+    finally:
+        GRAPH[module].discard(imported)
 
 
-@pytest.mark.parametrize("module", sorted(WORKER))
-def test_the_worker_side_never_imports_the_producer_side(module: str) -> None:
-    assert GRAPH[module] & (PRODUCER | ENTRY) == set()
+def test_the_leaves_are_the_error_tree_and_the_signals() -> None:
+    assert {module for module in MODULES if is_leaf(module)} >= {"dedupe.errors", "dedupe.events"}
+
+
+def test_every_folder_of_the_package_is_a_rung_or_an_entry_package() -> None:
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders - FOLDERS == {"beat", "demo"}
+
+
+@pytest.mark.parametrize("folder", ["", *sorted(FOLDERS), "beat", "demo"])
+def test_no_folder_holds_more_than_sixteen_modules(folder: str) -> None:
+    here = PACKAGE / folder
+    modules = [
+        path for path in here.glob("*.py") if path.name not in {"__init__.py", "__main__.py"}
+    ]
+    assert len(modules) <= MOST_MODULES

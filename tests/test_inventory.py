@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedupe.inventory import task_of_key
-from dedupe.keys import call_keys
+from dedupe.runs.inventory import task_of_key
+from dedupe.values.keys import call_keys
 
 DIGEST = "0123456789abcdef0123456789abcdef"
 names = st.text(min_size=1)

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from dedupe import KeyDerivationError
-from dedupe.canonical import canonical_bytes
-from dedupe.inventory import task_of_key
-from dedupe.keys import Binder, CallKeys, binder_for, call_digest, call_keys, keys_for
-from dedupe.options import SEPARATE_RUN_LOCK, UniqueOptions
+from dedupe.runs.inventory import task_of_key
+from dedupe.values.canonical import canonical_bytes
+from dedupe.values.keys import Binder, CallKeys, binder_for, call_digest, call_keys, keys_for
+from dedupe.values.options import SEPARATE_RUN_LOCK, UniqueOptions
 
 
 def sync_customer(customer_id: int, full: bool = False, *, region: str = "eu") -> None: ...
@@ -415,7 +415,7 @@ def test_set_digests_do_not_depend_on_the_hash_seed() -> None:
     import sys
 
     script = (
-        "from dedupe.canonical import canonical_bytes; "
+        "from dedupe.values.canonical import canonical_bytes; "
         "print(canonical_bytes({'alpha', 'beta', 'gamma', 'delta', 'epsilon'}).hex())"
     )
     outputs = {

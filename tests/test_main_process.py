@@ -86,7 +86,7 @@ def _running_here(app: Celery, job: Any, x: int, pid: int) -> Any:
     import socket
     import time
 
-    from dedupe.runtime import runtime_of
+    from dedupe.runs.runtime import runtime_of
 
     result = job.delay(x)
     store = runtime_of(app).store

@@ -9,7 +9,7 @@ from celery.utils.saferepr import saferepr
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedupe.message_repr import plain_repr
+from dedupe.producer.message_repr import plain_repr
 
 scalars = st.one_of(
     st.none(),

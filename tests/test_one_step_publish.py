@@ -20,7 +20,7 @@ import redis
 from celery import Celery, chain
 
 import dedupe
-from dedupe.header import HEADER
+from dedupe.values.header import HEADER
 
 from .conftest import RedisFactory
 
@@ -51,7 +51,7 @@ def _message(raw: bytes) -> Any:
 @pytest.fixture
 def one_step_app(make_app: Callable[..., Celery]) -> Celery:
     app = make_app()  # a Redis broker on the dedup store's server and database
-    assert dedupe.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
+    assert dedupe.runs.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
     return app
 
 
@@ -126,7 +126,7 @@ def test_the_one_step_path_is_one_round_trip_with_no_push_of_its_own(
     # consuming from a shared server would add its BRPOPs to it.
     server = redis_factory()
     app = make_app(broker=server.url, dedupe_redis_url=server.url)
-    assert dedupe.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
+    assert dedupe.runs.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
     client = redis.Redis.from_url(server.url)
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)

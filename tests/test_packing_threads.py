@@ -21,7 +21,7 @@ RACE = textwrap.dedent(
     import msgpack
 
     from dedupe.keys import call_digest
-    from dedupe.record import pack_queued
+    from dedupe.values.record import pack_queued
 
     assert msgpack.Packer.__module__ == {module!r}, msgpack.Packer.__module__
     CALLS = [(f"customer-{{n}}", {{"n": n, "tags": ["a" * (n % 50)]}}) for n in range(4000)]

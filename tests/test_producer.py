@@ -21,9 +21,9 @@ from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 
 import dedupe
-from dedupe._redis_server import RedisServer
-from dedupe.header import HEADER, KeyHeader
-from dedupe.record import pack_owner
+from dedupe.demo.server import RedisServer
+from dedupe.values.header import HEADER, KeyHeader
+from dedupe.values.record import pack_owner
 
 from .conftest import RedisFactory
 from .helpers import OLD_RESULT_CONSUMER, keys_with_prefix, wait_for

@@ -14,7 +14,7 @@ import pytest
 import redis
 from kombu import Connection
 
-from dedupe._redis_server import RedisServer
+from dedupe.demo.server import RedisServer
 
 pytestmark = pytest.mark.slow  # eight spawned producer processes
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dedupe import RecordFormatError
-from dedupe.record import Holder, pack_owner, pack_queued, pack_running, unpack_owner
+from dedupe.values.record import Holder, pack_owner, pack_queued, pack_running, unpack_owner
 
 # Any text a task id could be: Celery's UUIDs, near-misses of them, anything else.
 uuid_texts = st.uuids().map(str)

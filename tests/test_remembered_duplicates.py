@@ -20,9 +20,9 @@ import redis
 
 import dedupe
 from dedupe import events
-from dedupe._redis_server import RedisServer
-from dedupe.producer import keys_of_call
-from dedupe.runtime import runtime_of
+from dedupe.demo.server import RedisServer
+from dedupe.producer.guard import keys_of_call
+from dedupe.runs.runtime import runtime_of
 
 from .conftest import RedisFactory, in_process_worker
 from .helpers import wait_for
@@ -330,7 +330,7 @@ def test_a_change_pushed_behind_an_unread_reply_is_not_missed(
 def test_a_thread_remembers_a_bounded_number_of_answers(
     store_app: Any, store_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("dedupe.script_runner._MAX_REMEMBERED", 3)
+    monkeypatch.setattr("dedupe.store.script_runner._MAX_REMEMBERED", 3)
     refresh = unique_task(store_app)
     for x in range(20, 25):
         remembered(refresh, x)

@@ -26,17 +26,13 @@ from celery import Celery
 from kombu.transport import redis as kombu_redis
 
 import dedupe
-from dedupe._redis_server import RedisServer
-from dedupe.header import HEADER, KeyHeader
-from dedupe.keys import CallKeys, alive_key
-from dedupe.record import (
-    pack_provisional,
-    pack_queued,
-    pack_running,
-)
-from dedupe.runtime import runtime_of
-from dedupe.store import Lease, Renewal, Requeue, Restoration, Restore, Store
-from dedupe.unacked import Ours, RestartWatch, restorations, restore_unacked
+from dedupe.demo.server import RedisServer
+from dedupe.recovery.unacked import Ours, RestartWatch, restorations, restore_unacked
+from dedupe.runs.runtime import runtime_of
+from dedupe.store.store import Lease, Renewal, Requeue, Restoration, Restore, Store
+from dedupe.values.header import HEADER, KeyHeader
+from dedupe.values.keys import CallKeys, alive_key
+from dedupe.values.record import pack_provisional, pack_queued, pack_running
 
 from .conftest import RedisFactory
 from .helpers import Lines, WorkerProcess, app_with_a_store_of_its_own, free_port, wait_for

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dedupe.script_runner import ScriptRunner, _parse, _Push
+from dedupe.store.script_runner import ScriptRunner, _parse, _Push
 
 from .conftest import RedisFactory
 

@@ -13,10 +13,11 @@ import pytest
 from celery import Celery
 
 import dedupe
-from dedupe._redis_server import SentinelSet, find_redis_server
+from dedupe.demo.server import find_redis_server
 
 from .conftest import in_process_worker
 from .helpers import require, wait_for
+from .servers import SentinelSet
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +99,7 @@ def test_a_sentinel_broker_gives_the_store_its_master(
         broker_transport_options={"master_name": MASTER},
         dedupe_redis_url=None,
     )
-    config = dedupe.runtime.runtime_of(app).config
+    config = dedupe.runs.runtime.runtime_of(app).config
     assert config.redis_url == steady_sentinels.url
     assert config.redis_options["master_name"] == MASTER
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from dedupe.header import KeyHeader
+from dedupe.values.header import KeyHeader
 
 from .helpers import WorkerProcess, keys_with_prefix, wait_for
 

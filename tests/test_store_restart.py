@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import dedupe
-from dedupe._redis_server import RedisServer
+from dedupe.demo.server import RedisServer
 
 from .conftest import RedisFactory
 from .helpers import WorkerProcess, app_with_a_store_of_its_own, wait_for

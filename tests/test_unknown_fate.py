@@ -20,7 +20,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 import dedupe
-from dedupe._redis_server import RedisServer
+from dedupe.demo.server import RedisServer
 
 from .conftest import RedisFactory, in_process_worker
 from .helpers import keys_with_prefix, wait_for
@@ -164,7 +164,7 @@ def test_a_one_step_publish_of_unknown_fate_leaves_its_record_and_message_or_nei
 ) -> None:
     # The frozen Redis is the broker and the dedup store: one script writes both.
     app, job = _app(make_app, freezable, broker=freezable.url, dedupe_on_redis_error="enqueue")
-    assert dedupe.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
+    assert dedupe.runs.runtime.installed(app).broker_is_store  # type: ignore[union-attr]
     _warm_up(job)
     freezable.pause()
     with pytest.raises(dedupe.RedisUnavailable):

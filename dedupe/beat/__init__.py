@@ -36,12 +36,12 @@ from celery.exceptions import reraise
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
-from dedupe.header import HEADER
-from dedupe.keys import tick_key
-from dedupe.liveness import HOST
-from dedupe.options import pop_call_options
-from dedupe.producer import Call, publish_unique, publisher_for
-from dedupe.runtime import installed
+from dedupe.producer.guard import Call, publish_unique, publisher_for
+from dedupe.runs.runtime import installed
+from dedupe.values.header import HEADER
+from dedupe.values.keys import tick_key
+from dedupe.values.options import pop_call_options
+from dedupe.values.record import HOST
 
 from .ticks import tick_of
 

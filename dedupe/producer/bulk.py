@@ -1,0 +1,277 @@
+"""Bulk unique enqueue: many calls of one task decided in one round trip.
+
+A batch decides first: one pipelined round trip of ``enqueue`` writes a provisional record for
+each distinct call and answers which are duplicates (no message is built for those). The
+accepted calls are then published through Celery, each message as Celery and kombu build it;
+on a Redis broker that is the dedup store their pushes are held back and sent together, each
+with its record through ``publish``, in a second round trip, and what Celery's apply_async
+would read again for every call is read once for the batch (:mod:`dedupe.producer.send_many`).
+Elsewhere each publish goes to the broker and the records are confirmed without waiting (as
+a single call does).
+
+Calls of one batch with the same key are duplicates of the first of them. Results come back
+in call order, each with its ``deduplicated`` flag; duplicates are always returned, never
+raised, whatever ``on_duplicate`` says (one refused call must not lose the others' results).
+
+.. code-block:: python
+
+    results = dedupe.apply_many(send_reminder, [((user,), {}) for user in users])
+    [r.deduplicated for r in results]                      # [False, False, True, ...]
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+from celery import Celery
+
+from dedupe.errors import ConfigurationError, RedisUnavailable
+from dedupe.runs.runtime import Runtime
+from dedupe.store.store import Push
+from dedupe.values.record import Holder
+
+from .call import Call, publisher_for, resolve_task
+from .guard import PreparedCall, forget_result, publish_prepared
+from .publish_seam import declaring_once, pushing_through_many
+from .result import DedupeResult
+from .send_many import BatchSender
+
+__all__ = ["aapply_many", "apply_many", "publish_many"]
+
+#: One call of a batch: its positional and keyword arguments.
+CallArguments = tuple[Sequence[Any], Mapping[str, Any]]
+
+
+def apply_many(
+    task_or_name: Any,
+    calls: Iterable[CallArguments],
+    *,
+    app: Celery | None = None,
+    **options: Any,
+) -> list[DedupeResult]:
+    """Publish many calls of a task, each unless the same call is queued or running (or
+    made earlier in the batch): one round trip decides them all.
+
+    ``calls`` holds ``(args, kwargs)`` pairs; ``options`` are Celery's apply_async options
+    and the dedup call options, the same for every call (no ``task_id``: each call gets its
+    own).
+
+    .. code-block:: python
+
+        results = dedupe.apply_many(refresh_report, [((42,), {}), ((43,), {}), ((42,), {})])
+        [r.deduplicated for r in results]                  # [False, False, True]
+    """
+    if options.get("task_id") is not None:
+        raise ConfigurationError(
+            "apply_many: task_id cannot be given for a batch (each call needs its own id)"
+        )
+    task, name, app = resolve_task(task_or_name, app)
+    publish = publisher_for(task, name, app)
+    batch = [Call(app, task, name, args, kwargs, dict(options), publish) for args, kwargs in calls]
+    if not batch:
+        return []
+    # Calls of one task with the same options: prepared alike, but for their arguments.
+    first = PreparedCall(batch[0], decide_first=True)
+    shape = first.shape
+    return _publish_prepared(
+        [first, *(PreparedCall(call, decide_first=True, shape=shape) for call in batch[1:])]
+    )
+
+
+async def aapply_many(
+    task_or_name: Any,
+    calls: Iterable[CallArguments],
+    *,
+    app: Celery | None = None,
+    **options: Any,
+) -> list[DedupeResult]:
+    """:func:`apply_many`, awaitable: the batch runs in the loop's default executor (kombu
+    blocks), shielded from the caller's cancellation (cancelled halfway, a batch would
+    leave provisional records of calls it never published)."""
+    calls = list(calls)
+    batch = asyncio.ensure_future(
+        asyncio.to_thread(apply_many, task_or_name, calls, app=app, **options)
+    )
+    return await asyncio.shield(batch)
+
+
+def publish_many(calls: Sequence[Call]) -> list[DedupeResult]:
+    """Publish ``calls`` (one task's or several), deciding the plain ones in one round trip;
+    canvas members, continuations and eager calls go one by one, as they would alone."""
+    return _publish_prepared([PreparedCall(call, decide_first=True) for call in calls])
+
+
+def _publish_prepared(prepared: list[PreparedCall]) -> list[DedupeResult]:
+    results: list[DedupeResult | None] = [None] * len(prepared)
+    leaders: list[int] = []
+    followers: list[tuple[int, int]] = []
+    first_of: dict[str, int] = {}
+    for index, call in enumerate(prepared):
+        if call.kind != "enqueue":
+            results[index] = publish_prepared(call)
+            continue
+        call.on_duplicate = "return"
+        first = first_of.setdefault(call.keys.call, index)
+        if first == index:
+            leaders.append(index)
+        else:
+            followers.append((index, first))
+    holders: dict[int, Holder] = {}
+    if leaders:
+        accepted = _decide(prepared, leaders, results, holders)
+        _publish_accepted(prepared, accepted, results, holders)
+    for index, first in followers:
+        holder = holders.get(first) or _holder_of(prepared[first])
+        holders[index] = holder
+        results[index] = prepared[index].duplicate(holder)
+    done = [result for result in results if result is not None]
+    assert len(done) == len(results), "a call of the batch was left without a result"
+    return done
+
+
+def _decide(
+    prepared: list[PreparedCall],
+    leaders: list[int],
+    results: list[DedupeResult | None],
+    holders: dict[int, Holder],
+) -> list[int]:
+    """The first round trip: enqueue every leader's provisional record. Returns the
+    accepted leaders; the duplicates' results are set."""
+    runtime: Runtime = prepared[leaders[0]].runtime
+    try:
+        outcomes = runtime.store.enqueue_many([prepared[i].enqueue_arguments() for i in leaders])
+    except RedisUnavailable as exc:
+        for index in leaders:
+            prepared[index].first_write_failed(exc)  # raises under dedupe_on_redis_error=raise
+        for index in leaders:
+            results[index] = prepared[index].publish_unrecorded()
+        return []
+    accepted = []
+    for index, outcome in zip(leaders, outcomes, strict=True):
+        duplicate = prepared[index].first_write_done(outcome)
+        if duplicate is None:
+            accepted.append(index)
+        else:
+            assert outcome is not None
+            holders[index] = outcome
+            results[index] = duplicate
+    return accepted
+
+
+def _publish_accepted(
+    prepared: list[PreparedCall],
+    accepted: list[int],
+    results: list[DedupeResult | None],
+    holders: dict[int, Holder],
+) -> None:
+    """Publish the accepted calls: on a Redis broker that is the dedup store, their pushes
+    held back and sent in one round trip; elsewhere each as a single call does."""
+    if not accepted:
+        return
+    runtime = prepared[accepted[0]].runtime
+    if not runtime.broker_is_store or any(prepared[i].path != "decide" for i in accepted):
+        for index in accepted:
+            results[index] = prepared[index].publish_with_record()
+        return
+    failure = _build_messages(prepared, accepted, results)
+    pushing = [i for i in accepted if prepared[i].plan.pending is not None]
+    pushes = []
+    for index in pushing:
+        plan = prepared[index].plan
+        assert plan.pending is not None
+        plan.attempted = True
+        pushes.append(plan.pending)
+    outcomes = dict(zip(pushing, runtime.store.publish_many(pushes), strict=True))
+    for index in accepted:
+        _settle(prepared[index], outcomes.get(index), index, results, holders)
+    if failure is not None:
+        raise failure
+
+
+def _build_messages(
+    prepared: list[PreparedCall], accepted: list[int], results: list[DedupeResult | None]
+) -> Exception | None:
+    """Publish each accepted call through Celery with its push held back (the plan keeps
+    it). A call whose publish raises frees its record; the first such error is returned,
+    to be raised once the others are out."""
+    app = prepared[accepted[0]].call.app
+    plans = {prepared[i].task_id: prepared[i].plan for i in accepted}
+    for plan in plans.values():
+        plan.deferred = True
+    failure: Exception | None = None
+    given = prepared[accepted[0]].call.options.get("producer")  # (the batch's options)
+    acquired = app.producer_pool.acquire(block=True) if given is None else None
+    # One sender per publish (a batch of apply_many has one; publish_many's, any number).
+    senders: dict[int, BatchSender | None] = {}
+    with (
+        acquired if acquired is not None else nullcontext(given) as producer,
+        pushing_through_many(producer, plans),
+        declaring_once(producer),
+    ):
+        for index in accepted:
+            call = prepared[index]
+            call.call.options["producer"] = producer
+            key = id(call.call.publish)
+            if key not in senders:
+                senders[key] = BatchSender.of(
+                    call.call, producer, alike=_alike(prepared, accepted, call)
+                )
+            try:
+                results[index] = call.publish(senders[key])
+            except Exception as exc:
+                call.cancel_record()
+                failure = failure or exc
+    return failure
+
+
+def _alike(prepared: list[PreparedCall], accepted: list[int], call: PreparedCall) -> bool:
+    """Are the accepted calls of ``call``'s publish prepared alike (one shape: the same
+    options, apply_many's), but for their arguments?"""
+    publish = call.call.publish
+    return all(
+        prepared[i].shape is call.shape for i in accepted if prepared[i].call.publish is publish
+    )
+
+
+def _settle(
+    call: PreparedCall,
+    outcome: Push | Holder | None,
+    index: int,
+    results: list[DedupeResult | None],
+    holders: dict[int, Holder],
+) -> None:
+    """Settle one accepted call after the pushes went out."""
+    plan = call.plan
+    if isinstance(outcome, Holder):
+        # Its provisional record was lost meanwhile and another call holds the key:
+        # nothing was pushed for this one.
+        forget_result(call.call.app, call.task_id)
+        holders[index] = outcome
+        results[index] = call.duplicate(outcome)
+        return
+    if outcome is not None:
+        plan.pushed = outcome
+    elif plan.unroutable:
+        call.cancel_record()
+    elif plan.needs_confirm:
+        call.confirm_record()
+    elif results[index] is not None:
+        call.record_after_the_fact()  # kombu published on another channel (a retry)
+    if results[index] is not None:
+        call.note_accepted("bulk")
+
+
+def _holder_of(call: PreparedCall) -> Holder:
+    """The holder a later call of the batch with the same key duplicates: this accepted
+    call, queued."""
+    return Holder(
+        key=call.keys.call,
+        task_id=call.task_id,
+        state="queued",
+        ttl=call.plan.ttl_ms / 1000,
+        enqueued_at=call.plan.enqueued_at,
+        eta=call.plan.eta,
+    )

@@ -1,0 +1,449 @@
+"""Where a call's record meets its message: ``basic_publish``, on one channel instance, for
+one publish.
+
+Two uses. On a Redis broker that is the dedup store (:func:`pushing_through`), the record and
+the message are written in one round trip. On any other broker (:func:`deciding_at_push`),
+the provisional record's ``enqueue`` is sent before Celery builds the message and its answer
+read only at the push: Redis decides while Celery and kombu do their CPU work.
+
+One round trip, on a Redis broker
+---------------------------------
+
+kombu's Redis transport ends every publish in ``Channel._put``: an LPUSH of the serialised
+message onto each list the exchange routes it to (one per priority step, under the
+transport's ``global_keyprefix``). For one publish of ours, :func:`pushing_through` takes over
+``basic_publish`` on the channel instance of the producer we publish through (never the
+class): kombu's own ``basic_publish`` still runs, and encodes, routes and prioritises the
+message as it always does, but its ``_put`` calls hand the lists to us. Then publish.lua
+writes the record and pushes the message to every list in one step, or refuses it: the key
+is held, nothing is pushed, and :class:`Refused` unwinds out of kombu's publish (so
+``after_task_publish`` and the task-sent event never fire for a message that was not sent).
+
+Everything above ``_put`` stays Celery's and kombu's: ``as_task_v2``, ``before_task_publish``,
+the serializer and compression, routing, the result backend's hooks.
+
+Where one step cannot do it, the plan falls back, inside the same publish, to the provisional
+path every other broker takes (a record with a short TTL, the message, then confirm.lua):
+a dedup store on another server or database than the broker, a fanout exchange (kombu sends
+those with PUBLISH), queues of different expiries. kombu retrying a publish on a new
+channel after a connection error publishes through kombu alone; the producer then writes the
+record after the fact (:attr:`PushPlan.pushed` stays None).
+
+A batch (:func:`pushing_through_many`) holds every push back and sends them together: the
+channel is taken over once for its publishes, and kombu's ``Producer.publish`` of its
+messages is spared two things that would do nothing (:class:`_HeldBack`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager as ContextManager
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
+
+from dedupe.errors import RedisUnavailable
+from dedupe.store.script_runner import Reply
+from dedupe.store.store import PendingPush, Push, Store
+from dedupe.values.keys import CallKeys
+from dedupe.values.record import Holder, pack_provisional, pack_queued
+
+__all__ = [
+    "PendingDecision",
+    "PushPlan",
+    "Refused",
+    "deciding_at_push",
+    "is_redis_channel",
+    "pushing_through",
+    "pushing_through_many",
+]
+
+logger = logging.getLogger("dedupe.producer")
+
+
+class Refused(Exception):
+    """The dedup script refused a publish: the call's key is held. Nothing was pushed."""
+
+    def __init__(self, holder: Holder) -> None:
+        super().__init__(holder.task_id)
+        self.holder = holder
+
+
+@dataclass(eq=False)
+class PushPlan:
+    """What one publish must write with its message, and what became of it."""
+
+    #: The dedup store, asked for when first needed (the runtime makes it then: a Cluster
+    #: no node of which answers makes none, and the call's first write says so).
+    store_of: Callable[[], Store]
+    keys: CallKeys
+    task_id: str
+    #: The call's nonce, and the fields of its queued record.
+    nonce: int
+    enqueued_at: float
+    eta: float | None
+    #: Time to live of the queued record, and of the provisional one, ms.
+    ttl_ms: int
+    provisional_ttl_ms: int
+    #: Push even when the key is held: canvas members and continuations are never refused.
+    force: bool = False
+    #: The provisional record was written (decide-first, continuation, overlap accepted).
+    provisional_written: bool = False
+    #: How the message went out through publish.lua; None when it did not go that way.
+    pushed: Push | None = None
+    #: The message went out with the provisional record: the producer must confirm it.
+    needs_confirm: bool = False
+    #: kombu routed the message to no queue and dropped it: nothing may hold the key for it.
+    unroutable: bool = False
+    #: publish.lua was sent: if it fails, its fate is unknown (record and message, or
+    #: neither), so nothing may be cancelled after it.
+    attempted: bool = False
+    #: Hold the push back (a batch sends all of its pushes in one round trip): the seam
+    #: leaves it in :attr:`pending` instead of sending it.
+    deferred: bool = False
+    pending: PendingPush | None = None
+
+    @property
+    def store(self) -> Store:
+        return self.store_of()
+
+    # Packed on first use (a duplicate needs the provisional record only, and only a publish
+    # needs the queued one); plain attributes, not functools.cached_property, which takes a
+    # lock on every read before Python 3.12.
+    _provisional: bytes | None = None
+    _queued: bytes | None = None
+
+    @property
+    def provisional(self) -> bytes:
+        """This call's provisional record."""
+        if self._provisional is None:
+            self._provisional = pack_provisional(self.task_id, self.nonce)
+        return self._provisional
+
+    @property
+    def queued(self) -> bytes:
+        """This call's queued record."""
+        if self._queued is None:
+            self._queued = pack_queued(self.task_id, self.enqueued_at, self.eta, self.nonce)
+        return self._queued
+
+
+def is_redis_channel(channel: Any) -> bool:
+    """A channel of kombu's Redis transport (Sentinel's included)."""
+    return isinstance(channel, kombu_redis.Channel)
+
+
+@contextmanager
+def _shadowing(channel: Any, **methods: Callable[..., Any]) -> Iterator[None]:
+    """Shadow methods on this one channel instance for the block; what the instance had before
+    is back after it (kombu's channels are shared by no other thread while a producer holds
+    them). py-amqp puts ``basic_publish_confirm`` on the instance under confirm_publish: a
+    shadow that merely dropped its own attribute would turn publisher confirms off."""
+    missing = object()
+    saved = {name: channel.__dict__.get(name, missing) for name in methods}
+    channel.__dict__.update(methods)
+    try:
+        yield
+    finally:
+        for name, before in saved.items():
+            if before is missing:
+                channel.__dict__.pop(name, None)
+            else:
+                channel.__dict__[name] = before
+
+
+def pushing_through(producer: Any, plan: PushPlan) -> ContextManager[None]:
+    """Publish through ``producer`` with ``plan``'s record, for the duration of the block."""
+    return pushing_through_many(producer, {plan.task_id: plan})
+
+
+def pushing_through_many(producer: Any, plans: Mapping[str, PushPlan]) -> ContextManager[None]:
+    """:func:`pushing_through` for every publish of the block, each with the plan of its task
+    id (``plans``; a message of another id goes out through kombu as it would). When every
+    plan holds its push back (a batch), kombu's ``Producer.publish`` of their messages is
+    spared what it would do for nothing (:class:`_HeldBack`)."""
+    channel = producer.channel
+    if not is_redis_channel(channel):
+        return nullcontext()
+    seam = _Seam(channel, plans)
+    if plans and all(plan.deferred for plan in plans.values()):
+        return _both(seam.installed(), _HeldBack(producer, seam).installed())
+    return seam.installed()
+
+
+@contextmanager
+def _both(first: ContextManager[None], second: ContextManager[None]) -> Iterator[None]:
+    with first, second:
+        yield
+
+
+class _Seam:
+    """The channel's ``basic_publish`` and ``_put`` for a block of publishes: shadowed once for
+    the block (a batch makes many publishes through it)."""
+
+    def __init__(self, channel: Any, plans: Mapping[str, PushPlan]) -> None:
+        self.channel = channel
+        self.plans = plans
+        self.kombu = type(channel)
+        #: The lists and fanouts kombu hands ``_put`` in the publish of a plan (None: in
+        #: no such publish, ``_put`` is kombu's).
+        self.queues: list[str] | None = None
+        self.fanouts: list[tuple[Any, ...]] = []
+        #: Is the dedup store on the channel's server? (per store: asked once per block)
+        self.same_server: dict[int, bool] = {}
+
+    def installed(self) -> ContextManager[None]:
+        return _shadowing(
+            self.channel,
+            basic_publish=self.basic_publish,
+            _put=self.put,
+            _put_fanout=self.put_fanout,
+        )
+
+    def put(self, queue: str, message: Any, **kwargs: Any) -> Any:
+        if self.queues is None:
+            return self.kombu._put(self.channel, queue, message, **kwargs)
+        self.queues.append(queue)
+        return None
+
+    def put_fanout(self, *args: Any, **kwargs: Any) -> Any:
+        if self.queues is None:
+            return self.kombu._put_fanout(self.channel, *args, **kwargs)
+        self.fanouts.append((args, kwargs))
+        return None
+
+    def basic_publish(
+        self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any
+    ) -> Any:
+        plan = self.plans.get(str((message.get("headers") or {}).get("id")))
+        if plan is None:
+            return self.kombu.basic_publish(self.channel, message, exchange, routing_key, **kwargs)
+        queues: list[str] = []
+        fanouts: list[tuple[Any, ...]] = []
+        self.queues, self.fanouts = queues, fanouts
+        try:
+            self.kombu.basic_publish(self.channel, message, exchange, routing_key, **kwargs)
+        finally:
+            self.queues = None
+        return _publish(self, plan, message, queues, fanouts)
+
+    def on_same_server(self, plan: PushPlan) -> bool:
+        store = plan.store
+        known = self.same_server.get(id(store))
+        if known is None:
+            known = self.same_server[id(store)] = _same_server(self.channel, store)
+        return known
+
+
+class _HeldBack:
+    """kombu's ``Producer.publish`` on one producer instance, for a block whose planned pushes
+    are all held back (a batch): a publish declares nothing its connection's declaration
+    cache holds, and a planned message whose push is sure to be held back skips kombu's
+    retry wrapper. Both would do nothing: ``maybe_declare`` returns on finding the entity
+    in the cache (after binding two copies of it to the channel), and ``ensure`` retries
+    connection errors of a publish that, held back, does no I/O (a direct route to one list
+    of the store's own server: no fanout, no expiries apart, no provisional publish).
+
+    kombu 5.7 also copies a retry policy into the connection's transport options: the
+    wrapper is skipped only for a policy that a publish of the block has given kombu."""
+
+    def __init__(self, producer: Any, seam: _Seam) -> None:
+        self.producer = producer
+        self.seam = seam
+        self.kombu = type(producer).publish
+        #: The retry policies kombu was given, with retry, by a publish of the block.
+        self.policies: list[Any] = []
+
+    def installed(self) -> ContextManager[None]:
+        return _shadowing(self.producer, publish=self.publish)
+
+    def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+        declare = kwargs.get("declare")
+        if declare and _all_declared(self.seam.channel, declare):
+            kwargs["declare"] = declare = []
+        retry, policy = bool(kwargs.get("retry")) and not args, kwargs.get("retry_policy")
+        if retry and policy in self.policies and not declare and self._held_back(kwargs):
+            kwargs["retry"] = False
+            return self.kombu(self.producer, body, **kwargs)
+        sent = self.kombu(self.producer, body, *args, **kwargs)
+        if retry and policy not in self.policies:
+            self.policies.append(policy)  # (once kombu took it: not if it raised before)
+        return sent
+
+    def _held_back(self, kwargs: Mapping[str, Any]) -> bool:
+        """Is the push of this publish sure to be held back, with no I/O on its way?"""
+        plan = self.seam.plans.get(str((kwargs.get("headers") or {}).get("id")))
+        return (
+            plan is not None
+            and plan.deferred
+            and kwargs.get("exchange") == ""  # a direct route: to the one list it names
+            and bool(kwargs.get("routing_key"))
+            and not self.producer.exchange.name  # (nor would kombu declare the producer's)
+            # (kombu 5.7's Producer.batch() publishes when its block ends)
+            and getattr(getattr(self.producer, "_batch_local", None), "current", None) is None
+            and self.seam.on_same_server(plan)
+        )
+
+
+def declaring_once(producer: Any) -> ContextManager[None]:
+    """kombu's ``Producer.maybe_declare`` on ``producer`` for the block, with the look in its
+    connection's declaration cache made first.
+
+    kombu binds an unbound entity (the queue Celery routes a call to) to the channel before
+    that look, and binding copies it: about a tenth of a publish to RabbitMQ, every call, for
+    a queue declared at the connection's first publish. The look is kombu's own, made on
+    each try of the publish (a reconnect's empty cache declares again); an entity not found
+    goes to kombu. ``before_task_publish`` still sees Celery's ``declare``."""
+    kombu_maybe_declare = type(producer).maybe_declare
+
+    def maybe_declare(entity: Any, retry: bool = False, **retry_policy: Any) -> Any:
+        if entity and _declared(producer.channel, entity):
+            return False  # (what kombu's maybe_declare returns for a cached declaration)
+        return kombu_maybe_declare(producer, entity, retry, **retry_policy)
+
+    return _shadowing(producer, maybe_declare=maybe_declare)
+
+
+def _declared(channel: Any, entity: Any) -> bool:
+    """Would kombu's ``maybe_declare`` find ``entity`` declared on ``channel``'s connection?"""
+    connection = getattr(channel, "connection", None)
+    if connection is None or not getattr(entity, "can_cache_declaration", False):
+        return False  # (a closed channel: kombu revives the entity and declares it again)
+    return hash(entity) in connection.client.declared_entities
+
+
+def _all_declared(channel: Any, entities: Any) -> bool:
+    """Would kombu's ``maybe_declare`` find each of ``entities`` declared, and return?"""
+    return all(_declared(channel, entity) for entity in entities)
+
+
+def _publish(
+    seam: _Seam,
+    plan: PushPlan,
+    message: dict[str, Any],
+    queues: list[str],
+    fanouts: list[tuple[Any, ...]],
+) -> Any:
+    """Write ``plan``'s record with the message kombu routed to ``queues`` (and ``fanouts``)."""
+    channel = seam.channel
+    if not queues and not fanouts:
+        plan.unroutable = True  # kombu drops what no queue is bound for
+        return None
+    queue_expiry = getattr(channel, "_expires", None) or {}  # x-expires, kombu 5.6.2+
+    expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
+    if fanouts or len(expiries) > 1 or not seam.on_same_server(plan):
+        _publish_provisionally(channel, plan, message, queues, fanouts)
+        return None
+    pri = channel._get_message_priority(message, reverse=False)
+    prefix = channel.global_keyprefix
+    lists = [prefix + channel._q_for_pri(queue, pri) for queue in queues]
+    expire_ms = expiries.pop() if expiries else 0
+    expiring = (
+        [prefix + channel._q_for_pri(q, step) for q in queues for step in channel.priority_steps]
+        if expire_ms
+        else []
+    )
+    push = PendingPush(
+        plan.keys,
+        plan.queued,
+        plan.ttl_ms,
+        dumps(message),
+        lists,
+        provisional=plan.provisional if plan.provisional_written else b"",
+        expiring=expiring,
+        expire_ms=expire_ms,
+        force=plan.force,
+    )
+    if plan.deferred:
+        plan.pending = push
+        return None
+    plan.attempted = True
+    outcome = plan.store.push(push)
+    if isinstance(outcome, Holder):
+        raise Refused(outcome)
+    plan.pushed = outcome
+    return None
+
+
+def _publish_provisionally(
+    channel: Any,
+    plan: PushPlan,
+    message: dict[str, Any],
+    queues: list[str],
+    fanouts: list[tuple[Any, ...]],
+) -> None:
+    logger.debug("%s: no one-step publish here, publishing provisionally", plan.task_id)
+    if not plan.provisional_written:
+        holder = plan.store.enqueue(plan.keys, plan.provisional, plan.provisional_ttl_ms)
+        if holder is not None and not plan.force:
+            raise Refused(holder)
+        plan.provisional_written = holder is None
+    for queue in queues:
+        type(channel)._put(channel, queue, message)
+    for args, kwargs in fanouts:
+        type(channel)._put_fanout(channel, *args, **kwargs)
+    plan.needs_confirm = plan.provisional_written
+
+
+def _same_server(channel: Any, store: Store) -> bool:
+    """Is the channel's Redis the dedup store's server and database? (Spelled alike: a
+    broker at ``localhost`` and a store at ``127.0.0.1`` count as two.)"""
+    server = store.server
+    return server is not None and _address(channel.pool.connection_kwargs) == _address(server)
+
+
+def _address(kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (
+        kwargs.get("path"),
+        kwargs.get("host"),
+        int(kwargs.get("port") or 6379),
+        int(kwargs.get("db") or 0),
+    )
+
+
+@dataclass(eq=False)
+class PendingDecision:
+    """An ``enqueue`` sent and not yet read: the verdict on a provisional record."""
+
+    store: Store
+    keys: CallKeys
+    reply: Reply
+    #: The provisional record the enqueue was sent with, and its ttl (sent again after a
+    #: restore: see :class:`~dedupe.store.store.DataLossBarrier`).
+    record: bytes
+    ttl_ms: int
+    #: Called when the answer cannot be had (Redis unreachable): raises to refuse the
+    #: publish, or returns to publish without dedup.
+    unavailable: Callable[[RedisUnavailable], None]
+    decided: bool = False
+    holder: Holder | None = None
+
+    def decide(self) -> Holder | None:
+        """The holder that makes the call a duplicate, or None (read once)."""
+        if not self.decided:
+            self.decided = True
+            try:
+                self.holder = self.store.enqueue_result(
+                    self.keys, self.reply, self.record, self.ttl_ms
+                )
+            except RedisUnavailable as exc:
+                self.unavailable(exc)
+        return self.holder
+
+
+def deciding_at_push(producer: Any, decision: PendingDecision) -> ContextManager[None]:
+    """Read ``decision`` at the push of the publish made in the block, on any transport: a
+    duplicate unwinds as :class:`Refused` before the message reaches the broker."""
+    transport_publish = producer.channel.basic_publish  # the transport's, confirm mode included
+
+    def basic_publish(message: Any, *args: Any, **kwargs: Any) -> Any:
+        holder = decision.decide()
+        if holder is not None:
+            raise Refused(holder)
+        return transport_publish(message, *args, **kwargs)
+
+    return _shadowing(producer.channel, basic_publish=basic_publish)

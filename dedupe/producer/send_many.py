@@ -1,0 +1,374 @@
+"""Celery's ``Task.apply_async``, for the accepted calls of a batch: per call what differs
+between calls, once per batch what cannot.
+
+A batch publishes many calls of one task with the same options through one producer. Per
+call, Celery's ``apply_async`` and ``send_task`` spend much of their time on what is the same
+for every call of a batch: the task's and the app's settings, read through the app's layered
+configuration, and the producer's context (kombu's part is the batch seam's:
+:mod:`dedupe.producer.publish_seam`). :class:`BatchSender` reads the task's and the app's part once,
+and per call does what ``send_task`` does with it:
+
+- the argument check and ``shadow_name``, the task's execution options merged as
+  ``apply_async`` merges them;
+- the route by the app's router (once for calls with the same options, where the app has no
+  ``task_routes``: an entry there may look at the arguments), ``expires`` as the message's
+  expiration, the parent's ids and priority;
+- the message by the app's ``create_task_message`` (``as_task_v2``; its origin, this
+  process on this host, named once per batch), the result backend's
+  ``on_task_call``, and the send by the app's ``send_task_message`` (which fires
+  ``before_task_publish`` and ``after_task_publish``, sends the ``task-sent`` event, and
+  resolves the exchange, the routing key and the declarations as for any call);
+- the result by the task's ``AsyncResult``, added to the parent's trail.
+
+Each step is what ``send_task`` does on every Celery this package supports (5.3 to 5.7) for
+the options a sender takes; a call with any other option that ``apply_async`` or
+``send_task`` treats itself goes through Celery's own ``apply_async``, as does a batch of a
+task or app that overrides them (tests/test_bulk_messages.py compares the messages).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from celery import Celery
+from celery.app.routes import Router
+from celery.app.task import Task as CeleryTask
+from celery.result import AsyncResult
+from celery.utils.nodenames import anon_nodename
+
+from .call import Call, Publish, TaskPublish
+from .message_repr import plain_repr
+from .publish_seam import is_redis_channel
+
+__all__ = ["BatchSender", "sender_for"]
+
+#: Options that ``apply_async`` or ``send_task`` take as parameters of their own and treat
+#: in ways a sender does not: a call with one of them goes through Celery's apply_async.
+#: (A sender treats ``task_id``, ``producer``, ``countdown``, ``eta``, ``expires``,
+#: ``time_limit``, ``soft_time_limit``, ``ignore_result`` and ``add_to_parent``; every other
+#: option goes on to the router, the message and kombu as with Celery.)
+_CELERY_TREATS = frozenset(
+    {
+        "link",
+        "link_error",
+        "shadow",
+        "connection",
+        "router",
+        "result_cls",
+        "publisher",
+        "group_id",
+        "group_index",
+        "retries",
+        "chord",
+        "chain",
+        "reply_to",
+        "root_id",
+        "parent_id",
+        "route_name",
+        "task_type",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "origin",  # (a sender names the batch's origin itself)
+    }
+)
+
+
+#: Options that Celery's ``apply_async`` treats as not given when they are None.
+_NONE_IS_ABSENT = frozenset({"link", "link_error", "shadow"})
+
+
+class BatchSender:
+    """Publishes calls of one task as its ``apply_async`` would (a :data:`Publish`)."""
+
+    def __init__(
+        self,
+        task: Any,
+        app: Celery,
+        fallback: Publish,
+        *,
+        as_tuple: bool,
+        alike: bool,
+        single: bool = False,
+        sends_delays: bool = True,
+    ) -> None:
+        self._task = task
+        self._app = app
+        self._name: str = task.name
+        self._fallback = fallback
+        #: DedupeTask's publish hands apply_async a tuple and a dict, whatever it was given.
+        self._as_tuple = as_tuple
+        self._preopts: Mapping[str, Any] = task._get_exec_options()
+        self._check = getattr(task, "__header__", None) if task.typing else None
+        amqp = app.amqp
+        router: Any = amqp.router
+        self._router = router
+        # Calls with the same options (``alike``) have the same route where the app routes by
+        # the options alone (a task_routes entry may look at the arguments): routed once.
+        self._route_once = alike and type(router) is Router and not getattr(router, "routes", True)
+        #: The first call's route (its options as the router gave them back).
+        self._routed: dict[str, Any] | None = None
+        # (Cached properties of kombu's, read through a descriptor at each access.)
+        self._create_task_message: Any = amqp.create_task_message
+        self._send_task_message: Any = amqp.send_task_message
+        # What as_task_v2 gives saferepr (before Celery 5.5 no maxlevels: saferepr's 3).
+        self._argsrepr_maxsize: int = amqp.argsrepr_maxsize
+        self._kwargsrepr_maxsize: int = amqp.kwargsrepr_maxsize
+        self._repr_maxlevels: int | None = app.conf.get("task_repr_maxlevels", 3)
+        self._backend = app.backend
+        self._reply_to = app.thread_oid
+        # What as_task_v2 would name each message's origin: this process, on this host.
+        self._origin = anon_nodename()
+        #: What a call takes from the run it is made in and from the app's settings: once
+        #: for a batch; for each call by a single call's sender (cached, see :func:`sender_for`).
+        self._context: _Context | None = None if single else _Context.now(app)
+        #: Countdowns and etas are sent here (False: left to Celery, whose send_task routes
+        #: them to quorum queues' delayed delivery on RabbitMQ).
+        self._sends_delays = sends_delays
+
+    @classmethod
+    def of(cls, call: Call, producer: Any, *, alike: bool = False) -> BatchSender | None:
+        """A sender for the calls of ``call``'s task with its publish through ``producer``
+        (of a Redis broker), or None where only Celery's own apply_async will do.
+        ``alike``: the calls have the same options, but for their task id and headers."""
+        if not is_redis_channel(producer.channel):
+            return None  # (send_task's quorum-queue countdown is for RabbitMQ brokers)
+        return cls._of(call, alike=alike, single=False, sends_delays=True)
+
+    @classmethod
+    def _of(
+        cls, call: Call, *, alike: bool, single: bool, sends_delays: bool
+    ) -> BatchSender | None:
+        task, publish = call.task, call.publish
+        if task is None:
+            return None
+        app = task._get_app()  # apply_async's app: the task's, whatever the call was given
+        if not _sends_through_celery(app) or app.conf.task_always_eager:
+            return None
+        if isinstance(publish, TaskPublish) and publish.task is task:
+            reaches = _apply_async_of(type(task), task)
+            as_tuple = False
+        elif _is_dedupe_publish(task, publish):
+            reaches = _apply_async_after(type(task), type(task)._dedupe_publish)
+            as_tuple = True
+        else:
+            return None
+        if reaches is not CeleryTask.apply_async:
+            return None
+        if (
+            task.__v2_compat__
+            or getattr(task, "_dump_pydantic_arguments", None) is not None
+            # Celery 5.5+ refuses such a task in apply_async, earlier ones do not.
+            or (task.soft_time_limit and task.time_limit)
+        ):
+            return None
+        return cls(
+            task,
+            app,
+            publish,
+            as_tuple=as_tuple,
+            alike=alike,
+            single=single,
+            sends_delays=sends_delays,
+        )
+
+    def takes(self, options: Mapping[str, Any]) -> bool:
+        """Does the sender send a call with these options? (Else Celery's apply_async does.)"""
+        if not _CELERY_TREATS.isdisjoint(options) and not _absent_only(options):
+            return False
+        if not self._sends_delays and (options.get("countdown") or options.get("eta")):
+            return False
+        # A time to expire at is read against the clock at each send; a negative delay warns.
+        expires = options["expires"] if "expires" in options else self._preopts.get("expires")
+        return expires is None or (isinstance(expires, (int, float)) and expires >= 0)
+
+    def __call__(
+        self,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+        call_options: dict[str, Any],
+    ) -> AsyncResult[Any]:
+        if (
+            not self.takes(call_options)
+            or not call_options.get("task_id")
+            or call_options.get("producer") is None
+        ):
+            return self._fallback(args, kwargs, call_options)
+        own = dict(call_options)
+        task_id = own.pop("task_id")
+        producer = own.pop("producer")
+        for name in _NONE_IS_ABSENT:
+            if name in own and own[name] is None:
+                del own[name]
+        if self._as_tuple:
+            args = tuple(args) if args is not None else None
+            kwargs = dict(kwargs) if kwargs is not None else None
+        task = self._task
+        # -- Task.apply_async
+        if self._check is not None:
+            self._check(*(args or ()), **(kwargs or {}))
+        shadow = task.shadow_name(args, kwargs, own)
+        options = dict(self._preopts, **own)
+        options.setdefault("ignore_result", task.ignore_result)
+        # -- Celery.send_task
+        countdown = options.pop("countdown", None)
+        eta = options.pop("eta", None)
+        time_limit = options.pop("time_limit", None)
+        soft_time_limit = options.pop("soft_time_limit", None)
+        expires = options.pop("expires", None)
+        add_to_parent = options.pop("add_to_parent", True)
+        ignore_result = options.pop("ignore_result")
+        name = self._name
+        options = self._route(options, args, kwargs)
+        if expires is not None:
+            options["expiration"] = expires
+        context = self._context or _Context.now(self._app)
+        parent = context.parent
+        if context.inherit_priority and parent is not None:
+            options.setdefault("priority", parent.request.delivery_info.get("priority"))
+        message = self._create_task_message(
+            task_id, name, args, kwargs, countdown, eta, None, None, expires, 0, None,
+            None, None, self._reply_to, time_limit, soft_time_limit, context.sent_event,
+            context.root_id, context.parent_id, shadow, None,
+            ignore_result=ignore_result, replaced_task_nesting=0, origin=self._origin,
+            **self._reprs(args, kwargs, options), **options,
+        )  # fmt: skip
+        with producer.connection._reraise_as_library_errors():
+            if not ignore_result:
+                self._backend.on_task_call(producer, task_id)
+            self._send_task_message(producer, name, message, **options)
+        result: AsyncResult[Any] = task.AsyncResult(task_id)
+        result.ignored = ignore_result
+        if add_to_parent and parent is not None:
+            parent.add_trail(result)
+        return result
+
+    def _reprs(self, args: Any, kwargs: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """The message's argsrepr and kwargsrepr where they are cheap to make as saferepr
+        would (a None is made by Celery); none given where the call gives its own."""
+        reprs = {}
+        levels = self._repr_maxlevels
+        if "argsrepr" not in options:
+            reprs["argsrepr"] = plain_repr(
+                args or (), maxsize=self._argsrepr_maxsize, maxlevels=levels
+            )
+        if "kwargsrepr" not in options:
+            reprs["kwargsrepr"] = plain_repr(
+                kwargs or {}, maxsize=self._kwargsrepr_maxsize, maxlevels=levels
+            )
+        return reprs
+
+    def _route(self, options: dict[str, Any], args: Any, kwargs: Any) -> dict[str, Any]:
+        """The app's route of a call with ``options``."""
+        routed, headers = self._routed, options.get("headers")
+        if routed is not None and isinstance(headers, dict):
+            # What the router gives back: the first call's route with this call's headers in
+            # their place (it copies every option but the None ones).
+            return {**routed, "headers": headers}
+        route: dict[str, Any] = self._router.route(options, self._name, args, kwargs, self._task)
+        if self._route_once and isinstance(headers, dict):
+            self._routed = dict(route)
+        return route
+
+
+class _Context:
+    """What ``send_task`` reads for each call from the run it is made in (the parent's ids
+    and priority) and from the app's settings."""
+
+    __slots__ = ("inherit_priority", "parent", "parent_id", "root_id", "sent_event")
+
+    def __init__(self, parent: Any, sent_event: bool, inherit_priority: bool) -> None:
+        self.parent = parent or None
+        self.sent_event = sent_event
+        self.root_id = self.parent_id = None
+        self.inherit_priority = False
+        if parent:
+            self.root_id = parent.request.root_id or parent.request.id
+            self.parent_id = parent.request.id
+            self.inherit_priority = inherit_priority
+
+    @classmethod
+    def now(cls, app: Celery) -> _Context:
+        parent = app.current_worker_task
+        conf = app.conf
+        inherit = bool(conf.task_inherit_parent_priority) if parent else False
+        return cls(parent, conf.task_send_sent_event, inherit)
+
+
+def _absent_only(options: Mapping[str, Any]) -> bool:
+    """Are the options a sender leaves to Celery all given as None (absent, to Celery)?
+    (DedupeTask's apply_async hands them over so.)"""
+    treated = _CELERY_TREATS.intersection(options)
+    return treated <= _NONE_IS_ABSENT and all(options[name] is None for name in treated)
+
+
+def _sends_through_celery(app: Celery) -> bool:
+    return "send_task" not in vars(app) and type(app).send_task is Celery.send_task
+
+
+def _apply_async_of(cls: type, task: Any) -> Any:
+    return None if "apply_async" in vars(task) else getattr(cls, "apply_async", None)
+
+
+def _is_dedupe_publish(task: Any, publish: Publish) -> bool:
+    """Is ``publish`` DedupeTask's own (not an override), bound to ``task``?"""
+    function = getattr(type(task), "_dedupe_publish", None)
+    return (
+        getattr(function, "__module__", None) == "dedupe.task"
+        and getattr(function, "__qualname__", None) == "DedupeTask._dedupe_publish"
+        and getattr(publish, "__self__", None) is task
+        and getattr(publish, "__func__", None) is function
+    )
+
+
+def _apply_async_after(cls: type, function: Any) -> Any:
+    """The apply_async that ``super()`` finds in ``function``, of a class of ``cls``'s MRO."""
+    mro = cls.__mro__
+    owner = next(i for i, klass in enumerate(mro) if function in vars(klass).values())
+    for klass in mro[owner + 1 :]:
+        if "apply_async" in vars(klass):
+            return vars(klass)["apply_async"]
+    return None
+
+
+class _Senders(threading.local):
+    """Each thread's single-call senders: a sender holds the thread's backend and reply-to
+    id, and the process's origin (a forked child starts without any)."""
+
+    def __init__(self) -> None:
+        self.by_task: dict[tuple[int, type, bool], tuple[Any, BatchSender | None]] = {}
+
+
+_senders = _Senders()
+
+
+def _forget_senders() -> None:
+    global _senders
+    _senders = _Senders()
+
+
+os.register_at_fork(after_in_child=_forget_senders)
+
+
+def sender_for(call: Call, producer: Any) -> BatchSender | None:
+    """The sender of a single call through ``producer``, or None where only Celery's own
+    apply_async will do (made once per task, transport kind and thread).
+
+    What Celery's ``apply_async`` and ``send_task`` read from the task and the app on every
+    call is read once here; what may change between calls (the run a call is made in, the
+    settings a message takes) is read at each. On a transport other than Redis, a call with
+    a countdown or an eta goes through Celery: ``send_task`` routes those on its own there.
+    """
+    task = call.task
+    if task is None:
+        return None
+    redis_channel = is_redis_channel(producer.channel)
+    key = (id(task), type(call.publish), redis_channel)
+    by_task = _senders.by_task
+    entry = by_task.get(key)
+    if entry is None or entry[0] is not task:
+        sender = BatchSender._of(call, alike=False, single=True, sends_delays=redis_channel)
+        by_task[key] = entry = (task, sender)
+    return entry[1]

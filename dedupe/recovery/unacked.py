@@ -1,0 +1,293 @@
+"""After the dedup Redis lost its data: the keys of the messages the Redis broker holds.
+
+A worker's heartbeat re-creates the keys of its own live runs. A message whose worker was
+killed before the loss has no heartbeat: on the Redis broker it stays unacked until the
+visibility timeout gives it back, and with its key gone every call made meanwhile is
+accepted, one after the other as each run ends. The broker still holds those messages (and
+the reserved and running ones of every worker) in its ``unacked`` hash, with the producer's
+key header: the first worker to notice the loss writes their records back (``restore.lua``).
+
+The loss is noticed by a marker key that the heartbeat thread of each worker process that ran
+a unique task sets if missing, every third of the default lease: present since the server
+started, gone with a restart that kept no data, a failover to a replica that never had it, or
+a FLUSHALL. Its value names the run of the server it was set on (``run_id``): a server that
+restarted from a snapshot, or a replica that took over, has the marker but may have lost the
+records written since, so a marker of another run is restored over too (at the next check:
+calls are held back only while the marker is missing). The keys of
+``unique_until="finished"`` and ``"started"`` calls are restored (a throttle window's key is
+its window, which the broker does not know). A ``"started"`` message that runs already has
+no claim on its call's key: its heartbeat withdraws its restored record.
+Not on a Redis Cluster (the marker lives on one master of many), nor where the broker is the
+dedup Redis itself (its loss takes the unacked messages with it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dedupe.errors import RedisUnavailable
+from dedupe.events import RESTORED, emit
+from dedupe.store.store import Restoration, Restore, Store
+from dedupe.values.header import KeyHeader
+from dedupe.values.keys import alive_key
+from dedupe.values.record import RESTORED_MODES
+from dedupe.values.redelivery import redis_visibility
+
+__all__ = ["AckFollower", "Ours", "RestartWatch", "restorations", "restore_unacked"]
+
+logger = logging.getLogger("dedupe.keys")
+
+
+class RestartWatch:
+    """The :class:`~dedupe.store.store.DataLossBarrier` of a store whose broker is a Redis of its
+    own: restores the keys of the broker's unacked messages when the dedup Redis lost its
+    data, before any call is decided there (the store asks with :attr:`marker`), and from
+    the heartbeat thread every third of a lease (called: a worker with no calls to make)."""
+
+    def __init__(
+        self,
+        app: Any,
+        store: Store,
+        prefix: str,
+        lease: float,
+        redelivery: float,
+    ) -> None:
+        self._app = app
+        self._store = store
+        self._prefix = prefix
+        self.marker = alive_key(prefix)
+        self._lease = lease
+        self._redelivery = redelivery
+        self._restoring: threading.Thread | None = None
+        # One restore at a time in this process; the others wait for it, then find the marker.
+        self._lock = threading.Lock()
+        self._disarmed_until = 0.0
+
+    def armed(self) -> bool:
+        """False for a third of a lease after a restore failed: calls are decided without
+        the marker meanwhile (each would wait on a broker that failed it just now)."""
+        return time.monotonic() >= self._disarmed_until
+
+    def __call__(self) -> None:
+        """Look at the marker, and restore in a thread if it is gone. Never raises: the
+        heartbeat thread that calls it renews every run's lease."""
+        if self._restoring is not None and self._restoring.is_alive():
+            return
+        try:
+            if self._stale() is None:
+                return
+            # In a thread of its own: a broker that hangs must not stop the renewals.
+            self._restoring = threading.Thread(
+                target=self.restore, name="dedupe-restore", daemon=True
+            )
+            self._restoring.start()
+        except RedisUnavailable:
+            return  # (the heartbeat's own renewals say so)
+        except Exception as exc:
+            # Any other refusal (an ACL that leaves out the marker key or EXISTS) says the
+            # same at every check: say it, and leave the renewals be.
+            logger.warning("could not check for a dedup Redis data loss: %r", exc)
+
+    def _stale(self) -> bytes | None:
+        """None while the marker stands for this run of the server (where the server does
+        not say which run it is, while it is there); else the run to mark once restored."""
+        found = self._store.marker(self.marker)
+        run = self._store.server_run()
+        if found is not None and (not run or found == run):
+            return None
+        return run or b"1"
+
+    def restore(self) -> None:
+        """Restore the keys of the unacked messages, then set the marker: the marker says a
+        restore finished since the data was lost (calls decided before that are held back,
+        not decided on keys that may be lost records). Never raises."""
+        with self._lock:
+            try:
+                # (Read before the restore: a restart during it leaves a marker of a run
+                # before it, which the next check restores over.)
+                run = self._stale()
+                if run is None:
+                    return  # (restored by another thread or process meanwhile)
+                restore_unacked(self._app, self._store, self._prefix, self._lease, self._redelivery)
+                self._store.mark_alive(self.marker, run)
+            except Exception as exc:
+                reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
+                logger.warning("could not restore the keys of unacked messages: %r", reason)
+                # Calls go on without it; the next check (this process's or another's)
+                # tries again.
+                self._disarmed_until = time.monotonic() + self._lease / 3
+
+
+def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redelivery: float) -> int:
+    """Write back the records of the messages the Redis broker holds unacked (of ``app``'s
+    tasks and key prefix: a broker may serve other apps); withdraw those whose message was
+    acked meanwhile (their run ended between the read and the write), now and, in a thread,
+    for a second or two after (:class:`AckFollower`). Returns how many were restored."""
+    # kombu's own channel: its client knows the broker's URL forms (Sentinel, sockets, TLS),
+    # and the channel the names of the unacked hash and index.
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        client = channel.client
+        unacked = _named_for(client, "HGETALL", channel.unacked_key)
+        messages = client.hgetall(unacked)
+        index_key = _named_for(client, "ZRANGE", channel.unacked_index_key)
+        index = client.zrange(index_key, 0, -1, withscores=True)
+        delivered = {tag: float(score) for tag, score in index}
+        ours = Ours(prefix)
+        items = restorations(messages, delivered, ours, time.time(), lease, redelivery)
+        if not items:
+            return 0
+        tags = list(items)
+        replies = store.restore([items[tag][1] for tag in tags])
+        gone = _withdraw_acked(channel, store, {tag: items[tag][1] for tag in tags})
+    restored: dict[bytes, tuple[Restoration, float]] = {}
+    visibility = redis_visibility(app)
+    for tag, reply in zip(tags, replies, strict=True):
+        task, item = items[tag]
+        if tag not in gone and reply in (Restore.RESTORED, Restore.JOINED):
+            # (Past half its visibility timeout, a message gone from the hash may be back
+            # in its queue rather than acked: its record is left to its ttl.)
+            restored[tag] = (item, delivered.get(tag, time.time()) + visibility / 2)
+            emit(RESTORED, task, item.task_id, item.keys.call)
+    if restored:
+        # A run frees its key before its worker acks the message (acks_late: the pool's
+        # parent acks once the child has reported): one that ended between the read and the
+        # write was still unacked at the check above, and its restored record would hold
+        # the key of a finished task until the record's ttl (the visibility timeout).
+        follow = AckFollower(app, store, restored)
+        threading.Thread(target=follow, name="dedupe-restore-follow", daemon=True).start()
+    return len(restored)
+
+
+class AckFollower:
+    """Withdraws the restored records whose messages are acked within a second or two of
+    the restore (runs that ended during it), looking at :attr:`LOOKS`.
+
+    Gone from the hash is taken for acked. A message requeued meanwhile (a reject with
+    requeue, a worker's warm shutdown) is gone from it too, but back in its queue: its key
+    would be withdrawn and one call let in, whose run the message's own then waits for. The
+    looks are kept short for that: the worker's ack follows its run's release by
+    milliseconds.
+    """
+
+    #: Seconds after the restore (each after the one before).
+    LOOKS = (0.25, 0.5, 1.0)
+
+    def __init__(
+        self, app: Any, store: Store, restored: Mapping[bytes, tuple[Restoration, float]]
+    ) -> None:
+        """``restored``: delivery tag -> (what was restored, until when (``time.time()``)
+        a message gone from the unacked hash is surely acked)."""
+        self._app = app
+        self._store = store
+        self._left = dict(restored)
+
+    def __call__(self) -> None:
+        for wait in self.LOOKS:
+            time.sleep(wait)
+            now = time.time()
+            self._left = {tag: held for tag, held in self._left.items() if now < held[1]}
+            if not self._left:
+                return
+            try:
+                with self._app.connection_for_write() as connection:
+                    restored = {tag: item for tag, (item, _) in self._left.items()}
+                    gone = _withdraw_acked(connection.default_channel, self._store, restored)
+            except Exception as exc:
+                reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
+                logger.warning(
+                    "could not look for the acks of %d restored message(s), whose keys stay "
+                    "until their records' ttl: %r",
+                    len(self._left),
+                    reason,
+                )
+                return  # (the broker or Redis away: the looks are seconds apart, not worth it)
+            for tag in gone:
+                del self._left[tag]
+
+
+def _withdraw_acked(
+    channel: Any, store: Store, restored: Mapping[bytes, Restoration]
+) -> set[bytes]:
+    """Withdraw the restored records (by delivery tag) whose messages are gone from the
+    broker's unacked hash (acked); returns their tags."""
+    tags = list(restored)
+    client = channel.client
+    present = client.hmget(_named_for(client, "HMGET", channel.unacked_key), tags)
+    gone = {tag for tag, value in zip(tags, present, strict=True) if value is None}
+    for tag in gone:
+        store.withdraw(restored[tag])
+    return gone
+
+
+def _named_for(client: Any, command: str, name: str) -> str:
+    """``name`` as ``command`` must send it on kombu's client: with the transport's
+    ``global_keyprefix`` where the client does not add it itself (it prefixes a list of the
+    commands kombu sends, of which HGETALL and HMGET are not, nor ZRANGE in kombu 5.4)."""
+    prefix = getattr(client, "global_keyprefix", "")
+    if prefix and command not in getattr(client, "PREFIXED_SIMPLE_COMMANDS", ()):
+        return f"{prefix}{name}"
+    return name
+
+
+@dataclass(frozen=True)
+class Ours:
+    """What tells the messages whose keys live in this store from other apps' on one broker:
+    their key prefix. (Not the app's task names: a producer's app may know only the tasks it
+    calls, and an app that shares the prefix shares the keys.)"""
+
+    prefix: str
+
+    def owns(self, task: str, header: KeyHeader) -> bool:
+        """Is a message of ``task`` with ``header`` one whose key lives here?"""
+        return header.keys.call.startswith(f"{self.prefix}:{{")
+
+
+def restorations(
+    messages: Mapping[bytes, bytes],
+    delivered: Mapping[bytes, float],
+    ours: Ours,
+    now: float,
+    lease: float,
+    redelivery: float,
+) -> dict[bytes, tuple[str, Restoration]]:
+    """What to write back for kombu's unacked hash (delivery tag -> ``[message, exchange,
+    routing key]`` as JSON) and index (tag -> delivery time): the unique ``"finished"`` and
+    ``"started"`` messages in ``ours`` (task name, task id, header), each with its task name,
+    held until the broker gives it back (``redelivery`` after its delivery) and a lease more."""
+    items = {}
+    lease_ms = max(int(lease * 1000), 1)
+    for tag, value in messages.items():
+        found = _message_key(value)
+        if found is None:
+            continue
+        task, task_id, header = found
+        if not ours.owns(task, header):
+            continue
+        at = delivered.get(tag, now)
+        ttl_ms = max(int((at + redelivery + lease - now) * 1000), lease_ms)
+        items[tag] = (task, Restoration.of(header.keys, task_id, at, ttl_ms, lease_ms))
+    return items
+
+
+def _message_key(value: bytes) -> tuple[str, str, KeyHeader] | None:
+    # Its task name, task id and header; None for anything that is no Celery protocol 2
+    # message with our header.
+    try:
+        message = json.loads(value)[0]
+        headers = message["headers"]
+        header = KeyHeader.read(headers)
+        task, task_id = headers["task"], headers["id"]
+    except (ValueError, LookupError, TypeError):
+        return None
+    if header is None or header.until not in RESTORED_MODES:
+        return None
+    if not isinstance(task, str) or not isinstance(task_id, str):
+        return None
+    return task, task_id, header

@@ -1,0 +1,108 @@
+"""The keys live under an app's prefix, read with SCAN (never KEYS) and batched GETs: what
+``celery dedupe stats`` prints and the Prometheus live-keys gauge exports."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+
+from celery import Celery
+
+from dedupe.store.clients import DedupRedis
+from dedupe.values.keys import RUN_SUFFIX, tag_safe, task_name_of_tag
+from dedupe.values.record import Holder
+
+from .runtime import runtime_of
+
+__all__ = ["glob_escaped", "live_key_counts", "live_keys", "scan", "task_of_key"]
+
+_BATCH = 500
+
+
+def task_of_key(prefix: str, key: str) -> str | None:
+    """The task name in a key of ``prefix`` (keys.call_keys names them), or None.
+
+    >>> task_of_key("dedupe", "dedupe:{reports:eu:0123456789abcdef0123456789abcdef}:run")
+    'reports:eu'
+    """
+    head = f"{prefix}:{{"
+    if not key.startswith(head):
+        return None
+    body = key[len(head) :]
+    body = body.removesuffix(RUN_SUFFIX)
+    if not body.endswith("}"):
+        return None
+    name, colon, digest = body[:-1].rpartition(":")
+    if not colon or len(digest) != 32:
+        return None
+    return task_name_of_tag(name)
+
+
+def glob_escaped(text: str) -> str:
+    """``text`` matched literally in a SCAN pattern.
+
+    >>> glob_escaped("jobs[1]*")
+    'jobs\\\\[1\\\\]\\\\*'
+    """
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def scan(
+    client: DedupRedis, prefix: str, task: str | None = None
+) -> Iterator[tuple[str, bytes, int]]:
+    """Every live key of ``prefix`` (of exactly the task named ``task``, when given): its
+    name, value and pttl. Keys that vanish between the SCAN and the GET are passed over."""
+    head = f"{glob_escaped(prefix)}:"
+    pattern = f"{head}{{{glob_escaped(tag_safe(task))}:*" if task is not None else f"{head}*"
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=pattern, count=1000):
+        # The pattern's "*" also matches the rest of a longer name ("reports:eu" for
+        # "reports"): only a key that parses back to the very name is the task's.
+        if task is not None and task_of_key(prefix, key.decode()) != task:
+            continue
+        batch.append(key)
+        if len(batch) == _BATCH:
+            yield from _read(client, batch)
+            batch = []
+    if batch:
+        yield from _read(client, batch)
+
+
+def _read(client: DedupRedis, keys: list[bytes]) -> Iterator[tuple[str, bytes, int]]:
+    # Keys of different tasks may sit in different cluster slots: GETs one by one in a
+    # pipeline, never an MGET across them.
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.get(key)
+            pipe.pttl(key)
+        replies = pipe.execute()
+    for index, key in enumerate(keys):
+        raw, pttl = replies[2 * index], replies[2 * index + 1]
+        if raw is not None:
+            yield key.decode(), raw, pttl
+
+
+def live_keys(app: Celery, task: str | None = None) -> Iterator[tuple[str, Holder]]:
+    """Every live key of ``app``'s prefix (of one task): its task name and holder (values
+    that are no record of ours are passed over)."""
+    runtime = runtime_of(app)
+    prefix = runtime.config.key_prefix
+    for key, raw, pttl in scan(runtime.store.client, prefix, task):
+        name = task_of_key(prefix, key)
+        if name is None:
+            continue
+        try:
+            holder = Holder.from_raw(key, raw, pttl if pttl > 0 else None)
+        except ValueError:
+            continue
+        yield name, holder
+
+
+def live_key_counts(app: Celery, task: str | None = None) -> Counter[tuple[str, str]]:
+    """How many keys are live, by (task name, state); a provisional record counts as
+    "provisional"."""
+    return Counter(
+        (name, "provisional" if holder.provisional else holder.state)
+        for name, holder in live_keys(app, task)
+    )

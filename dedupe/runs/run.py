@@ -1,0 +1,159 @@
+"""The state of one run of a task inside a worker, kept on the task's request.
+
+A run's life: the worker claims its key (``claimed``), finds it held by another run
+(``held``), or cannot ask Redis (``error``); a continuation of the task id (a retry, a
+replace) may take the key over (:meth:`Run.hand_over`); the run's end releases what is left.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dedupe.store.store import Lease
+from dedupe.values.keys import CallKeys
+from dedupe.values.options import UniqueOptions, Until, until_of
+from dedupe.values.record import Holder
+
+from .heartbeat import Heartbeat
+
+__all__ = [
+    "ANY_RUN",
+    "GUARDS_RUNS",
+    "NO_RUN",
+    "Run",
+    "RunSpec",
+    "attach",
+    "detach",
+    "new_token",
+    "run_of",
+]
+
+#: The run token of a run that holds nothing: it matches no record.
+NO_RUN = "-"
+#: Speaks for whatever run of the task id holds the key: only when that run is known dead,
+#: or when the key is released by a run that never claimed it.
+ANY_RUN = ""
+
+#: A task class attribute: True when its runs call the execution guard (DedupeTask's
+#: ``before_start``); other bases are claimed and released, but never kept apart.
+GUARDS_RUNS = "_dedupe_guards_runs"
+
+_ATTRIBUTE = "_dedupe_run"
+
+
+def new_token() -> str:
+    """A run token: tells the runs of one task id apart (48 bits, small in every record)."""
+    return secrets.token_hex(6)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """What the worker needs to guard one run: from the header, or derived for a bypass."""
+
+    keys: CallKeys
+    until: Until
+    #: Seconds a record re-queued by a retry lives (plus the retry's countdown).
+    ttl: float
+    lease: float
+    on_running: Literal["skip", "retry"]
+    running_countdown: float
+    #: The message belongs to a chain, group or chord: it must never be skipped.
+    canvas: bool
+    #: The message went through the producer guard (it carries our header): its task id
+    #: may have been handed to callers as the holder of the call, so it must never be
+    #: skipped either (a skip stores no result, and their .get() would never return).
+    carried: bool = False
+
+    @classmethod
+    def from_options(
+        cls,
+        keys: CallKeys,
+        until: Any,
+        ttl: float,
+        options: UniqueOptions,
+        *,
+        canvas: bool,
+        carried: bool = False,
+    ) -> RunSpec:
+        return cls(
+            keys=keys,
+            until=until_of(until),
+            ttl=ttl,
+            lease=options.lease,
+            on_running=options.on_running,
+            running_countdown=options.running_countdown,
+            canvas=canvas,
+            carried=carried,
+        )
+
+
+@dataclass(eq=False)
+class Run:
+    """One run: its claim verdict, and what happened to its key during the run."""
+
+    spec: RunSpec
+    token: str
+    verdict: Literal["claimed", "held", "error"]
+    holder: Holder | None = None
+    lease: Lease | None = None
+    #: A continuation (retry, replace) put this key back to queued: its message owns it.
+    #: A continuation to another key (new arguments, another task) leaves it False, and
+    #: the run's own key is released at the end.
+    requeued: bool = False
+    #: A continuation of this task id was published during the run: the key goes back to
+    #: queued for it when the run ends, ``(ttl, eta)`` of its record.
+    handover: tuple[float, float | None] | None = None
+
+    def hand_over_at_end(self, task: Any, keys: CallKeys, ttl: float, eta: float | None) -> bool:
+        """Keep the key until this run ends, then hand it to a continuation of its task id
+        published now (``retry(throw=False)`` goes on running after it; a raised retry ends
+        at once). Before that, the continuation would start beside this run; as it is, it
+        meets this run's record and waits. False: this run holds nothing to hand over at
+        its end, or its task's runs are not kept apart, so a continuation that started
+        early would run anyway (:meth:`hand_over` hands the key over now)."""
+        if (
+            self.verdict != "claimed"
+            or self.spec.keys != keys
+            or self.requeued
+            or not getattr(task, GUARDS_RUNS, False)
+        ):
+            return False
+        self.handover = (ttl, eta)
+        return True
+
+    def hand_over(self, keys: CallKeys, heartbeat: Heartbeat) -> str:
+        """Let a continuation of this run's task id take the key ``keys`` back to queued.
+
+        Returns the run token the requeue speaks for: this run's own, ANY_RUN for a run
+        that never claimed (its claim failed), or NO_RUN when there is nothing to hand over
+        (a run that met a live holder must never touch the holder's record; a continuation
+        to another key leaves this run's key to be released when the run ends).
+        """
+        if self.verdict == "held" or self.spec.keys != keys:
+            return NO_RUN
+        if self.lease is not None:
+            # Stop renewing before the record goes back to queued: a late renewal would find
+            # it queued and give up the lease, or re-create a running record.
+            heartbeat.drop(self.lease)
+            self.lease = None
+        self.requeued = True
+        return self.token if self.verdict == "claimed" else ANY_RUN
+
+
+def run_of(request: Any) -> Run | None:
+    """The run attached to a task request, if any."""
+    run = getattr(request, _ATTRIBUTE, None)
+    return run if isinstance(run, Run) else None
+
+
+def attach(request: Any, run: Run) -> None:
+    setattr(request, _ATTRIBUTE, run)
+
+
+def detach(request: Any) -> Run | None:
+    run = run_of(request)
+    if run is not None:
+        setattr(request, _ATTRIBUTE, None)
+    return run

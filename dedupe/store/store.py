@@ -1,0 +1,880 @@
+"""The Redis side: one Lua script per state transition, one round trip per call.
+
+Scripts live in ``dedupe/store/lua/`` (each headed by its KEYS, ARGV and replies), are registered
+once on the store's client and run through a ScriptRunner (EVALSHA with a NOSCRIPT fallback,
+which also survives a restart or failover that empties the script cache, on a connection of
+each thread's own). Every reply is read here and only here: the ``read_*`` functions turn a
+script's reply into a result (an enum per script, or a :class:`~dedupe.Holder`) or an
+exception, for the sync :class:`Store` and the asyncio store alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+
+import redis
+import redis.cluster
+from redis.commands.core import Script
+
+from dedupe.errors import RedisCommandError, RedisUnavailable, UnexpectedReply
+from dedupe.values import defaults
+from dedupe.values.keys import CallKeys
+from dedupe.values.record import Holder, pack_owner, pack_queued, pack_restored
+
+from .clients import DedupRedis
+from .cluster_runner import ClusterScriptRunner, cluster_unreachable
+from .script_runner import Reply, ScriptRunner
+
+__all__ = [
+    "Claim",
+    "DataLossBarrier",
+    "Enqueue",
+    "Lease",
+    "Push",
+    "Renewal",
+    "Requeue",
+    "Restoration",
+    "Restore",
+    "Store",
+    "Wait",
+    "first_holder",
+    "not_decided",
+    "read_cancel",
+    "read_claim",
+    "read_confirm",
+    "read_enqueue",
+    "read_publish",
+    "read_release",
+    "read_renew",
+    "read_requeue",
+    "read_restore",
+    "read_wait",
+    "redis_errors",
+    "reraise_unavailable",
+    "run_id_of",
+    "script_text",
+]
+
+#: What counts as "Redis is unreachable": connection and timeout failures, a server still
+#: loading its data, a replica that refuses writes after a failover, a server at its memory
+#: limit under noeviction (the policy the README recommends) refusing writes.
+redis_errors: tuple[type[BaseException], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.OutOfMemoryError,
+    # (Not in every redis-py 5: a missing one is an ordinary ResponseError, matched by text.)
+    *(
+        getattr(redis.exceptions, name)
+        for name in ("TryAgainError", "MasterDownError")
+        if hasattr(redis.exceptions, name)
+    ),
+)
+
+
+def script_text(name: str) -> str:
+    """A script's source: the shared prelude, then the script."""
+    package = resources.files("dedupe.store") / "lua"
+    prelude = (package / "_prelude.lua").read_text(encoding="utf-8")
+    return prelude + "\n" + (package / f"{name}.lua").read_text(encoding="utf-8")
+
+
+# -- replies: the one place that reads them ---------------------------------------------------
+
+
+class Enqueue(enum.IntEnum):
+    """enqueue.lua's integer replies (a held key answers with its record instead)."""
+
+    #: Not decided: the store lost its data, and the records of the messages in flight are
+    #: not restored yet (:class:`DataLossBarrier`). Never seen outside this module.
+    LOST = 0
+    CREATED = 1
+    #: The key holds these very bytes: redis-py sent the command again after a timeout.
+    RESENT = 2
+
+
+class Push(enum.IntEnum):
+    """publish.lua's integer replies (a held key answers with its record instead)."""
+
+    PUSHED = 1
+    #: The key holds these very bytes: the first send of the command pushed the message.
+    RESENT = 2
+    #: A forced push (a canvas member) that left the holder's record alone.
+    FORCED = 3
+
+
+class Claim(enum.IntEnum):
+    """claim.lua's integer reply (a held key answers with its record instead)."""
+
+    CLAIMED = 1
+
+
+class Renewal(enum.IntEnum):
+    """renew.lua's replies."""
+
+    #: Another task or another run holds the key now; it was left alone.
+    LOST = 0
+    RENEWED = 1
+    #: The key was gone (Redis restarted, failed over or evicted it) and was re-created; or
+    #: a call accepted since held it, and the run took it back with that call waiting in it.
+    RECREATED = 2
+    #: A call accepted since is still being published into the key: the next beat takes it
+    #: back.
+    PENDING = 3
+
+
+class Wait(enum.IntEnum):
+    """wait.lua's replies."""
+
+    #: Left alone: a call being published into the key, or a run another call waits in.
+    LEFT = 0
+    #: The key was free and holds this task id's queued record again.
+    QUEUED = 1
+    #: This task id waits in the run that holds the key, and gets the key when it ends.
+    WAITS = 2
+    #: The key holds this task id's record already.
+    OWN = 3
+    #: The key held a call accepted since the loss: this task id holds it now (a restored
+    #: record), that call waiting in it.
+    AHEAD = 4
+
+
+class Requeue(enum.IntEnum):
+    """requeue.lua's replies."""
+
+    #: Another task id holds the record: left alone.
+    OTHER_TASK = 0
+    QUEUED = 1
+    #: Another live run of this task id (a redelivered copy) holds it: left alone.
+    LIVE_RUN = 2
+
+
+class Restore(enum.IntEnum):
+    """restore.lua's replies."""
+
+    #: Left alone: the key's holder is a run another call waits in already.
+    LEFT = 0
+    #: The key was free and holds the message's restored record.
+    RESTORED = 1
+    #: Restored with the call accepted since waiting in it; or the message waits in the run
+    #: of another task id that holds the key.
+    JOINED = 2
+    #: The key holds this task id's record already.
+    OWN = 3
+    #: A call accepted since is still being published into the key.
+    PENDING = 4
+
+
+_Code = TypeVar("_Code", bound=enum.IntEnum)
+_T = TypeVar("_T")
+
+
+def _code(kind: type[_Code], script: str, reply: Any) -> _Code:
+    try:
+        return kind(reply)
+    except ValueError:
+        raise UnexpectedReply(script, reply) from None
+
+
+def _granted_or_held(kind: type[enum.IntEnum], script: str, key: str, reply: Any) -> Holder | None:
+    # A granted request answers with an integer; a held key with b"<pttl>:<record>".
+    if isinstance(reply, int):
+        _code(kind, script, reply)
+        return None
+    if not isinstance(reply, bytes):
+        raise UnexpectedReply(script, reply)
+    pttl, _, raw = reply.partition(b":")
+    return Holder.from_raw(key, raw, int(pttl))
+
+
+def read_enqueue(key: str, reply: Any) -> Holder | None:
+    """None: the call was accepted; else the holder it duplicates."""
+    return _granted_or_held(Enqueue, "enqueue", key, reply)
+
+
+def read_publish(key: str, reply: Any) -> Push | Holder:
+    """How the message went out, or the holder that refused it (nothing was pushed)."""
+    if isinstance(reply, int):
+        return _code(Push, "publish", reply)
+    holder = _granted_or_held(Push, "publish", key, reply)
+    assert holder is not None
+    return holder
+
+
+def read_confirm(reply: Any) -> bool:
+    """True: the record is durable; False: it was gone, or someone else's."""
+    if reply not in (0, 1):
+        raise UnexpectedReply("confirm", reply)
+    return bool(reply)
+
+
+def read_claim(key: str, reply: Any) -> Holder | None:
+    """None: the run claimed the key; else the holder that keeps it from running."""
+    return _granted_or_held(Claim, "claim", key, reply)
+
+
+def read_renew(reply: Any) -> Renewal:
+    return _code(Renewal, "renew", reply)
+
+
+def read_wait(reply: Any) -> Wait:
+    return _code(Wait, "wait", reply)
+
+
+def read_requeue(reply: Any) -> Requeue:
+    return _code(Requeue, "requeue", reply)
+
+
+def read_restore(reply: Any) -> Restore:
+    return _code(Restore, "restore", reply)
+
+
+def read_release(reply: Any) -> int:
+    """The number of keys deleted."""
+    if not isinstance(reply, int) or not 0 <= reply <= 2:
+        raise UnexpectedReply("release", reply)
+    return reply
+
+
+def read_cancel(reply: Any) -> bool:
+    """True if the queued record was deleted."""
+    if reply not in (0, 1):
+        raise UnexpectedReply("cancel", reply)
+    return bool(reply)
+
+
+def first_holder(names: Sequence[str], replies: Sequence[Any]) -> Holder | None:
+    """Read GET/PTTL pairs: the first key present, as a Holder."""
+    for index, name in enumerate(names):
+        raw = replies[2 * index]
+        if raw is not None:
+            return Holder.from_raw(name, raw, replies[2 * index + 1])
+    return None
+
+
+# -- the store -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A run's hold on its run key, as the heartbeat renews it."""
+
+    key: str
+    task_id: str
+    token: str
+    lease_ms: int
+    #: The running record, to re-create the key if Redis lost it.
+    record: bytes
+    #: How long the record lives past each renewal: the redelivery horizon of a run whose
+    #: message the broker would deliver again if it died; 0 (the lease) for any other run.
+    record_ttl_ms: int = 0
+    #: The call's record key when it is not the run key (``unique_until="started"``).
+    call_key: str = ""
+
+    @property
+    def keys(self) -> list[str]:
+        """renew.lua's KEYS."""
+        return [self.key, self.call_key] if self.call_key else [self.key]
+
+    def args(self) -> list[Any]:
+        """renew.lua's ARGV."""
+        return [
+            pack_owner(self.task_id),
+            self.token,
+            self.lease_ms,
+            self.record,
+            self.record_ttl_ms,
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Restoration:
+    """The record of one message the broker holds for a worker, to write back."""
+
+    keys: CallKeys
+    task_id: str
+    #: :func:`dedupe.values.record.pack_restored`'s record; the queued record, to wait in a run.
+    record: bytes
+    queued: bytes
+    ttl_ms: int
+    lease_ms: int
+
+    @classmethod
+    def of(
+        cls,
+        keys: CallKeys,
+        task_id: str,
+        delivered_at: float,
+        ttl_ms: int,
+        lease_ms: int,
+        eta: float | None = None,
+    ) -> Restoration:
+        """The restoration of the message of ``task_id`` delivered at ``delivered_at``: its
+        restored record and its queued record, both of that moment (withdraw.lua tells what
+        restore.lua wrote by these bytes)."""
+        record = pack_restored(task_id, delivered_at)
+        queued = pack_queued(task_id, delivered_at, eta)
+        return cls(keys, task_id, record, queued, ttl_ms, lease_ms)
+
+    def args(self) -> list[Any]:
+        """restore.lua's ARGV."""
+        return [pack_owner(self.task_id), self.record, self.queued, self.ttl_ms, self.lease_ms]
+
+
+class DataLossBarrier(Protocol):
+    """Keeps calls from being decided on a store that lost its data (a restart without
+    persistence, a failover to a replica without it, a FLUSHALL) until the records of the
+    messages in flight are back: an absent key may be a lost record, whose message a new
+    call would duplicate. ``dedupe.recovery.unacked.RestartWatch`` is the one there is."""
+
+    #: The key whose absence says the data was lost (and not restored yet).
+    marker: str
+
+    def armed(self) -> bool:
+        """Ask with the marker now? (Not for a while after a restore that failed.)"""
+
+    def restore(self) -> None:
+        """Restore the records, then set the marker (once per process at a time). Never
+        raises: a failure is logged, and disarms the barrier for a while."""
+
+
+def run_id_of(info: Any) -> bytes:
+    """The ``run_id`` in an ``INFO server`` reply; empty where it has none (or INFO was
+    refused: ``info`` is then the error)."""
+    run = info.get("run_id", "") if isinstance(info, dict) else ""
+    return str(run).encode()
+
+
+def not_decided(reply: Any) -> bool:
+    """Is this an enqueue's answer that the store lost its data (:attr:`Enqueue.LOST`)?"""
+    return isinstance(reply, int) and reply == Enqueue.LOST
+
+
+class Store:
+    """Every read and write celery-dedupe makes to Redis."""
+
+    #: Set by the runtime where lost records can be restored (a Redis broker with a dedup
+    #: Redis of its own): every enqueue then asks with its marker.
+    barrier: DataLossBarrier | None = None
+
+    def __init__(
+        self,
+        client: DedupRedis,
+        *,
+        busy_poll: float = defaults.BUSY_POLL_US / 1e6,
+        budget: float = defaults.CALL_BUDGET,
+        remember_duplicates: float = 0.0,
+    ) -> None:
+        """``remember_duplicates``: the longest a thread answers a repeated duplicate from
+        memory (:meth:`remembered`; 0: never; one server only, not a Cluster)."""
+        self.client = client
+        self._run: ScriptRunner | ClusterScriptRunner
+        if isinstance(client, redis.cluster.RedisCluster):
+            self._run = ClusterScriptRunner(client, busy_poll, budget)
+        else:
+            self._run = ScriptRunner(client, busy_poll, budget, remember_for=remember_duplicates)
+        self._enqueue = self._register("enqueue")
+        self._enqueue_many = self._register("enqueue_many")
+        self._claim = self._register("claim")
+        self._renew = self._register("renew")
+        self._requeue = self._register("requeue")
+        self._wait = self._register("wait")
+        self._restore = self._register("restore")
+        self._release = self._register("release")
+        self._cancel = self._register("cancel")
+        self._withdraw = self._register("withdraw")
+        self._publish = self._register("publish")
+        self._confirm = self._register("confirm")
+
+    def _register(self, name: str) -> Script:
+        script: Script = self.client.register_script(script_text(name))
+        return script
+
+    @property
+    def server(self) -> Mapping[str, Any] | None:
+        """The connection settings of the store's one server (host, port, db or path); None
+        for a Redis Cluster, whose keys are spread over many."""
+        if isinstance(self.client, redis.cluster.RedisCluster):
+            return None
+        settings: Mapping[str, Any] = self.client.connection_pool.connection_kwargs
+        return settings
+
+    def _barrier(self) -> DataLossBarrier | None:
+        barrier = self.barrier
+        return barrier if barrier is not None and barrier.armed() else None
+
+    def _restore_lost(self, barrier: DataLossBarrier | None) -> None:
+        # (The restore never raises: it logs its failures, and the call is decided anyway.)
+        assert barrier is not None
+        barrier.restore()
+
+    def enqueue(
+        self, keys: CallKeys, record: bytes, ttl_ms: int, *, remember: bool = False
+    ) -> Holder | None:
+        """Create the queued record of a call. None: accepted; a Holder: a duplicate of it.
+        ``remember``: a duplicate's holder becomes this thread's answer for the key until
+        Redis says the key changed (:meth:`remembered`), from the key's second duplicate
+        within ``remember_duplicates`` on (Redis tracks only keys met held before)."""
+        barrier = self._barrier()
+        marked = [keys.call, barrier.marker] if barrier else [keys.call]
+        run = self._run
+        tracker = run if remember and isinstance(run, ScriptRunner) else None
+        with reraise_unavailable("enqueue", keys.call):
+            if tracker is not None and tracker.worth_tracking(keys.call):
+                reply, tracked_at = tracker.call_tracked(self._enqueue, marked, [record, ttl_ms])
+                if tracked_at is not None and isinstance(reply, bytes):
+                    return self._remember(keys.call, reply, tracked_at)
+            else:
+                reply = run(self._enqueue, marked, [record, ttl_ms])
+                if tracker is not None and isinstance(reply, bytes):
+                    tracker.note_duplicate(keys.call)  # the next duplicate is tracked
+        if not_decided(reply):
+            self._restore_lost(barrier)
+            with reraise_unavailable("enqueue", keys.call):
+                reply = self._run(self._enqueue, [keys.call], [record, ttl_ms])
+        return read_enqueue(keys.call, reply)
+
+    def _remember(self, key: str, reply: bytes, tracked_at: float) -> Holder:
+        holder = read_enqueue(key, reply)
+        assert holder is not None
+        if holder.ttl is not None and not holder.provisional:
+            # (A provisional holder is a publish in flight: its answer changes in a moment.)
+            expires_at = tracked_at + holder.ttl
+            run = self._run
+            assert isinstance(run, ScriptRunner)
+            run.remember(key, expires_at, (expires_at, holder))
+        return holder
+
+    def remembered(self, keys: CallKeys) -> Holder | None:
+        """The holder of a call's key as this thread last heard it from an enqueue made with
+        ``remember``, if Redis has said nothing of the key since (no round trip); else None."""
+        run = self._run
+        if not isinstance(run, ScriptRunner):
+            return None
+        entry = run.remembered(keys.call)
+        if entry is None:
+            return None
+        expires_at, holder = entry
+        remembered: Holder = dataclasses.replace(
+            holder, ttl=max(expires_at - time.monotonic(), 0.0)
+        )
+        return remembered
+
+    def enqueue_many(self, calls: Sequence[tuple[CallKeys, bytes, int]]) -> list[Holder | None]:
+        """:meth:`enqueue` for many calls in one round trip; the answers in order. On one
+        server, ``enqueue_many.lua`` decides up to ``_ENQUEUE_CHUNK`` calls per script (half
+        the cost of a script per call); on a Cluster each call goes to its own slot's master."""
+        key = calls[0][0].call if calls else None
+        with reraise_unavailable("enqueue", key):
+            if isinstance(self._run, ClusterScriptRunner):
+                replies = self._run.call_many(
+                    self._enqueue,
+                    [([keys.call], [record, ttl_ms]) for keys, record, ttl_ms in calls],
+                )
+            else:
+                replies = self._enqueue_chunks(calls)
+            _raise_first_error(replies)
+        return [
+            read_enqueue(keys.call, reply)
+            for (keys, _, _), reply in zip(calls, replies, strict=True)
+        ]
+
+    def _enqueue_chunks(self, calls: Sequence[tuple[CallKeys, bytes, int]]) -> list[Any]:
+        # One server: enqueue_many.lua per chunk, all in one round trip; the chunks sent
+        # while the store's data was lost and not restored go again after the restore.
+        assert isinstance(self._run, ScriptRunner)
+        chunks = [
+            calls[start : start + _ENQUEUE_CHUNK] for start in range(0, len(calls), _ENQUEUE_CHUNK)
+        ]
+        barrier = self._barrier()
+        marker = barrier.marker if barrier else None
+        answers = self._run.call_many(
+            self._enqueue_many, [_enqueue_many_call(chunk, marker) for chunk in chunks]
+        )
+        lost = [index for index, answer in enumerate(answers) if not_decided(answer)]
+        if lost:
+            self._restore_lost(barrier)
+            again = self._run.call_many(
+                self._enqueue_many, [_enqueue_many_call(chunks[index], None) for index in lost]
+            )
+            for index, answer in zip(lost, again, strict=True):
+                answers[index] = answer
+        return [
+            reply
+            for chunk, answer in zip(chunks, answers, strict=True)
+            for reply in _chunk_replies(answer, len(chunk))
+        ]
+
+    def start_enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Reply:
+        """:meth:`enqueue`, sent now and read later (:meth:`enqueue_result`, same thread):
+        the caller does its other work while Redis decides."""
+        barrier = self._barrier()
+        marked = [keys.call, barrier.marker] if barrier else [keys.call]
+        with reraise_unavailable("enqueue", keys.call):
+            slot = self._run.send(self._enqueue, marked, [record, ttl_ms], reply=True)
+        assert slot is not None
+        return slot
+
+    def enqueue_result(
+        self, keys: CallKeys, slot: Reply, record: bytes, ttl_ms: int
+    ) -> Holder | None:
+        """The answer to :meth:`start_enqueue` (of ``record`` and ``ttl_ms``): None
+        accepted, else the holder."""
+        with reraise_unavailable("enqueue", keys.call):
+            reply = self._run.result(slot)
+        if not_decided(reply):
+            self._restore_lost(self.barrier)
+            with reraise_unavailable("enqueue", keys.call):
+                reply = self._run(self._enqueue, [keys.call], [record, ttl_ms])
+        return read_enqueue(keys.call, reply)
+
+    def publish(
+        self,
+        keys: CallKeys,
+        queued: bytes,
+        ttl_ms: int,
+        message: str | bytes,
+        lists: Sequence[str],
+        *,
+        provisional: bytes = b"",
+        expiring: Sequence[str] = (),
+        expire_ms: int = 0,
+        force: bool = False,
+    ) -> Push | Holder:
+        """Create the queued record of a call and push its message to ``lists``, in one step;
+        or answer with the holder and push nothing (unless ``force``)."""
+        return self.push(
+            PendingPush(
+                keys, queued, ttl_ms, message, lists, provisional, expiring, expire_ms, force
+            )
+        )
+
+    def push(self, push: PendingPush) -> Push | Holder:
+        """:meth:`publish`, its arguments held in one value."""
+        with reraise_unavailable("publish", push.keys.call):
+            reply = self._run(self._publish, *push.script_call())
+        return read_publish(push.keys.call, reply)
+
+    def publish_many(self, pushes: Sequence[PendingPush]) -> list[Push | Holder]:
+        """:meth:`publish` for many calls in one round trip; the outcomes in order."""
+        key = pushes[0].keys.call if pushes else None
+        with reraise_unavailable("publish", key):
+            replies = self._run.call_many(self._publish, [push.script_call() for push in pushes])
+            _raise_first_error(replies)
+        return [
+            read_publish(push.keys.call, reply) for push, reply in zip(pushes, replies, strict=True)
+        ]
+
+    def confirm(self, keys: CallKeys, provisional: bytes, queued: bytes, ttl_ms: int) -> bool:
+        """Make a published call's provisional record durable."""
+        with reraise_unavailable("confirm", keys.call):
+            reply = self._run(self._confirm, [keys.call], [provisional, queued, ttl_ms])
+        return read_confirm(reply)
+
+    def send_confirm(self, keys: CallKeys, provisional: bytes, queued: bytes, ttl_ms: int) -> None:
+        """:meth:`confirm`, without waiting for the reply: the caller has its result already.
+        The connection was checked by this call's enqueue a moment ago; the reply is read
+        before this thread's next call, and a lost connection sends the command again."""
+        with reraise_unavailable("confirm", keys.call):
+            self._run.send(self._confirm, [keys.call], [provisional, queued, ttl_ms])
+
+    def claim(
+        self,
+        keys: CallKeys,
+        task_id: str,
+        token: str,
+        lease_ms: int,
+        host: str,
+        pid: int,
+        now: int,
+        *,
+        keep_record: bool = False,
+        record_ttl_ms: int = 0,
+        accepted: bool = False,
+    ) -> Holder | None:
+        """Start a run. None: claimed; a Holder: another run is live on the key.
+        ``keep_record``: leave the call's queued record in place (a throttle window).
+        ``record_ttl_ms``: keep the running record this long past each renewal, its lease
+        carried inside (a run whose message the broker would deliver again); 0: the lease.
+        ``accepted``: the message carries the producer's key (it was accepted): one that
+        finds another call's queued record runs, and that call waits in its run."""
+        keep = 1 if keep_record else 0
+        with reraise_unavailable("claim", keys.call):
+            reply = self._run(
+                self._claim,
+                [keys.call, keys.run],
+                [
+                    pack_owner(task_id),
+                    token,
+                    lease_ms,
+                    host,
+                    pid,
+                    now,
+                    keep,
+                    record_ttl_ms,
+                    1 if accepted else 0,
+                ],
+            )
+        return read_claim(keys.run, reply)
+
+    def renew(self, leases: Sequence[Lease]) -> list[Renewal]:
+        """Renew leases in one round trip, one answer per lease."""
+        with reraise_unavailable("renew"):
+            if len(leases) == 1:
+                lease = leases[0]
+                return [read_renew(self._run(self._renew, lease.keys, lease.args()))]
+            replies = self._run.call_many(
+                self._renew, [(lease.keys, lease.args()) for lease in leases]
+            )
+            _raise_first_error(replies)
+            return [read_renew(reply) for reply in replies]
+
+    def requeue(
+        self, keys: CallKeys, task_id: str, token: str, record: bytes, ttl_ms: int
+    ) -> Requeue:
+        """Put a continuing task id back to queued (or leave the key to its holder)."""
+        with reraise_unavailable("requeue", keys.call):
+            reply = self._run(
+                self._requeue, [keys.call, keys.run], [pack_owner(task_id), token, record, ttl_ms]
+            )
+        return read_requeue(reply)
+
+    def wait(
+        self, keys: CallKeys, task_id: str, record: bytes, ttl_ms: int, since: float = 0.0
+    ) -> Wait:
+        """Give a deferred message whose record is gone its place again: the free key, or
+        the place of the call that gets the key when the holder's run ends, or the key ahead
+        of a call accepted after ``since`` (when the message was first deferred)."""
+        with reraise_unavailable("wait", keys.call):
+            reply = self._run(self._wait, [keys.call], [pack_owner(task_id), record, ttl_ms, since])
+        return read_wait(reply)
+
+    def restore(self, restorations: Sequence[Restoration]) -> list[Restore]:
+        """Write back the records of messages the broker holds, in one round trip (per
+        master), one answer each."""
+        if not restorations:
+            return []
+        with reraise_unavailable("restore"):
+            replies = self._run.call_many(
+                self._restore, [([item.keys.call], item.args()) for item in restorations]
+            )
+            _raise_first_error(replies)
+            return [read_restore(reply) for reply in replies]
+
+    def marker(self, key: str) -> bytes | None:
+        """The marker ``key``'s value: the run of the server it was set on (see
+        :meth:`server_run`). None: the server lost its data (or was never used) and no
+        restore finished since: the records of messages in flight may be gone."""
+        with reraise_unavailable("marker", key):
+            value: bytes | str | None = self._command(lambda: self.client.get(key))
+        # (A client made with decode_responses answers text.)
+        return value.encode() if isinstance(value, str) else value
+
+    def mark_alive(self, key: str, run: bytes) -> None:
+        """Set the marker ``key`` to ``run``: the records of the messages in flight are
+        restored on that run of the server."""
+        with reraise_unavailable("mark_alive", key):
+            self._command(lambda: self.client.set(key, run))
+
+    def server_run(self) -> bytes:
+        """This run of the server (its ``run_id``: new at every start, another on a
+        failover); empty where the server does not say (INFO refused, or no run_id)."""
+        try:
+            with reraise_unavailable("info", None):
+                info: Any = self._command(lambda: self.client.info("server"))
+        except RedisCommandError:
+            return b""  # (an ACL or a proxy without INFO: the marker's presence alone)
+        return run_id_of(info)
+
+    def release(self, keys: CallKeys, task_id: str, token: str = "") -> int:
+        """Delete what this task id (and run, when a token is given) holds; returns the count."""
+        with reraise_unavailable("release", keys.call):
+            reply = self._run(self._release, [keys.call, keys.run], [pack_owner(task_id), token])
+        return read_release(reply)
+
+    def send_release(self, keys: CallKeys, task_id: str, token: str) -> None:
+        """:meth:`release`, without waiting for the reply: the end of a run, whose worker
+        goes on to its next task at once (the reply is read before that thread's next call)."""
+        with reraise_unavailable("release", keys.call):
+            self._run.send(self._release, [keys.call, keys.run], [pack_owner(task_id), token])
+
+    def withdraw(self, restoration: Restoration) -> bool:
+        """Withdraw what :meth:`restore` wrote for a message that is gone since without
+        running (never the records its task id wrote since: a retry, a deferral's next try).
+        True if there was something to withdraw."""
+        keys = restoration.keys
+        with reraise_unavailable("withdraw", keys.call):
+            reply = self._run(self._withdraw, [keys.call], [restoration.record, restoration.queued])
+        return bool(reply)
+
+    def cancel(self, keys: CallKeys, task_id: str) -> bool:
+        """Delete this task id's record if it is still queued (never a running one)."""
+        self._forget(keys)
+        with reraise_unavailable("cancel", keys.call):
+            reply = self._run(self._cancel, [keys.call], [pack_owner(task_id)])
+        return read_cancel(reply)
+
+    def lookup(self, keys: CallKeys) -> Holder | None:
+        """The holder of a call's keys: the queued record first, else the running one."""
+        names = keys.names
+
+        def read() -> Holder | None:
+            with self.client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.get(name)
+                    pipe.pttl(name)
+                return first_holder(names, pipe.execute())
+
+        with reraise_unavailable("lookup", keys.call):
+            return self._command(read)
+
+    def claim_tick(self, key: str, claimant: bytes, ttl_ms: int) -> bool:
+        """Claim one tick of a beat entry (:func:`dedupe.values.keys.tick_key`). True: this beat
+        sends the tick; False: another beat claimed it first."""
+        with reraise_unavailable("claim_tick", key):
+            return bool(self._command(lambda: self.client.set(key, claimant, nx=True, px=ttl_ms)))
+
+    def tick_claimant(self, key: str) -> bytes | None:
+        """Who claimed a tick of a beat entry (None: nobody, or the claim expired)."""
+        with reraise_unavailable("claim_tick", key):
+            claimant = self._command(lambda: self.client.get(key))
+        return claimant if isinstance(claimant, bytes) else None
+
+    def clear(self, keys: CallKeys) -> bool:
+        """Delete a call's keys whoever holds them. True if anything was deleted."""
+        self._forget(keys)
+        with reraise_unavailable("clear", keys.call):
+            return bool(self._command(lambda: self.client.delete(*keys.names)))
+
+    def _forget(self, keys: CallKeys) -> None:
+        # Redis pushes the change to this thread's connection as well, but the caller may
+        # ask again before reading it (the write goes on another connection).
+        if isinstance(self._run, ScriptRunner):
+            self._run.forget(keys.call)
+
+    def _command(self, attempt: Callable[[], _T]) -> _T:
+        """A command of the client itself: on a Cluster under the script runner's retries
+        and budget (the cluster client's own are off), else under the client's."""
+        if isinstance(self._run, ClusterScriptRunner):
+            return self._run.command(attempt)
+        return attempt()
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPush:
+    """One call's :meth:`Store.publish`, held back to be sent with others."""
+
+    keys: CallKeys
+    queued: bytes
+    ttl_ms: int
+    message: str | bytes
+    lists: Sequence[str]
+    provisional: bytes = b""
+    expiring: Sequence[str] = ()
+    expire_ms: int = 0
+    force: bool = False
+
+    def script_call(self) -> tuple[list[Any], list[Any]]:
+        """The keys and arguments of publish.lua for this push."""
+        return (
+            [self.keys.call, *self.lists, *self.expiring],
+            [
+                self.queued,
+                self.ttl_ms,
+                self.provisional,
+                self.message,
+                len(self.lists),
+                "force" if self.force else "",
+                self.expire_ms,
+            ],
+        )
+
+
+#: Calls one ``enqueue_many.lua`` decides at the most: a batch of thousands becomes scripts of
+#: this many, pipelined, so that no script holds the server for long.
+_ENQUEUE_CHUNK = 256
+
+
+def _enqueue_many_call(
+    chunk: Sequence[tuple[CallKeys, bytes, int]], marker: str | None
+) -> tuple[list[Any], list[Any]]:
+    """The keys and arguments of enqueue_many.lua for a chunk of calls (and the marker key,
+    flagged by one more argument)."""
+    keys: list[Any] = [keys.call for keys, _, _ in chunk]
+    args: list[Any] = [part for _, record, ttl_ms in chunk for part in (record, ttl_ms)]
+    if marker is not None:
+        keys.append(marker)
+        args.append(1)
+    return keys, args
+
+
+def _chunk_replies(reply: Any, size: int) -> list[Any]:
+    """The per-call replies of one enqueue_many.lua (an error reply stands for each call)."""
+    if isinstance(reply, BaseException):
+        return [reply] * size
+    if not isinstance(reply, list) or len(reply) != size:
+        raise UnexpectedReply("enqueue_many", reply)
+    return reply
+
+
+def _raise_first_error(replies: Sequence[Any]) -> None:
+    # Inside reraise_unavailable: "not now" refusals become RedisUnavailable, others
+    # RedisCommandError. (On one server a batch is refused whole, for a reason that holds for
+    # every call of it; on a Cluster the calls that went through stand, provisional: their
+    # ttl frees them.)
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+
+
+# Replies that mean "not now" rather than "never": a script over its time limit (BUSY), a
+# server that cannot persist (MISCONF) or is out of memory, loading, a replica after a
+# failover, a cluster in flux. Inside a script Redis may wrap them in a script error, so they
+# are matched in the text too.
+_NOT_NOW = re.compile(
+    r"(?:^|[\s:-])(BUSY|MISCONF|OOM|LOADING|READONLY|NOREPLICAS|MASTERDOWN|TRYAGAIN|CLUSTERDOWN)\s"
+)
+
+
+class reraise_unavailable:
+    """Re-raise "Redis is unreachable" errors as :class:`RedisUnavailable`.
+
+    A class, not a generator context manager: it wraps every round trip, and costs a
+    fraction of one.
+    """
+
+    __slots__ = ("key", "operation")
+
+    def __init__(self, operation: str, key: str | None = None) -> None:
+        self.operation = operation
+        self.key = key
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            return
+        if (
+            isinstance(exc, redis_errors)
+            or (isinstance(exc, redis.ResponseError) and _NOT_NOW.search(str(exc)))
+            or cluster_unreachable(exc)
+        ):
+            raise RedisUnavailable(self.operation, exc) from exc
+        if isinstance(exc, (redis.RedisError, redis.exceptions.RedisClusterException)):
+            raise RedisCommandError(self.operation, self.key, exc) from exc

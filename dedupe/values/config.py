@@ -1,0 +1,253 @@
+"""App-wide settings, read once from ``app.conf`` into a :class:`DedupeConfig`.
+
+=========================  ===========================================  =====================
+setting                    meaning                                      default
+=========================  ===========================================  =====================
+dedupe_redis_url           the Redis that holds the records             the broker URL, when
+                                                                        it is a Redis URL
+dedupe_redis_options       extra ``redis.Redis.from_url`` arguments     short timeouts, 2
+                                                                        retries
+dedupe_key_prefix          first part of every key                      ``"dedupe"``
+dedupe_default_ttl         seconds a queued record lives (+ countdown)  3600
+dedupe_default_lease       seconds a run's lease lasts between beats    60
+dedupe_on_redis_error      ``"enqueue"`` (publish anyway, log) or       ``"enqueue"``
+                           ``"raise"`` (:class:`RedisUnavailable`)
+dedupe_busy_poll_us        microseconds to poll for a Redis reply       100
+                           before sleeping for it (0: never poll)
+dedupe_provisional_ttl     seconds the record of a call being           20
+                           published lives until the publish returns
+dedupe_remember_duplicates seconds a thread may answer a repeated       1
+                           duplicate without asking Redis, which tells
+                           it when the key changes (0: always ask)
+dedupe_call_budget         seconds a call may wait on Redis in all,     3
+                           retries included (0: no limit but theirs)
+dedupe_deferral_cap        the longest wait between two tries of a run  30
+                           that met its key held (the wait doubles)
+dedupe_max_deferrals       deferrals of one message before it gives up  100
+                           (its result: revoked, naming the holder)
+=========================  ===========================================  =====================
+
+Django projects that load settings with ``namespace="CELERY"`` spell them
+``CELERY_DEDUPE_REDIS_URL`` and so on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+from urllib.parse import parse_qs, urlsplit
+
+from celery import Celery
+from celery.utils.collections import ConfigurationView
+
+from dedupe.errors import ConfigurationError
+
+from . import defaults
+from .urls import SENTINEL_SCHEMES, redacted
+
+__all__ = ["DedupeConfig", "SettingReader", "positive_seconds"]
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_ON_REDIS_ERROR = ("enqueue", "raise")
+
+
+@dataclass(frozen=True)
+class DedupeConfig:
+    """The validated settings of one app."""
+
+    redis_url: str
+    redis_options: Mapping[str, Any] = field(default_factory=dict)
+    key_prefix: str = defaults.KEY_PREFIX
+    default_ttl: float = defaults.TTL
+    default_lease: float = defaults.LEASE
+    on_redis_error: Literal["enqueue", "raise"] = defaults.ON_REDIS_ERROR
+    #: Seconds to poll for a Redis reply before sleeping for it (see dedupe.store.script_runner).
+    busy_poll: float = defaults.BUSY_POLL_US / 1e6
+    provisional_ttl: float = defaults.PROVISIONAL_TTL
+    #: Seconds a thread may answer a repeated duplicate from memory (0: never).
+    remember_duplicates: float = defaults.REMEMBER_DUPLICATES
+    call_budget: float = defaults.CALL_BUDGET
+    deferral_cap: float = defaults.DEFERRAL_CAP
+    max_deferrals: int = defaults.MAX_DEFERRALS
+
+    @classmethod
+    def from_app(cls, app: Celery) -> DedupeConfig:
+        conf = app.conf
+        own_url = _setting(conf, "dedupe_redis_url")
+        redis_url = own_url or _redis_url_of_broker(app)
+        prefix = _setting(conf, "dedupe_key_prefix", defaults.KEY_PREFIX)
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+            raise ConfigurationError(
+                f"dedupe_key_prefix must be a non-empty string without braces (braces are "
+                f"the Redis Cluster hash tag of each key); got {prefix!r}"
+            )
+        options = _setting(conf, "dedupe_redis_options", {})
+        if not isinstance(options, Mapping):
+            raise ConfigurationError(
+                f"dedupe_redis_options must be a mapping of redis.Redis.from_url arguments; "
+                f"got {options!r}"
+            )
+        _refuse_decoding(redis_url, options)
+        if not own_url and redis_url.startswith(SENTINEL_SCHEMES):
+            # The broker's Sentinel: its master name and sentinel settings are the store's.
+            transport = conf.get("broker_transport_options") or {}
+            options = {
+                **{k: transport[k] for k in ("master_name", "sentinel_kwargs") if k in transport},
+                **options,
+            }
+        on_error = _setting(conf, "dedupe_on_redis_error", defaults.ON_REDIS_ERROR)
+        if on_error not in _ON_REDIS_ERROR:
+            raise ConfigurationError(
+                f"dedupe_on_redis_error must be 'enqueue' (publish anyway and log) or "
+                f"'raise'; got {on_error!r}"
+            )
+        return cls(
+            redis_url=redis_url,
+            redis_options=dict(options),
+            key_prefix=prefix,
+            default_ttl=positive_seconds(
+                "dedupe_default_ttl", _setting(conf, "dedupe_default_ttl", defaults.TTL)
+            ),
+            default_lease=positive_seconds(
+                "dedupe_default_lease", _setting(conf, "dedupe_default_lease", defaults.LEASE)
+            ),
+            on_redis_error=cast('Literal["enqueue", "raise"]', on_error),
+            busy_poll=_busy_poll(_setting(conf, "dedupe_busy_poll_us", defaults.BUSY_POLL_US)),
+            call_budget=_seconds_or_never(
+                "dedupe_call_budget", _setting(conf, "dedupe_call_budget", defaults.CALL_BUDGET)
+            ),
+            provisional_ttl=positive_seconds(
+                "dedupe_provisional_ttl",
+                _setting(conf, "dedupe_provisional_ttl", defaults.PROVISIONAL_TTL),
+            ),
+            remember_duplicates=_seconds_or_never(
+                "dedupe_remember_duplicates",
+                _setting(conf, "dedupe_remember_duplicates", defaults.REMEMBER_DUPLICATES),
+            ),
+            deferral_cap=positive_seconds(
+                "dedupe_deferral_cap",
+                _setting(conf, "dedupe_deferral_cap", defaults.DEFERRAL_CAP),
+            ),
+            max_deferrals=_count(
+                "dedupe_max_deferrals",
+                _setting(conf, "dedupe_max_deferrals", defaults.MAX_DEFERRALS),
+            ),
+        )
+
+
+def positive_seconds(name: str, value: Any) -> float:
+    """Validate a duration setting or option."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigurationError(f"{name} must be a positive number of seconds; got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{name} must be a whole number, 1 or more; got {value!r}")
+    return value
+
+
+def _seconds_or_never(name: str, seconds: Any) -> float:
+    if seconds == 0 and not isinstance(seconds, bool):
+        return 0.0
+    return positive_seconds(name, seconds)
+
+
+def _busy_poll(micros: Any) -> float:
+    if isinstance(micros, bool) or not isinstance(micros, (int, float)) or not micros >= 0:
+        raise ConfigurationError(
+            f"dedupe_busy_poll_us must be a number of microseconds, 0 or more (0: never "
+            f"poll); got {micros!r}"
+        )
+    return float(micros) / 1e6
+
+
+def _refuse_decoding(url: str, options: Mapping[str, Any]) -> None:
+    # Records and keys are binary (msgpack): a client that decodes replies as text fails on
+    # every read (lookups, the CLI, the pool parent's revoke handler) long after start-up.
+    query = parse_qs(urlsplit(url).query)
+    in_url = query.get("decode_responses", ["false"])[-1].lower() not in ("", "0", "false", "no")
+    if options.get("decode_responses") or in_url:
+        where = "dedupe_redis_options" if options.get("decode_responses") else "the Redis URL"
+        raise ConfigurationError(
+            f"decode_responses=True in {where} cannot work for the dedup store: its records "
+            f"are binary, and every read would fail. Leave it out: the dedup client is "
+            f"celery-dedupe's own, and your other Redis clients keep their settings"
+        )
+
+
+def _setting(conf: Any, name: str, default: Any = None) -> Any:
+    # Django's namespace="CELERY" loading keeps unknown settings upper-case.
+    value = conf.get(name)
+    if value is None:
+        value = conf.get(name.upper())
+    return default if value is None else value
+
+
+def _redis_url_of_broker(app: Celery) -> str:
+    broker = app.conf.broker_url or ""
+    if isinstance(broker, str):
+        for url in broker.split(";"):
+            url = url.strip()
+            if url.startswith("redis+socket://"):
+                return "unix://" + url[len("redis+socket://") :]
+            if url.startswith(_REDIS_SCHEMES):
+                return url
+            if url.startswith(SENTINEL_SCHEMES):
+                return broker  # every sentinel of the list
+    raise ConfigurationError(
+        f"celery-dedupe needs a Redis server and the broker of app {app.main!r} is not one "
+        f"({redacted(broker)!r}): set app.conf.dedupe_redis_url = 'redis://host:6379/0'"
+    )
+
+
+# Reading a Celery setting on the hot path of every call.
+#
+# ``app.conf["task_always_eager"]`` costs a producer call as much as the rest of deciding it:
+# Celery's settings view spells the name every way it may be written (old and new names, the
+# namespace prefix) anew on each read, and raises and catches a KeyError for each mapping
+# that does not hold it (most apps set it nowhere, so it is found only in the defaults).
+# :class:`SettingReader` spells the name once per settings object, then looks it up in the
+# same mappings, in the same order, without raising: the same answer, several times cheaper.
+
+
+class SettingReader:
+    """Reads one setting of an app as ``app.conf[name]`` would.
+
+    >>> always_eager = SettingReader("task_always_eager")
+    >>> always_eager(Celery("doc", set_as_current=False))
+    False
+    """
+
+    __slots__ = ("_name", "_spelled")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        #: (the settings object, the keys its view looks the name up under), cached together
+        #: so that threads never see one without the other.
+        self._spelled: tuple[Any, tuple[Any, ...]] | None = None
+
+    def __call__(self, app: Celery) -> Any:
+        conf: Any = app.conf  # a PendingConfiguration until the app is finalized
+        spelled = self._spelled
+        if spelled is None or spelled[0] is not conf:
+            if not isinstance(conf, ConfigurationView):
+                # Not finalized yet: the plain read finalizes it.
+                return conf[self._name]
+            spelled = self._spelled = (conf, self._spell(conf))
+        keys = spelled[1]
+        for mapping in conf.maps:
+            for key in keys:
+                if key in mapping:
+                    return mapping[key]
+        return conf[self._name]  # found nowhere: let Celery answer (or raise) as it would
+
+    def _spell(self, conf: ConfigurationView) -> tuple[Any, ...]:
+        # The keys ConfigurationView.__getitem__ tries, in its order (it has no public way to
+        # ask for them); if that changes shape, read the plain way.
+        try:
+            return tuple(conf._key(key) for key in conf._to_keys(self._name))
+        except (AttributeError, TypeError):
+            return ()

@@ -1,0 +1,535 @@
+"""Worker side, in the process that runs the task: claim the key when a run starts, guard
+it, release it when the run ends.
+
+Where each ending is seen (``after_return`` misses most of them):
+
+============================================  ==============================================
+ending                                        handler
+============================================  ==============================================
+success, failure, Ignore, Reject, soft limit  ``task_postrun``, in the process that ran it
+retry (DedupeTask)                            its ``apply_async``, before the message exists
+retry (other bases)                           ``before_task_publish``, before the message
+retry_on_worker_lost                          ``before_task_publish`` in the prefork parent
+killed child, hard time limit                 ``task_failure`` in the prefork parent
+revoked (before start or terminated), expiry  ``task_revoked`` in the prefork parent
+anything else (a whole worker killed)         the lease, then the ttl
+============================================  ==============================================
+
+The prefork parent's handlers live in :mod:`dedupe.worker.main_process`. Handlers are idempotent
+(a hard time limit reports its failure twice) and owner-checked: a run releases only what its
+own task id and run token hold.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any, NoReturn, cast
+
+from celery import Task, states
+from celery._state import get_current_worker_task
+from celery.exceptions import Ignore, Retry
+
+from dedupe.errors import DedupeError, KeyDerivationError, NotInstalled, RedisUnavailable
+from dedupe.events import CLAIMED, DEFERRED, RELEASED, SKIPPED, UNAVAILABLE, emit
+from dedupe.recovery.held import HeldWatch, held_requests
+from dedupe.runs.run import GUARDS_RUNS, NO_RUN, Run, RunSpec, attach, detach, new_token, run_of
+from dedupe.runs.runtime import Runtime, installed, runtime_of
+from dedupe.store.checks import eviction_risk
+from dedupe.store.store import Lease, Requeue
+from dedupe.values.config import SettingReader
+from dedupe.values.header import KeyHeader, is_publishing
+from dedupe.values.keys import CallKeys, keys_for
+from dedupe.values.options import options_for
+from dedupe.values.record import HOST, Holder, pack_queued, pack_running
+from dedupe.values.redelivery import horizon, visibility_gap
+from dedupe.values.timing import milliseconds, seconds_until
+from dedupe.values.urls import cluster_target
+
+from .deferral import DEFERRALS, SINCE, backoff, deferrals_of, since_of
+
+__all__ = [
+    "derived_spec",
+    "guard",
+    "on_before_publish",
+    "on_postrun",
+    "on_prerun",
+    "on_worker_init",
+    "on_worker_ready",
+    "refuse_uninstalled",
+    "requeue_for_message",
+    "requeue_key",
+    "spec_for_request",
+]
+
+logger = logging.getLogger("dedupe.worker")
+
+
+def on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Warn at start when an acks_late task's key would wait for the Redis broker's
+    visibility timeout after a worker dies (:func:`dedupe.values.redelivery.visibility_gap`)."""
+    app = getattr(sender, "app", None)
+    runtime = installed(app)
+    if app is None or runtime is None:
+        return
+    try:
+        tasks = [
+            (name, options.lease)
+            for name, task in app.tasks.items()
+            if getattr(task, GUARDS_RUNS, False) and task.acks_late
+            for options in (options_for(task, name, runtime.config),)
+            if options.until == "finished"
+        ]
+        warning = visibility_gap(app, tasks)
+    except DedupeError as exc:  # a task's options are invalid: its runs will say so
+        logger.debug("no visibility check: %s", exc)
+        return
+    if warning:
+        logger.warning(warning)
+
+
+def on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """Warn at start when the dedup Redis may evict live keys; on a broker other than Redis,
+    watch the dedup Redis for a loss of its data (:mod:`dedupe.recovery.held`)."""
+    app = getattr(sender, "app", None)
+    runtime = installed(app)
+    if runtime is None:
+        return
+    _watch_held(runtime, sender)  # (first: a dedup Redis down at start is the watch's to see)
+    try:
+        warning = eviction_risk(runtime.store.client)
+    except RedisUnavailable as exc:  # (a Cluster no node of which answers yet)
+        logger.warning("cannot check the dedup Redis's eviction settings: %s", exc)
+        return
+    if warning:
+        logger.warning(warning)
+
+
+# The watch of each app's worker (one per worker process; a new one replaces it).
+_held_watches: weakref.WeakKeyDictionary[Any, HeldWatch] = weakref.WeakKeyDictionary()
+
+
+def _watch_held(runtime: Runtime, consumer: Any) -> None:
+    # A Redis broker names the messages a worker holds in its unacked hash (dedupe.recovery.unacked
+    # restores them from there, or loses them with the records where it is the dedup store);
+    # a Cluster has many servers to lose data, one at a time.
+    if runtime.redis_redelivery is not None or cluster_target(runtime.config.redis_url):
+        return
+    config = runtime.config
+    every = config.default_lease / 3
+    try:
+        client = runtime.watch_client(socket_timeout=every + 5)
+    except Exception as exc:  # a watch is no reason to fail the worker's start
+        logger.warning("cannot watch the dedup Redis for a loss of its data: %r", exc)
+        return
+    watch = HeldWatch(
+        runtime.store,
+        cast("Any", client),
+        prefix=config.key_prefix,
+        default_ttl=config.default_ttl,
+        every=every,
+        held=functools.partial(held_requests, consumer),
+        enable_utc=bool(_enable_utc(runtime.app)),
+    )
+    previous = _held_watches.get(runtime.app)
+    if previous is not None:
+        previous.stop()
+    _held_watches[runtime.app] = watch
+    watch.start()
+
+
+# -- where the run's spec comes from ---------------------------------------------------------
+
+
+def spec_for_request(
+    runtime: Runtime, task: Any, request: Any, args: Any, kwargs: Any
+) -> RunSpec | None:
+    """The spec of a run: from the message header (``request.headers``, not an attribute:
+    in eager mode only the dict has it), or derived for a guarded task's message that
+    bypassed the producer path (send_task, sent before install)."""
+    header = KeyHeader.read(getattr(request, "headers", None))
+    canvas = bool(
+        request.chain or request.callbacks or request.errbacks or request.chord or request.group
+    )
+    if header is None:
+        return derived_spec(runtime, task, args, kwargs, canvas=canvas)
+    options = options_for(task, task.name, runtime.config)
+    ttl = header.ttl if header.ttl is not None else options.ttl
+    return RunSpec.from_options(
+        header.keys, header.until, ttl, options, canvas=canvas, carried=True
+    )
+
+
+def derived_spec(
+    runtime: Runtime, task: Any, args: Any, kwargs: Any, *, canvas: bool = False
+) -> RunSpec | None:
+    """The spec of a run of a guarded task whose message carries no header; None for a task
+    that is neither ``unique`` nor ``exclusive``."""
+    if not (getattr(task, "unique", False) or getattr(task, "exclusive", False)):
+        return None
+    options = options_for(task, task.name, runtime.config)
+    keys = keys_for(runtime.config.key_prefix, task, task.name, options, args, kwargs)
+    return RunSpec.from_options(keys, options.until, options.ttl, options, canvas=canvas)
+
+
+# -- the run's start ---------------------------------------------------------------------------
+
+
+def on_prerun(
+    sender: Any = None,
+    task_id: str = "",
+    task: Any = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
+    """``task_prerun``: claim the run's key."""
+    task = task or sender
+    runtime = installed(task.app)
+    request = task.request
+    if runtime is None or request.is_eager or request.called_directly:
+        return
+    try:
+        spec = spec_for_request(runtime, task, request, args or (), kwargs or {})
+    except KeyDerivationError as exc:
+        logger.error("%s[%s] runs unguarded: %s", task.name, task_id, exc)
+        return
+    if spec is None:
+        return
+    # A message the producer accepted, on its first delivery: its call was accepted, so it
+    # runs even where another call's queued record holds the key (that call goes next). A
+    # message deferred before carries the key of its re-publication, not of an acceptance.
+    accepted = spec.carried and not deferrals_of(getattr(request, "headers", None))
+    attach(request, _claim(runtime, task, task_id, spec, accepted))
+
+
+def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec, accepted: bool) -> Run:
+    token = new_token()
+    lease_ms = milliseconds(spec.lease)
+    pid = os.getpid()
+    now = time.time()
+    window = spec.until == "window"
+    record_ttl_ms = _record_ttl_ms(runtime, task, spec)
+    try:
+        holder = runtime.store.claim(
+            spec.keys,
+            task_id,
+            token,
+            lease_ms,
+            HOST,
+            pid,
+            int(now),
+            keep_record=window,
+            record_ttl_ms=record_ttl_ms,
+            accepted=accepted,
+        )
+    except RedisUnavailable as exc:
+        # The message is consumed already: running it beats losing it.
+        emit(
+            UNAVAILABLE, task.name, task_id, spec.keys.run, action="runs unguarded", error=exc.cause
+        )
+        return Run(spec, token, "error")
+    if holder is not None:
+        if not getattr(task, GUARDS_RUNS, False):
+            logger.warning(
+                "%s[%s] runs while %s holds its key: only tasks with base=dedupe.DedupeTask "
+                "are kept from running concurrently",
+                task.name,
+                task_id,
+                holder.task_id,
+            )
+        return Run(spec, token, "held", holder=holder)
+    record = pack_running(task_id, token, HOST, pid, now)
+    call_key = spec.keys.call if spec.keys.call != spec.keys.run else ""
+    lease = Lease(spec.keys.run, task_id, token, lease_ms, record, record_ttl_ms, call_key)
+    runtime.heartbeat.hold(lease, task.name)
+    emit(CLAIMED, task.name, task_id, spec.keys.run)
+    return Run(spec, token, "claimed", lease=lease)
+
+
+def _record_ttl_ms(runtime: Runtime, task: Any, spec: RunSpec) -> int:
+    """How long the running record outlives each renewal: until the broker delivers the
+    message again, for a run that holds an unacked message (acks_late: a worker killed
+    whole leaves it with the broker); 0, the lease alone, for any other run (its message
+    was acked when received, and a dead run's key is free once its lease is over). Only
+    with unique_until="finished": the other modes' run lock is a mutex alone (their calls
+    are accepted during a run by design), and holding it for a redelivery would only make
+    the calls queued behind it wait out the broker's timeout."""
+    if not task.acks_late or spec.until != "finished":
+        return 0
+    return milliseconds(horizon(runtime.redis_redelivery, spec.lease, spec.ttl))
+
+
+def refuse_uninstalled(task: Task[Any, Any], task_id: str) -> None:
+    """Fail a guarded task's run in a worker whose app ``dedupe.install`` was never called
+    for, loudly and with the fix, after freeing its message's key: without install no
+    claim, no release and no guard runs, and the key would name a finished task for its
+    whole ttl."""
+    app = task.app
+    if installed(app) is not None or task.request.is_eager:
+        return  # (eager: the caller's own process, no message, no key)
+    header = KeyHeader.read(getattr(task.request, "headers", None))
+    outcome = "it carried no key"
+    if header is not None:
+        try:
+            _bare_runtime(app).store.cancel(header.keys, task_id)
+            outcome = f"its key {header.keys.call} is freed"
+        except DedupeError as exc:
+            outcome = f"its key {header.keys.call} could not be freed ({exc}): its ttl frees it"
+    error = NotInstalled(str(app.main))
+    logger.error("%s[%s] is refused, and %s: %s", task.name, task_id, outcome, error)
+    raise error
+
+
+# Only to free the keys of refused runs: settings and a Redis client, no signal handlers.
+_bare_runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+
+
+def _bare_runtime(app: Any) -> Runtime:
+    runtime = _bare_runtimes.get(app)
+    if runtime is None:
+        runtime = _bare_runtimes[app] = Runtime(app)
+    return runtime
+
+
+def guard(task: Task[Any, Any], task_id: str) -> None:
+    """Stop a run whose key another run holds: skip it (Ignore) or try it again later."""
+    request = task.request
+    run = run_of(request)
+    if run is None or run.verdict != "held":
+        return
+    holder = run.holder
+    assert holder is not None
+    spec = run.spec
+    if (
+        spec.until != "finished"
+        or spec.canvas
+        or spec.carried
+        or spec.on_running == "retry"
+        or holder.task_id == task_id
+    ):
+        # Retrying is the only safe move for these: a started- or window-mode call must run
+        # after the current run, a canvas member must not cut its workflow, a message the producer
+        # accepted may be some caller's holder (a skip would leave its .get() hanging), and
+        # a copy of the holder's own task id may be the only copy left if the holder died.
+        # Each deferral of a message waits twice as long as the one before, up to the cap,
+        # and a message gives up after max_deferrals (a holder that never lets go).
+        key = spec.keys.run
+        config = runtime_of(task.app).config
+        headers = getattr(request, "headers", None)
+        deferrals = deferrals_of(headers)
+        if deferrals < config.max_deferrals:
+            countdown = backoff(spec.running_countdown, deferrals, config.deferral_cap)
+            deferral = deferrals + 1
+            since = since_of(headers) or time.time()
+            emit(DEFERRED, task.name, task_id, key, holder, countdown=countdown, deferral=deferral)
+            if spec.until != "window" and spec.carried and holder.task_id != task_id:
+                _wait_in_line(runtime_of(task.app), task.name, task_id, spec, since)
+            _defer(task, request, countdown, deferral, since)
+        logger.warning(
+            "%s[%s] gives up after %d deferrals: %s is still %s (dedupe_max_deferrals)",
+            task.name,
+            task_id,
+            deferrals,
+            holder.task_id,
+            holder.state,
+        )
+        _free_given_up(runtime_of(task.app), task.name, task_id, spec)
+        reason = f"gave up after {deferrals} deferrals (dedupe_max_deferrals)"
+    else:
+        reason = "on_running='skip'"
+    emit(SKIPPED, task.name, task_id, spec.keys.run, holder)
+    _store_skipped(task, request, task_id, holder, reason)
+    raise Ignore()
+
+
+def _wait_in_line(
+    runtime: Runtime, task_name: str, task_id: str, spec: RunSpec, since: float
+) -> None:
+    # A message the producer accepted, held off by another task id: its own record is gone
+    # (a Redis restart or failover lost it), or that task could not hold the key. It takes
+    # its place again, so that calls made while it waits are its duplicates, not new tasks
+    # that win the key before its next try (and again, and again).
+    record = pack_queued(task_id, time.time(), None)
+    try:
+        runtime.store.wait(spec.keys, task_id, record, milliseconds(spec.ttl), since)
+    except RedisUnavailable as exc:
+        action = "waits without its key"
+        emit(UNAVAILABLE, task_name, task_id, spec.keys.call, action=action, error=exc.cause)
+
+
+def _free_given_up(runtime: Runtime, task_name: str, task_id: str, spec: RunSpec) -> None:
+    # A message that gives up never runs: its queued record (started mode: a call accepted
+    # during a run; or a call waiting in a run's record) would answer calls for its ttl with a
+    # task that is over. A throttle window's record stays: it is the window.
+    if spec.until == "window":
+        return
+    try:
+        runtime.store.cancel(spec.keys, task_id)
+    except RedisUnavailable as exc:
+        action = "gave up and its key was not freed (its ttl frees it)"
+        emit(UNAVAILABLE, task_name, task_id, spec.keys.call, action=action, error=exc.cause)
+
+
+def _store_skipped(
+    task: Task[Any, Any], request: Any, task_id: str, holder: Holder, why: str
+) -> None:
+    # A skip stores its end, so the caller's .get() raises (TaskRevokedError naming the
+    # holder) instead of waiting on PENDING forever.
+    if request.ignore_result or getattr(task, "ignore_result", False):
+        return
+    reason = f"skipped: {task.name}[{holder.task_id}] is {holder.state} with the same key ({why})"
+    try:
+        task.backend.mark_as_revoked(task_id, reason, request=request)
+    except Exception as exc:  # a result store that fails is no reason to run the task
+        logger.warning(
+            "%s[%s] skipped; its result could not be stored: %r", task.name, task_id, exc
+        )
+
+
+def _defer(
+    task: Task[Any, Any], request: Any, countdown: float, deferral: int, since: float
+) -> NoReturn:
+    # Like task.retry(), but a deferral does not count as a retry: the task's own
+    # max_retries is left for its own failures. The message counts its deferrals itself.
+    signature = task.signature_from_request(request, countdown=countdown)
+    headers = signature.options.get("headers") or {}
+    signature.options["headers"] = {**headers, DEFERRALS: deferral, SINCE: since}
+    signature.apply_async()
+    # (celery-types wants numbers.Real for `when`, which a float is but mypy cannot see.)
+    raise Retry(when=cast("Any", countdown), sig=signature)
+
+
+# -- continuations that tasks of other bases publish ------------------------------------------
+
+
+def on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+    """``before_task_publish`` in a run: a retry (or replace) of the running task id, sent by a
+    task of another base class (a DedupeTask's own apply_async handles its continuations),
+    takes the key back to queued before its message exists (it may start at once elsewhere).
+    """
+    if is_publishing() or not headers:
+        return
+    current = get_current_worker_task()
+    header = KeyHeader.read(headers)
+    task_id = headers.get("id")
+    if current is None or header is None or not task_id or current.request.id != task_id:
+        return  # not in a run, not our message, or a new call with copied headers
+    run = run_of(current.request)
+    runtime = installed(current.app)
+    if run is None or run.requeued or runtime is None:
+        return
+    ttl, delay = _ttl_and_delay(runtime, header, headers)
+    if run.hand_over_at_end(current, header.keys, ttl, time.time() + delay if delay else None):
+        return  # on_postrun hands the key over
+    token = run.hand_over(header.keys, runtime.heartbeat)
+    if token != NO_RUN:
+        requeue_for_message(runtime, header, task_id, token, headers)
+
+
+def requeue_for_message(
+    runtime: Runtime, header: KeyHeader, task_id: str, token: str, headers: Mapping[str, Any]
+) -> None:
+    """Requeue a key for the message about to be published with ``headers``."""
+    ttl, delay = _ttl_and_delay(runtime, header, headers)
+    try:
+        requeue_key(runtime, header.keys, ttl, task_id, token, delay)
+    except RedisUnavailable as exc:
+        task_name = str(headers.get("task") or "")
+        action = "is sent again without its key (not requeued)"
+        emit(UNAVAILABLE, task_name, task_id, header.keys.call, action=action, error=exc.cause)
+
+
+def _ttl_and_delay(
+    runtime: Runtime, header: KeyHeader, headers: Mapping[str, Any]
+) -> tuple[float, float]:
+    """The record ttl a message's header asks for, and the seconds until its eta."""
+    enable_utc = bool(_enable_utc(runtime.app))
+    delay = seconds_until(headers.get("eta"), time.time(), enable_utc=enable_utc)
+    return (header.ttl if header.ttl is not None else runtime.config.default_ttl), delay
+
+
+_enable_utc = SettingReader("enable_utc")
+
+
+# -- the run's end -------------------------------------------------------------------------------
+
+
+def on_postrun(
+    sender: Any = None,
+    task_id: str = "",
+    task: Any = None,
+    retval: Any = None,
+    state: str | None = None,
+    **_: Any,
+) -> None:
+    """``task_postrun``: release the run's key (or requeue it with its message)."""
+    task = task or sender
+    run = detach(task.request)
+    runtime = installed(task.app)
+    if run is None or runtime is None:
+        return
+    if run.lease is not None:
+        runtime.heartbeat.drop(run.lease)
+    if run.verdict == "held" or run.requeued:
+        # Never touch the holder's record. A continuation (retry, replace) put the key back
+        # to queued before its message was published; that message owns it now. (A RETRY
+        # without one, a bare `raise Retry()`, publishes nothing and is released below.)
+        return
+    if run.handover is not None:
+        _hand_over(runtime, task, task_id, run, *run.handover)
+        return
+    # A run whose claim failed (Redis was unreachable) holds no run: it speaks for its
+    # queued record only, never for a copy of its task id that claimed since.
+    token = run.token if run.verdict == "claimed" else NO_RUN
+    spec = run.spec
+    try:
+        if state == states.REJECTED and getattr(retval, "requeue", False) and task.acks_late:
+            # The message goes back to the queue, and the record with it. (Without
+            # acks_late the message was acked already: a requeue loses it.)
+            requeue_key(runtime, spec.keys, spec.ttl, task_id, token, 0.0)
+        elif run.verdict == "claimed":
+            runtime.store.send_release(spec.keys, task_id, token)
+            emit(RELEASED, task.name, task_id, spec.keys.run)
+        else:
+            # The claim's fate is unknown (Redis did not answer in time): it may have landed
+            # after the worker gave up, as a running record of this run's token that no
+            # heartbeat renews. Free it, and the queued record the claim would have replaced
+            # (not a throttle window's: it lives out its ttl).
+            runtime.store.release(spec.keys, task_id, run.token)
+            if spec.until != "window":
+                runtime.store.cancel(spec.keys, task_id)
+            emit(RELEASED, task.name, task_id, spec.keys.run)
+    except RedisUnavailable as exc:
+        action = "ended and its key was not freed (its lease frees it)"
+        emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
+
+
+def _hand_over(
+    runtime: Runtime, task: Any, task_id: str, run: Run, ttl: float, eta: float | None
+) -> None:
+    """The run is over: its key goes back to queued for the continuation it published."""
+    delay = max(0.0, eta - time.time()) if eta is not None else 0.0
+    try:
+        requeue_key(runtime, run.spec.keys, ttl, task_id, run.token, delay)
+    except RedisUnavailable as exc:
+        action = "ended and its key was not handed to its retry (its lease frees it)"
+        emit(UNAVAILABLE, task.name, task_id, run.spec.keys.run, action=action, error=exc.cause)
+    else:
+        emit(RELEASED, task.name, task_id, run.spec.keys.run, requeued=True)
+
+
+def requeue_key(
+    runtime: Runtime, keys: CallKeys, ttl: float, task_id: str, token: str, delay: float
+) -> Requeue:
+    """Put a task id's key back to queued for its next message, ``delay`` seconds away."""
+    now = time.time()
+    record = pack_queued(task_id, now, now + delay if delay else None)
+    outcome = runtime.store.requeue(keys, task_id, token, record, milliseconds(ttl + delay))
+    if outcome is not Requeue.QUEUED:
+        logger.debug("the key of %s stays with its holder (%s)", task_id, outcome.name.lower())
+    return outcome

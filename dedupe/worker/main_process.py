@@ -1,0 +1,190 @@
+"""Worker side, in the prefork pool's parent (Celery's MainProcess): keys of runs it lost,
+revoked or is killing, and the continuation it sends itself (``retry_on_worker_lost``).
+
+These handlers act for "any run" of a task id only when the run in the record is known dead
+or being killed by this process (:func:`dedupe.runs.liveness.lost_run_token`): a live copy of the
+task, in another child or on another host, is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+from celery._state import get_current_app, get_current_worker_task
+from celery.app.task import Task
+from celery.exceptions import TimeLimitExceeded
+
+from dedupe.errors import DedupeError, RedisUnavailable
+from dedupe.events import RECLAIMED, UNAVAILABLE, emit
+from dedupe.runs.liveness import lost_run_token, run_is_dead
+from dedupe.runs.run import ANY_RUN, RunSpec
+from dedupe.runs.runtime import Runtime, installed
+from dedupe.values.header import KeyHeader, is_publishing
+
+from .execution import derived_spec, requeue_for_message, requeue_key, spec_for_request
+
+__all__ = ["on_before_publish", "on_failure", "on_revoked"]
+
+logger = logging.getLogger("dedupe.worker")
+
+
+def on_failure(
+    sender: Any = None,
+    task_id: str = "",
+    exception: Any = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
+    """``task_failure`` after a killed child or a hard time limit.
+
+    In the process that ran the task, ``task_postrun`` follows and handles it. Here: a lost
+    child's message is not redelivered (else Celery sends no task_failure), so the key goes;
+    a hard time limit under acks_late (acks_on_timeout off) requeues the message, and the key
+    with it.
+    """
+    if sender is None or get_current_worker_task() is not None:
+        return
+    timed_out = isinstance(exception, TimeLimitExceeded)
+    requeue = timed_out and _requeued_on_timeout(sender)
+    _act_for_lost_run(sender, task_id, args, kwargs, requeue=requeue, killing=timed_out)
+
+
+def on_revoked(
+    sender: Any = None,
+    request: Any = None,
+    terminated: bool = False,
+    signum: Any = None,
+    **_: Any,
+) -> None:
+    """``task_revoked``: a message revoked before it ran, expired, or terminated."""
+    if sender is None or request is None:
+        return
+    if terminated and signum != signal.SIGKILL:
+        # Celery announces the terminate as it sends the signal. A run may handle it (SIGUSR1
+        # raises SoftTimeLimitExceeded, SIGTERM may be caught) and go on cleaning up: its key
+        # goes when the run is over, never while it may still run beside a new one.
+        _free_when_over(sender, request)
+        return
+    _act_for_lost_run(
+        sender, request.id, request.args, request.kwargs, request, killing=bool(terminated)
+    )
+
+
+def on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+    """``before_task_publish`` outside any run: ``retry_on_worker_lost`` sends a dead child's
+    message again; its key goes back to queued before the message exists."""
+    if is_publishing() or not headers or get_current_worker_task() is not None:
+        return
+    header = KeyHeader.read(headers)
+    task_id = headers.get("id")
+    runtime = installed(get_current_app())
+    if header is None or not task_id or runtime is None:
+        return
+    try:
+        token = lost_run_token(runtime.store, header.keys)
+    except RedisUnavailable as exc:
+        logger.warning("could not requeue the key of %s: %s", task_id, exc.cause)
+        return
+    requeue_for_message(runtime, header, task_id, token, headers)
+
+
+# Celery 5.7 split acks_on_failure_or_timeout and began to requeue a timed-out acks_late
+# message; before, such a message was acked or dropped, and a key kept for it would be stuck.
+_TIMEOUT_CAN_REQUEUE = hasattr(Task, "acks_on_timeout")
+
+
+def _requeued_on_timeout(task: Any) -> bool:
+    """Whether Celery requeues the message of a run killed by its hard time limit."""
+    if not task.acks_late or not _TIMEOUT_CAN_REQUEUE:
+        return False
+    value = getattr(task, "acks_on_timeout", None)
+    if value is None:
+        value = getattr(task, "acks_on_failure_or_timeout", True)
+    return not value
+
+
+def _act_for_lost_run(
+    task: Any,
+    task_id: str,
+    args: Any,
+    kwargs: Any,
+    request: Any = None,
+    *,
+    requeue: bool = False,
+    killing: bool = False,
+) -> None:
+    """Release (or requeue) a task id's key for the run this process lost, revoked or is
+    killing: never over a copy of the task that still runs."""
+    runtime = installed(task.app)
+    if runtime is None or not task_id:
+        return
+    spec = _spec_of_lost_run(runtime, task, args, kwargs, request, task_id)
+    if spec is None:
+        return
+    try:
+        token = lost_run_token(runtime.store, spec.keys, killing=killing)
+        if requeue:
+            requeue_key(runtime, spec.keys, spec.ttl, task_id, token, 0.0)
+        else:
+            runtime.store.release(spec.keys, task_id, token)
+    except RedisUnavailable as exc:
+        action = "was lost and its key was not freed (its lease frees it)"
+        emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
+    else:
+        emit(RECLAIMED, task.name, task_id, spec.keys.run, requeued=requeue)
+
+
+#: Seconds between two looks at a terminated run's key.
+_WATCH_EVERY = 0.2
+
+
+def _free_when_over(task: Any, request: Any) -> None:
+    """Free a terminated run's key once its process is gone (when the run ends by itself,
+    its own task_postrun frees or hands over the key, and there is nothing left to do)."""
+    runtime = installed(task.app)
+    task_id = request.id
+    if runtime is None or not task_id:
+        return
+    spec = _spec_of_lost_run(runtime, task, request.args, request.kwargs, request, task_id)
+    if spec is None:
+        return
+    store, keys = runtime.store, spec.keys
+    # Past its lease, the key of a run nobody renews frees itself.
+    deadline = time.monotonic() + spec.lease + 1
+
+    def watch() -> None:
+        while time.monotonic() < deadline:
+            try:
+                holder = store.lookup(keys)
+                if holder is None or holder.task_id != task_id or holder.state != "running":
+                    return  # the run ended and freed its key (or handed it over)
+                if run_is_dead(holder):
+                    store.release(keys, task_id, ANY_RUN)
+                    emit(RECLAIMED, task.name, task_id, keys.run, requeued=False)
+                    return
+            except RedisUnavailable:
+                pass  # look again
+            time.sleep(_WATCH_EVERY)
+
+    threading.Thread(target=watch, name=f"dedupe-terminated-{task_id}", daemon=True).start()
+
+
+def _spec_of_lost_run(
+    runtime: Runtime, task: Any, args: Any, kwargs: Any, request: Any, task_id: str
+) -> RunSpec | None:
+    if request is None:
+        # task_failure after a lost child pushes the request; a hard time limit does not.
+        current = task.request
+        request = current if current.id == task_id else None
+    try:
+        if request is not None:
+            return spec_for_request(runtime, task, request, args or (), kwargs or {})
+        return derived_spec(runtime, task, args or (), kwargs or {})
+    except DedupeError as exc:
+        logger.error("cannot find the key of %s[%s]: %s", task.name, task_id, exc)
+    return None

@@ -1,0 +1,129 @@
+"""The app of the chaos run (tests/chaos/run.py): its workers and producers import it.
+
+Configured from the environment the harness sets. Every run of a task writes its start and end
+(RunLog) to the evidence Redis, a server of its own that no fault touches; so do the worker's
+main process, for each message it receives (``consumed``: which worker still consumes), and the
+child, just before the dedup claim (``prerun``: the earliest moment a run can have freed a
+``unique_until="started"`` record), and when the guard defers a delivery (``deferred``: that
+delivery's claim was held, and freed nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery, signals
+
+import dedupe
+from tests.helpers import RunLog, worker_conf
+
+BROKER = os.environ.get("CHAOS_BROKER", "redis://127.0.0.1:6379/0")
+DEDUP = os.environ.get("CHAOS_DEDUP", BROKER)
+EVIDENCE = os.environ.get("CHAOS_EVIDENCE", DEDUP)
+QUEUE = os.environ.get("CHAOS_QUEUE", "chaos")
+PREFIX = os.environ.get("CHAOS_PREFIX", "chaos")
+LEASE = float(os.environ.get("CHAOS_LEASE", "10"))
+VISIBILITY = float(os.environ.get("CHAOS_VISIBILITY", "30"))
+
+app = Celery("chaos_app", broker=BROKER, backend=EVIDENCE.rsplit("/", 1)[0] + "/1")
+app.conf.update(
+    worker_conf(
+        QUEUE,
+        DEDUP,
+        PREFIX,
+        LEASE,
+        # A message a killed or cut-off worker held comes back once it is VISIBILITY seconds
+        # old, at the next scan (every 10 s; kombu's default scans every tenth time, 100 s).
+        broker_transport_options={
+            "visibility_timeout": VISIBILITY,
+            "unacked_restore_throttle": 1,
+            # RabbitMQ: a publish returns once the broker has the message. Without it a
+            # publish written just before the cut is lost with the connection while the call
+            # returns as sent, and its confirmed record names a task that never runs (see the
+            # README's Known limits); with it, that publish raises and its record is cancelled.
+            **({"confirm_publish": True} if BROKER.startswith("amqp") else {}),
+        },
+        task_ignore_result=True,
+    )
+)
+evidence = redis.Redis.from_url(EVIDENCE)
+
+
+@signals.task_prerun.connect(weak=False)
+def _prerun(task_id: str = "", **_: Any) -> None:
+    # Connected before dedupe.install: runs before the claim.
+    evidence.rpush(f"{PREFIX}:prerun", f"{task_id} {time.time()!r} {os.getpid()}")
+
+
+@dedupe.events.run_deferred.connect(weak=False)
+def _deferred(task_id: str = "", **_: Any) -> None:
+    evidence.rpush(f"{PREFIX}:deferred", f"{task_id} {time.time()!r} {os.getpid()}")
+
+
+@dedupe.events.key_reclaimed.connect(weak=False)
+def _reclaimed(task_id: str = "", requeued: bool = False, **_: Any) -> None:
+    # In the worker's main process: it freed the key of a run it lost (Celery acked the
+    # message as failed); a requeued key stays its message's.
+    if not requeued:
+        evidence.rpush(f"{PREFIX}:freed", f"{task_id} {time.time()!r} {os.getpid()}")
+
+
+@signals.task_received.connect(weak=False)
+def _received(**_: Any) -> None:
+    # In the worker's main process, whose pid is the worker's.
+    evidence.hset(f"{PREFIX}:consumed", os.getpid(), time.time())
+
+
+dedupe.install(app)
+
+
+class Warnings(logging.Handler):
+    """Keeps the library's warnings (a producer's, a worker's) in the evidence, timed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = f"{record.created!r} {os.getpid()} {record.name}: {record.getMessage()}"
+        evidence.rpush(f"{PREFIX}:warnings", line)
+
+
+def runlog(task: str, key: int) -> RunLog:
+    """Where the runs of one task's key are written."""
+    return RunLog(evidence, f"{PREFIX}:{task}:{key}")
+
+
+def _run(task: Any, name: str, key: int, seconds: float) -> None:
+    log = runlog(name, key)
+    log.started(task.request.id)
+    time.sleep(seconds)
+    log.ended(task.request.id)
+
+
+common: dict[str, Any] = {"bind": True, "acks_late": True}
+guarded: dict[str, Any] = {**common, "base": dedupe.DedupeTask, "unique": True}
+
+
+@app.task(**guarded, unique_until="finished")
+def finished(self: Any, key: int, seconds: float) -> None:
+    _run(self, "finished", key, seconds)
+
+
+@app.task(**guarded, unique_until="started")
+def started(self: Any, key: int, seconds: float) -> None:
+    _run(self, "started", key, seconds)
+
+
+@app.task(**common)
+def plain_finished(self: Any, key: int, seconds: float) -> None:
+    """The same work without dedupe (``--plain``): the run must find duplicates and overlaps."""
+    _run(self, "finished", key, seconds)
+
+
+@app.task(**common)
+def plain_started(self: Any, key: int, seconds: float) -> None:
+    _run(self, "started", key, seconds)

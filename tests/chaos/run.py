@@ -1,0 +1,629 @@
+"""The chaos run: ``python -m tests.chaos [--broker redis|amqp|both] ...`` (or
+``./noxw -s chaos -- ...``).
+
+P producer processes make N calls each over K keys of two ``acks_late`` tasks (one
+``unique_until="finished"``, one ``"started"``) while two ``celery worker -P prefork -c 2``
+subprocesses run them, and the harness injects faults on a fixed timeline: SIGKILLs of a pool
+child or of a whole worker (restarted at once), one restart of the dedup Redis (its data lost),
+one cut of the broker (a private Redis shut down and started again from its dump; RabbitMQ,
+which is shared, through a TCP proxy of the harness that it kills and starts again). Then it
+drains, reads the evidence (a Redis of its own, untouched by the faults) and prints one table
+(tests/chaos/evidence.py says what each check means). Exit status 1 on any failure.
+
+``CHAOS_MONITOR=<file>`` appends every command the dedup Redis runs (``redis-cli monitor``,
+reattached after the restart) to that file: a failed check's key, read from its history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import signals
+from kombu import Connection
+
+from dedupe import events
+from dedupe.demo.server import RedisServer
+from dedupe.errors import RecordFormatError
+from dedupe.values.record import Holder
+from tests.helpers import LOGDIR, ProcessGroup, WorkerProcess, free_port, keys_with_prefix
+
+from .evidence import Call, Checks, Evidence, Fault, Row, failed, table
+
+AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
+AMQP_URL = f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}//"
+
+
+@dataclass(frozen=True)
+class Params:
+    producers: int = 8
+    calls: int = 1000
+    keys: int = 50
+    duration: float = 90.0  # seconds over which each producer spreads its calls
+    kills: int = 10
+    worker_kills: int = 4  # of the kills, whole workers (the rest pool children)
+    lease: float = 10.0
+    restart_dedup: bool = True
+    #: When the dedup Redis restarts, as a share of ``duration``.
+    restart_at: float = 0.27
+    cut_broker: bool = True
+    cut_seconds: float = 4.0
+    visibility_timeout: float = 30.0  # the Redis broker's: when a killed worker's message returns
+    stall_seconds: float = 20.0  # a worker consuming nothing this long while its queue has some
+    drain: float = 150.0  # at most this long after the producers end
+    restart_window: float = 0.0  # 0: twice the lease
+    plain: bool = False
+
+    @property
+    def window(self) -> float:
+        return self.restart_window or 2 * self.lease
+
+
+QUICK = Params(
+    producers=4,
+    calls=150,
+    keys=10,
+    duration=20.0,
+    kills=4,
+    worker_kills=2,
+    cut_seconds=3.0,
+    visibility_timeout=15.0,
+    stall_seconds=15.0,
+    drain=60.0,
+    # After the first whole-worker kill (7.5 s): that worker's unacked messages wait out the
+    # visibility timeout across the restart, whose data loss takes their keys.
+    restart_at=0.45,
+)
+
+
+# -- producers (spawned processes) ----------------------------------------------------------
+
+
+def _produce(seed: int, params: Params, barrier: Any) -> None:
+    from tests.chaos import app as chaos_app
+
+    logging.getLogger("dedupe").addHandler(chaos_app.Warnings())
+    # The id of the message a call was publishing: a call that raises still names it.
+    publishing: list[str] = [""]
+
+    def note(headers: Any = None, **_: Any) -> None:
+        publishing[0] = str((headers or {}).get("id", ""))
+
+    signals.before_task_publish.connect(note, weak=False)
+    # Whether the call's duplicate answer was remembered (no round trip).
+    from_memory = [False]
+
+    def deduplicated(remembered: bool = False, **_: Any) -> None:
+        from_memory[0] = remembered
+
+    events.call_deduplicated.connect(deduplicated, weak=False)
+    tasks = {"finished": chaos_app.finished, "started": chaos_app.started}
+    if params.plain:
+        tasks = {"finished": chaos_app.plain_finished, "started": chaos_app.plain_started}
+    rng = random.Random(seed)
+    pause = params.duration / params.calls
+    sink = f"{chaos_app.PREFIX}:calls"
+    batch: list[str] = []
+    barrier.wait()
+    for _ in range(params.calls):
+        name, key = rng.choice(list(tasks)), rng.randrange(params.keys)
+        start, publishing[0], from_memory[0] = time.time(), "", False
+        try:
+            result = tasks[name].apply_async((key, 0.05 + (key % 5) * 0.08))
+            call = Call(
+                name,
+                key,
+                result.id,
+                bool(getattr(result, "deduplicated", False)),
+                start,
+                time.time(),
+                pid=os.getpid(),
+                remembered=from_memory[0],
+            )
+        except Exception as exc:
+            error = type(exc).__name__
+            call = Call(name, key, publishing[0], False, start, time.time(), error, os.getpid())
+        batch.append(call.encode())
+        if len(batch) >= 50:
+            chaos_app.evidence.rpush(sink, *batch)
+            batch.clear()
+        time.sleep(rng.uniform(0, 2 * pause))
+    if batch:
+        chaos_app.evidence.rpush(sink, *batch)
+
+
+# -- the broker: a private Redis, or RabbitMQ behind a proxy --------------------------------
+
+
+class Broker:
+    """What workers and producers connect to, and how the harness cuts it."""
+
+    url: str
+    kind: str
+
+    def start(self) -> None: ...
+    def cut(self, seconds: float) -> None: ...
+    def close(self) -> None: ...
+
+    def queue_length(self, queue: str) -> int | None:
+        raise NotImplementedError
+
+    def snapshot(self, queue: str) -> set[str]:
+        """Task ids the transport holds (queued, or popped and unacked); Redis only."""
+        return set()
+
+
+class RedisBroker(Broker):
+    kind = "redis"
+
+    def __init__(self) -> None:
+        self.server = RedisServer()
+        self.url = self.server.url
+        self.client = redis.Redis(port=self.server.port, socket_timeout=2)
+
+    def start(self) -> None:
+        self.server.start()
+
+    def cut(self, seconds: float) -> None:
+        # SHUTDOWN SAVE, then start again from the dump: a restart that keeps the queue.
+        with contextlib.suppress(redis.RedisError):
+            self.client.shutdown(save=True)
+        self.server.stop()
+        time.sleep(seconds)
+        self.server.start()
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.close()
+
+    def queue_length(self, queue: str) -> int | None:
+        try:
+            return int(self.client.llen(queue))
+        except redis.RedisError:
+            return None
+
+    def snapshot(self, queue: str) -> set[str]:
+        messages = list(self.client.lrange(queue, 0, -1))
+        messages += [json.loads(raw)[0] for raw in self.client.hvals("unacked")]
+        return {_task_id(message) for message in messages}
+
+
+def _key_left(client: redis.Redis, key: bytes) -> str:
+    """``<key> ttl <s>s held by <task id>`` (the form :meth:`Checks.keys_left_rows` reads)."""
+    name, raw, pttl = key.decode(), client.get(key), int(client.pttl(key))
+    try:
+        holder = Holder.from_raw(name, raw, pttl).task_id if raw is not None else "nothing"
+    except RecordFormatError:
+        holder = "an unreadable record"
+    return f"{name} ttl {pttl / 1000:g}s held by {holder}"
+
+
+def _task_id(message: Any) -> str:
+    if isinstance(message, bytes | str):
+        message = json.loads(message)
+    return str(message["headers"]["id"])
+
+
+class AmqpBroker(Broker):
+    """The shared RabbitMQ, reached through a proxy process: killing it cuts every connection."""
+
+    kind = "amqp"
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
+        self.proxy = ProcessGroup({}, LOGDIR / f"chaos-proxy-{self.port}.log")
+        self.connection = Connection(AMQP_URL, connect_timeout=2)
+
+    def start(self) -> None:
+        self.proxy.spawn(
+            [sys.executable, "-m", "tests.chaos.tcp_proxy", str(self.port), str(AMQP_PORT)]
+        )
+        self.proxy.wait_ready(self._listening, "the RabbitMQ proxy")
+
+    def _listening(self) -> bool:
+        import socket
+
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def cut(self, seconds: float) -> None:
+        self.proxy.stop(timeout=2)
+        time.sleep(seconds)
+        self.start()
+
+    def close(self) -> None:
+        self.proxy.stop(timeout=2)
+        self.connection.close()
+
+    def queue_length(self, queue: str) -> int | None:
+        try:
+            _, count, _ = self.connection.default_channel.queue_declare(queue, passive=True)
+            return int(count)
+        except Exception:
+            self.connection.close()
+            self.connection = Connection(AMQP_URL, connect_timeout=2)
+            return None
+
+    def delete(self, queue: str) -> None:
+        with contextlib.suppress(Exception), Connection(AMQP_URL, connect_timeout=2) as fresh:
+            fresh.default_channel.queue_delete(queue)
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+class _Worker(WorkerProcess):
+    """Ready when its log says so: no remote control from the harness, whose broker
+    connections a cut may have closed (and no app.control in a process that forks)."""
+
+    def start(self) -> None:
+        self.spawn(self.command)
+        self.wait_ready(lambda: " ready." in self.tail(20_000), "worker", timeout=60)
+
+
+class Fleet:
+    """Two workers; kills, restarts, and the watch for a worker that stopped consuming."""
+
+    def __init__(self, env: dict[str, str], evidence: redis.Redis, prefix: str) -> None:
+        self.env, self.evidence, self.prefix = env, evidence, prefix
+        self.lock = threading.RLock()
+        self.workers: list[WorkerProcess] = []
+        self.started_at: dict[int, float] = {}
+        self.logs: list[Path] = []
+        self.killed: dict[int, float] = {}
+
+    def new_worker(self) -> WorkerProcess:
+        worker = _Worker(None, self.env, concurrency=2, module="tests.chaos.app")
+        try:
+            worker.start()
+        except BaseException:
+            worker.stop(timeout=2)
+            raise
+        assert worker.process is not None
+        self.started_at[worker.process.pid] = time.time()
+        self.logs.append(worker.log)
+        return worker
+
+    def start(self, count: int = 2) -> None:
+        self.workers = [self.new_worker() for _ in range(count)]
+
+    def kill_child(self, index: int) -> str:
+        with self.lock:
+            worker = self.workers[index]
+            children = worker.child_pids()
+            if not children:
+                return "no child"
+            pid = random.Random(len(self.killed)).choice(children)
+            self.killed[pid] = time.time()
+            os.kill(pid, signal.SIGKILL)
+            return f"child {pid} of worker {index}"
+
+    def kill_worker(self, index: int, between: Callable[[], None] | None = None) -> str:
+        """SIGKILL the worker's process group, run ``between``, start a new worker."""
+        with self.lock:
+            worker = self.workers[index]
+            assert worker.process is not None
+            pids = [worker.process.pid, *worker.child_pids()]
+            now = time.time()
+            self.killed.update(dict.fromkeys(pids, now))
+            os.killpg(worker.process.pid, signal.SIGKILL)
+            worker.process.wait()
+            worker.process = None
+            if between is not None:
+                between()
+            self.workers[index] = self.new_worker()
+            return f"worker {index} (pids {' '.join(map(str, pids))})"
+
+    def idle_for(self, index: int) -> float:
+        """Seconds since this worker last received a message (or started)."""
+        worker = self.workers[index]
+        if worker.process is None:
+            return 0.0
+        pid = worker.process.pid
+        consumed = self.evidence.hget(f"{self.prefix}:consumed", pid)
+        last = max(float(consumed or 0), self.started_at.get(pid, 0.0))
+        return time.time() - last
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop(timeout=30)
+
+
+@dataclass
+class Outcome:
+    broker: str
+    rows: list[Row]
+    seconds: float
+    text: str
+
+    @property
+    def failed(self) -> bool:
+        return failed(self.rows)
+
+
+class Scenario:
+    def __init__(self, params: Params, broker: Broker) -> None:
+        self.params = params
+        self.broker = broker
+        self.run_id = f"chaos{uuid.uuid4().hex[:8]}"
+        self.queue = f"{self.run_id}-q"
+        self.faults: list[Fault] = []
+        self.cuts: list[tuple[float, float]] = []
+        self.stop_watch = threading.Event()
+
+    def timeline(self) -> list[tuple[float, str, int]]:
+        """(seconds into the run, fault, worker index): kills spread evenly, whole-worker kills
+        among them spread too; the dedup restart and the broker cut between kills."""
+        p = self.params
+        events = []
+        every = p.kills // p.worker_kills if p.worker_kills else 0
+        for i in range(p.kills):
+            whole = bool(every) and i % every == every // 2 and i // every < p.worker_kills
+            events.append(
+                (
+                    (i + 0.5) * p.duration / max(p.kills, 1),
+                    "worker kill" if whole else "child kill",
+                    (i // 2) % 2,
+                )
+            )
+        if p.restart_dedup:
+            events.append((p.restart_at * p.duration, "dedup restart", 0))
+        if p.cut_broker:
+            events.append((0.6 * p.duration, "broker cut", 0))
+        return sorted(events)
+
+    def inject(self, kind: str, index: int) -> None:
+        start = time.time()
+        vanished: frozenset[str] = frozenset()
+        if kind == "child kill":
+            detail = self.fleet.kill_child(index)
+        elif kind == "worker kill":
+            before = self._snapshot()
+            found: list[set[str]] = []
+            detail = self.fleet.kill_worker(index, lambda: found.append(self._snapshot()))
+            vanished = frozenset(before - found[0]) if self.broker.kind == "redis" else vanished
+        elif kind == "dedup restart":
+            self.dedup.stop()
+            self.dedup.start()
+            detail = f"port {self.dedup.port}, data lost"
+        else:
+            with self.fleet.lock:
+                before = self._snapshot()
+                self.broker.cut(self.params.cut_seconds)
+                after = self._snapshot()
+            # A worker's BRPOP that took a message as the server shut down, and whose reply or
+            # unacked write the shutdown cut off, lost it: kombu's window, as at a kill.
+            vanished = frozenset(before - after) if self.broker.kind == "redis" else vanished
+            self.cuts.append((start, time.time()))
+            detail = f"{self.broker.kind} down {self.params.cut_seconds:g}s"
+        self.faults.append(Fault(kind, start, time.time(), detail, vanished))
+
+    def _snapshot(self) -> set[str]:
+        try:
+            return self.broker.snapshot(self.queue)
+        except redis.RedisError:
+            return set()
+
+    def watch(self) -> None:
+        """Restart a worker that consumes nothing while its queue has messages."""
+        while not self.stop_watch.wait(1.0):
+            length = self.broker.queue_length(self.queue)
+            if not length:
+                continue
+            with self.fleet.lock:
+                for index in range(len(self.fleet.workers)):
+                    self._check_stall(index, length)
+
+    def _check_stall(self, index: int, length: int) -> None:
+        idle = self.fleet.idle_for(index)
+        since_cut = min((time.time() - end for _, end in self.cuts), default=idle)
+        if idle < self.params.stall_seconds or since_cut < self.params.stall_seconds:
+            return
+        worker = self.fleet.workers[index]
+        assert worker.process is not None
+        born = self.fleet.started_at[worker.process.pid]
+        cut_while_alive = any(start > born for start, _ in self.cuts)
+        # billiard logs an ack that raised in the main process's result callback.
+        failed_ack = "Pool callback raised exception" in worker.tail()
+        why = (
+            f"kombu: acks failed during the broker cut (a failed ack in its log: {failed_ack})"
+            if cut_while_alive and self.broker.kind == "redis"
+            else "no broker cut explains it"
+        )
+        start = time.time()
+        detail = self.fleet.kill_worker(index)
+        self.faults.append(
+            Fault(
+                "stall",
+                start,
+                time.time(),
+                f"{why}; {detail} idle {idle:.0f}s with {length} queued; log {worker.log}",
+            )
+        )
+
+    def drained(self) -> bool:
+        if self.broker.queue_length(self.queue) != 0:
+            return False
+        if self.broker.kind == "redis" and self._snapshot():
+            return False
+        return not self._keys_left()
+
+    def _keys_left(self) -> list[str]:
+        """The dedup keys of the run, each with its time to live and the task id it names."""
+        client = redis.Redis(port=self.dedup.port, socket_timeout=2)
+        try:
+            return [_key_left(client, key) for key in keys_with_prefix(client, self.run_id)]
+        finally:
+            client.close()
+
+    def env(self) -> dict[str, str]:
+        return {
+            "CHAOS_BROKER": self.broker.url,
+            "CHAOS_DEDUP": self.dedup.url,
+            "CHAOS_EVIDENCE": self.evidence_server.url,
+            "CHAOS_QUEUE": self.queue,
+            "CHAOS_PREFIX": self.run_id,
+            "CHAOS_LEASE": str(self.params.lease),
+            "CHAOS_VISIBILITY": str(self.params.visibility_timeout),
+        }
+
+    def run(self) -> Outcome:
+        began = time.time()
+        with contextlib.ExitStack() as stack:
+            self.evidence_server = stack.enter_context(RedisServer())
+            self.dedup = stack.enter_context(RedisServer())
+            if os.environ.get("CHAOS_MONITOR"):
+                _monitor(self.dedup.port, os.environ["CHAOS_MONITOR"], stack)
+            self.broker.start()
+            stack.callback(self.broker.close)
+            env = self.env()
+            os.environ.update(env)  # the spawned producers read it
+            if isinstance(self.broker, AmqpBroker):
+                stack.callback(self.broker.delete, self.queue)
+            evidence = redis.Redis.from_url(self.evidence_server.url)
+            self.fleet = Fleet(env, evidence, self.run_id)
+            stack.callback(self.fleet.stop)
+            self.fleet.start()
+            t0 = self._produce_under_faults()
+            self._drain()
+            keys_left = self._keys_left()
+            self.fleet.stop()
+            found = Evidence.read(
+                evidence, self.run_id, self.faults, keys_left, self.fleet.killed, t0
+            )
+            found.held = self._snapshot()
+        rows = Checks(found, self.params.window, self.broker.kind).rows()
+        seconds = time.time() - began
+        mode = "plain Celery tasks" if self.params.plain else "DedupeTask"
+        title = (
+            f"chaos on {self.broker.kind} ({mode}): {self.params.producers} producers x "
+            f"{self.params.calls} calls, {self.params.keys} keys, {seconds:.0f}s; "
+            f"worker logs in {LOGDIR}"
+        )
+        return Outcome(self.broker.kind, rows, seconds, table(title, rows))
+
+    def _produce_under_faults(self) -> float:
+        context = multiprocessing.get_context("spawn")
+        barrier = context.Barrier(self.params.producers + 1)
+        producers = [
+            context.Process(target=_produce, args=(seed, self.params, barrier))
+            for seed in range(self.params.producers)
+        ]
+        for process in producers:
+            process.start()
+        barrier.wait(timeout=120)
+        t0 = time.time()
+        watcher = threading.Thread(target=self.watch, daemon=True)
+        watcher.start()
+        try:
+            for at, kind, index in self.timeline():
+                time.sleep(max(0.0, t0 + at - time.time()))
+                self.inject(kind, index)
+            for process in producers:
+                process.join(max(10.0, t0 + 3 * self.params.duration + 60 - time.time()))
+                if process.exitcode != 0:
+                    raise RuntimeError(f"a producer failed (exit code {process.exitcode})")
+        finally:
+            for process in producers:
+                if process.is_alive():
+                    process.kill()
+        return t0
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.params.drain
+        try:
+            while time.monotonic() < deadline and not self.drained():
+                time.sleep(1.0)
+        finally:
+            self.stop_watch.set()
+
+
+def _monitor(port: int, path: str, stack: contextlib.ExitStack) -> None:
+    """Append the dedup Redis's commands to ``path`` until the run's end."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        with open(path, "ab") as out:
+            while not stop.is_set():
+                proc = subprocess.Popen(["redis-cli", "-p", str(port), "monitor"], stdout=out)
+                while proc.poll() is None and not stop.is_set():
+                    time.sleep(0.01)
+                if proc.poll() is None:
+                    proc.kill()
+                time.sleep(0.01)
+
+    threading.Thread(target=loop, daemon=True).start()
+    stack.callback(stop.set)
+
+
+def _brokers(choice: str) -> Iterator[Broker]:
+    if choice in ("redis", "both"):
+        yield RedisBroker()
+    if choice in ("amqp", "both"):
+        yield AmqpBroker()
+
+
+def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, Params]:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    parser.add_argument("--broker", choices=("redis", "amqp", "both"), default="both")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the test suite's short form (its values, then any flag given)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the rows here")
+    defaults = Params()
+    for name, value in asdict(defaults).items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            parser.add_argument(flag, type=type(value), default=None, metavar="N")
+    args = parser.parse_args(argv)
+    base = QUICK if args.quick else defaults
+    given = {
+        name: getattr(args, name) for name in asdict(defaults) if getattr(args, name) is not None
+    }
+    return args, replace(base, **given)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, params = parse(argv)
+    print(f"chaos: {params}", flush=True)
+    outcomes = []
+    for broker in _brokers(args.broker):
+        outcome = Scenario(params, broker).run()
+        print(outcome.text + "\n", flush=True)
+        outcomes.append(outcome)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    o.broker: {"seconds": o.seconds, "rows": [asdict(row) for row in o.rows]}
+                    for o in outcomes
+                },
+                indent=1,
+            )
+        )
+    return 1 if any(outcome.failed for outcome in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
