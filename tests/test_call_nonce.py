@@ -14,7 +14,8 @@ import pytest
 import redis
 from celery import Celery
 
-from dedupe.store.store import Push, Store
+from dedupe.store.replies import Push
+from dedupe.store.store import Store
 from dedupe.values.keys import call_keys
 from dedupe.values.record import new_nonce, pack_provisional, pack_queued
 

@@ -330,7 +330,7 @@ def test_a_change_pushed_behind_an_unread_reply_is_not_missed(
 def test_a_thread_remembers_a_bounded_number_of_answers(
     store_app: Any, store_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("dedupe.store.script_runner._MAX_REMEMBERED", 3)
+    monkeypatch.setattr("dedupe.store.remembered.MOST_REMEMBERED", 3)
     refresh = unique_task(store_app)
     for x in range(20, 25):
         remembered(refresh, x)

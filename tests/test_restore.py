@@ -29,7 +29,8 @@ import dedupe
 from dedupe.demo.server import RedisServer
 from dedupe.recovery.unacked import Ours, RestartWatch, restorations, restore_unacked
 from dedupe.runs.runtime import runtime_of
-from dedupe.store.store import Lease, Renewal, Requeue, Restoration, Restore, Store
+from dedupe.store.replies import Renewal, Requeue, Restore
+from dedupe.store.store import Lease, Restoration, Store
 from dedupe.values.header import HEADER, KeyHeader
 from dedupe.values.keys import CallKeys, alive_key
 from dedupe.values.record import pack_provisional, pack_queued, pack_running

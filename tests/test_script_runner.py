@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dedupe.store.script_runner import ScriptRunner, _parse, _Push
+from dedupe.store.resp import PushMessage, parse
+from dedupe.store.script_runner import ScriptRunner
 
 from .conftest import RedisFactory
 
@@ -40,41 +41,41 @@ def resp2(reply: Any) -> bytes:
 @given(replies)
 def test_a_whole_reply_is_read_back_as_sent(reply: Any) -> None:
     encoded = resp2(reply)
-    assert _parse(encoded + b":1\r\n", 0) == (reply, len(encoded))
+    assert parse(encoded + b":1\r\n", 0) == (reply, len(encoded))
 
 
 @given(replies, st.data())
 def test_a_reply_cut_short_anywhere_waits_for_the_rest(reply: Any, data: st.DataObject) -> None:
     encoded = resp2(reply)
     cut = data.draw(st.integers(0, len(encoded) - 1))
-    assert _parse(encoded[:cut], 0) is None
+    assert parse(encoded[:cut], 0) is None
 
 
 def test_an_error_reply_becomes_redis_pys_exception_for_it() -> None:
-    parsed = _parse(b"-READONLY You can't write against a read only replica.\r\n", 0)
+    parsed = parse(b"-READONLY You can't write against a read only replica.\r\n", 0)
     assert parsed is not None
     assert isinstance(parsed[0], redis.ReadOnlyError)
 
 
 def test_resp3_replies_are_read() -> None:
-    assert _parse(b"_\r\n", 0) == (None, 3)
-    assert _parse(b"#t\r\n", 0) == (True, 4)
-    assert _parse(b",1.5\r\n", 0) == (1.5, 6)
-    error = _parse(b"!9\r\nERR oops!\r\n", 0)
+    assert parse(b"_\r\n", 0) == (None, 3)
+    assert parse(b"#t\r\n", 0) == (True, 4)
+    assert parse(b",1.5\r\n", 0) == (1.5, 6)
+    error = parse(b"!9\r\nERR oops!\r\n", 0)
     assert error is not None
     assert isinstance(error[0], redis.ResponseError)
 
 
 def test_a_resp3_push_message_is_told_apart_from_a_reply() -> None:
-    parsed = _parse(b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n", 0)
+    parsed = parse(b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n", 0)
     assert parsed is not None
-    assert isinstance(parsed[0], _Push)
+    assert isinstance(parsed[0], PushMessage)
     assert list(parsed[0]) == [b"invalidate", [b"k"]]
 
 
 def test_a_reply_of_an_unknown_kind_drops_the_connection() -> None:
     with pytest.raises(redis.ConnectionError):
-        _parse(b"%1\r\n+a\r\n+b\r\n", 0)
+        parse(b"%1\r\n+a\r\n+b\r\n", 0)
 
 
 # -- against a real Redis ----------------------------------------------------------------------

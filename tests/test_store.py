@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from dedupe.demo.server import RedisServer
 from dedupe.runs.run import NO_RUN, new_token
-from dedupe.store.store import Lease, Store, Wait
+from dedupe.store.replies import Wait
+from dedupe.store.store import Lease, Store
 from dedupe.values.keys import CallKeys, call_keys
 from dedupe.values.record import (
     pack_owner,
@@ -707,7 +708,7 @@ def test_clear_deletes_every_key_of_a_call(store: Store, started: CallKeys) -> N
 def test_commands_are_packed_exactly_as_redis_py_packs_them(parts: list[object]) -> None:
     from redis.connection import Connection
 
-    from dedupe.store.script_runner import pack_command
+    from dedupe.store.resp import pack_command
 
     command = (b"EVALSHA", *parts)  # a command word first, as every call has
     assert pack_command(*command) == b"".join(Connection().pack_command(*command))

@@ -21,7 +21,7 @@ from celery import Celery
 
 from dedupe.errors import RedisUnavailable
 from dedupe.runs.run import NO_RUN
-from dedupe.store.store import Requeue
+from dedupe.store.replies import Requeue
 from dedupe.values.record import Holder
 
 from .guard import Call, PreparedCall, keys_of_call

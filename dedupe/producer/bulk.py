@@ -30,12 +30,13 @@ from celery import Celery
 
 from dedupe.errors import ConfigurationError, RedisUnavailable
 from dedupe.runs.runtime import Runtime
-from dedupe.store.store import Push
+from dedupe.store.replies import Push
 from dedupe.values.record import Holder
 
 from .call import Call, publisher_for, resolve_task
 from .guard import PreparedCall, forget_result, publish_prepared
 from .publish_seam import declaring_once, pushing_through_many
+from .record_state import RecordState
 from .result import DedupeResult
 from .send_many import BatchSender
 
@@ -182,7 +183,7 @@ def _publish_accepted(
     for index in pushing:
         plan = prepared[index].plan
         assert plan.pending is not None
-        plan.attempted = True
+        plan.move(RecordState.SENT)  # its fate is the script's from here
         pushes.append(plan.pending)
     outcomes = dict(zip(pushing, runtime.store.publish_many(pushes), strict=True))
     for index in accepted:
@@ -244,7 +245,6 @@ def _settle(
     holders: dict[int, Holder],
 ) -> None:
     """Settle one accepted call after the pushes went out."""
-    plan = call.plan
     if isinstance(outcome, Holder):
         # Its provisional record was lost meanwhile and another call holds the key:
         # nothing was pushed for this one.
@@ -253,13 +253,9 @@ def _settle(
         results[index] = call.duplicate(outcome)
         return
     if outcome is not None:
-        plan.pushed = outcome
-    elif plan.unroutable:
-        call.cancel_record()
-    elif plan.needs_confirm:
-        call.confirm_record()
-    elif results[index] is not None:
-        call.record_after_the_fact()  # kombu published on another channel (a retry)
+        call.plan.pushed(outcome)
+    # (A call whose publish raised was cancelled then: it went nowhere.)
+    call.settle_publish(went_out=results[index] is not None)
     if results[index] is not None:
         call.note_accepted("bulk")
 

@@ -37,7 +37,8 @@ from dedupe.events import ACCEPTED, DEDUPLICATED, UNAVAILABLE, emit
 from dedupe.runs.liveness import lost_run_token
 from dedupe.runs.run import NO_RUN, Run, run_of
 from dedupe.runs.runtime import Runtime, runtime_of
-from dedupe.store.store import Requeue, Store
+from dedupe.store.replies import Requeue
+from dedupe.store.store import Store
 from dedupe.values import defaults
 from dedupe.values.config import SettingReader
 from dedupe.values.header import HEADER, KeyHeader, publishing
@@ -55,6 +56,7 @@ from .publish_seam import (
     declaring_once,
     pushing_through,
 )
+from .record_state import RecordState
 from .result import DedupeResult, duplicate_result, mark_result
 from .send_many import sender_for
 
@@ -81,6 +83,11 @@ _CANVAS_OPTIONS = ("chain", "chord", "group_id", "link", "link_error")
 # The record of a message sent already expired: the first worker that meets it drops it and
 # frees the key; until then, a duplicate is still a duplicate.
 _EXPIRED_TTL = 1.0
+#: Where a call's own provisional record stands, for a cancel or a confirm to act on.
+_CANCELLABLE = frozenset(
+    {RecordState.PROVISIONAL, RecordState.AWAITING_CONFIRM, RecordState.UNROUTED}
+)
+_CONFIRMABLE = frozenset({RecordState.PROVISIONAL, RecordState.AWAITING_CONFIRM})
 
 _always_eager = SettingReader("task_always_eager")
 _enable_utc = SettingReader("enable_utc")
@@ -217,10 +224,6 @@ class PreparedCall:
         self._plan: PushPlan | None = None
         #: The provisional record the first write sent, if it was packed already.
         self._provisional: bytes | None = None
-        #: The call's first write failed as unavailable: later writes of this call are not
-        #: tried (each would wait out the retry policy again, for a record whose fate is
-        #: unknown and which the provisional ttl frees anyway).
-        self._redis_down = False
 
     @property
     def plan(self) -> PushPlan:
@@ -296,11 +299,9 @@ class PreparedCall:
         except Refused as refused:
             return self.duplicate(refused.holder)
         except BaseException:
-            # The message may not exist: free the key so the caller's retry is not refused.
-            # Never after publish.lua was sent: its fate is unknown, and if it ran, the
-            # record has its message.
-            if not self.plan.attempted:
-                self.cancel_record()
+            # The message may not exist: free the key so the caller's retry is not refused
+            # (never after publish.lua was sent: if it ran, the record has its message).
+            self.cancel_record()
             raise
         if self.path in ("overlap", "confirm"):
             self.confirm_record()
@@ -313,7 +314,7 @@ class PreparedCall:
         emit(ACCEPTED, self.call.task_name, self.task_id, self.keys.call, path=path)
 
     def _publish_through_seam(self) -> DedupeResult:
-        call, plan = self.call, self.plan
+        call = self.call
         decision = self._start_deciding() if self.path == "overlap" else None
         refused = None
         given = call.options.get("producer")
@@ -336,18 +337,24 @@ class PreparedCall:
             forget_result(call.app, self.task_id)
             raise refused
         if self.path == "overlap":
-            # Its record is the decision's (none when the enqueue could not even be sent):
-            # what follows is the Redis-broker seam's bookkeeping.
+            # Its record is the decision's (none when the enqueue could not even be sent).
             self._decided(decision)
-        elif self.path == "confirm":
-            pass  # its record was written first: publish_with_record confirms it
-        elif plan.unroutable:
-            self.cancel_record()
-        elif plan.needs_confirm:
-            self.confirm_record()
-        elif plan.pushed is None:
-            self.record_after_the_fact()
+        elif self.path != "confirm":  # (its record was written first: confirmed after this)
+            self.settle_publish()
         return result
+
+    def settle_publish(self, *, went_out: bool = True) -> None:
+        """What the record needs after a publish through the Redis-broker seam, for a single
+        call and each call of a batch: free the key of a message routed nowhere, confirm the
+        provisional record beside a message, write the record of a message that went out
+        past the seam (``went_out``: the publish did not raise)."""
+        state = self.plan.state
+        if state is RecordState.UNROUTED:
+            self.cancel_record()
+        elif state is RecordState.AWAITING_CONFIRM:
+            self.confirm_record()
+        elif went_out and state in (RecordState.ABSENT, RecordState.PROVISIONAL):
+            self.record_after_the_fact()
 
     def _start_deciding(self) -> PendingDecision | None:
         plan = self.plan
@@ -355,7 +362,6 @@ class PreparedCall:
             reply = self.store.start_enqueue(self.keys, plan.provisional, plan.provisional_ttl_ms)
         except RedisUnavailable as exc:
             self.first_write_failed(exc)
-            plan.provisional_written = True  # perhaps: the publish cancels if it fails
             return None
         return PendingDecision(
             self.store,
@@ -383,26 +389,33 @@ class PreparedCall:
             holder = decision.decide()
         except RedisUnavailable:
             holder = None  # the policy said raise, but the message may be out: go on
-        self.plan.provisional_written = holder is None
+        if holder is None and self.plan.state is RecordState.ABSENT:
+            self.plan.move(RecordState.PROVISIONAL)  # (unknown, if the decision failed)
         # A publish that raised before the push read the verdict sent nothing to warn of.
         if holder is not None and not decided_at_push and published:
             self._warn_second_message(holder)
 
     def cancel_record(self) -> None:
-        if not self.plan.provisional_written:
-            return  # nothing was written
-        if self._redis_down:
-            return  # perhaps written: the provisional ttl frees it
+        """Free the key of a call whose message is not out: only its own provisional record
+        (nothing written, or unknown: the provisional ttl frees it; never after publish.lua
+        was sent)."""
+        plan = self.plan
+        if plan.state not in _CANCELLABLE:
+            return
         try:
             self.store.cancel(self.keys, self.task_id)
         except RedisUnavailable as exc:
             self._unavailable(
                 exc, "was not published and its key stays (its provisional ttl frees it)"
             )
+            return
+        plan.move(RecordState.ABSENT)
 
     def confirm_record(self) -> None:
+        """Make the provisional record beside a published message durable (sent without
+        waiting for its reply)."""
         plan = self.plan
-        if not plan.provisional_written or self._redis_down:
+        if plan.state not in _CONFIRMABLE:
             return
         try:
             self.store.send_confirm(self.keys, plan.provisional, plan.queued, plan.ttl_ms)
@@ -411,6 +424,8 @@ class PreparedCall:
                 exc,
                 "is published but its key is not confirmed (the provisional ttl frees it)",
             )
+            return
+        plan.move(RecordState.QUEUED)
 
     def record_after_the_fact(self) -> None:
         """Write the record of a message that went out past the seam."""
@@ -425,11 +440,12 @@ class PreparedCall:
                 plan.ttl_ms,
                 "",
                 (),
-                provisional=plan.provisional if plan.provisional_written else b"",
+                provisional=plan.provisional if plan.state.provisional_written else b"",
             )
         except RedisUnavailable as exc:
             self._unavailable(exc, "is published without its key")
             return
+        plan.pushed(outcome)
         if isinstance(outcome, Holder) and self.kind == "enqueue":
             self._warn_second_message(outcome)
 
@@ -476,8 +492,9 @@ class PreparedCall:
         """Read the first write's answer (enqueue's or requeue's): a duplicate's result, or
         None to go on and publish."""
         if isinstance(outcome, Requeue):
-            self.plan.provisional_written = outcome is Requeue.QUEUED
-            if outcome is not Requeue.QUEUED:
+            if outcome is Requeue.QUEUED:
+                self.plan.move(RecordState.PROVISIONAL)
+            else:
                 logger.debug(
                     "the key of %s[%s] stays with its holder (%s)",
                     self.call.task_name,
@@ -487,13 +504,16 @@ class PreparedCall:
             return None
         if outcome is not None and self.kind == "enqueue":
             return self.duplicate(outcome)
-        self.plan.provisional_written = outcome is None
+        if outcome is None:
+            self.plan.move(RecordState.PROVISIONAL)
         return None
 
     def first_write_failed(self, exc: RedisUnavailable) -> None:
         """Redis could not be asked: raise, or log and let the caller publish anyway (a
-        continuation always goes on). Whatever the write did, if it ran, is provisional."""
-        self._redis_down = True
+        continuation always goes on). Whatever the write did, if it ran, is provisional: no
+        later write of this call is tried (each would wait out the retry policy again, for a
+        record the provisional ttl frees anyway)."""
+        self.plan.move(RecordState.UNKNOWN)
         if self.kind == "enqueue" and self.runtime.config.on_redis_error == "raise":
             self._unavailable(exc, "is refused (dedupe_on_redis_error='raise')")
             raise exc
@@ -510,14 +530,9 @@ class PreparedCall:
         )
 
     def publish_unrecorded(self) -> DedupeResult:
-        """The publish after a first write of unknown fate: plain, and cancelled on failure
-        (the write may have landed after all)."""
-        try:
-            return self.publish()
-        except BaseException:
-            self.plan.provisional_written = True  # perhaps: cancel is owner-checked
-            self.cancel_record()
-            raise
+        """The publish after a first write of unknown fate: plain (what the write left, if
+        anything, the provisional ttl frees)."""
+        return self.publish()
 
 
 def forget_result(app: Celery, task_id: str) -> None:

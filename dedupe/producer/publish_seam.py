@@ -27,7 +27,7 @@ path every other broker takes (a record with a short TTL, the message, then conf
 a dedup store on another server or database than the broker, a fanout exchange (kombu sends
 those with PUBLISH), queues of different expiries. kombu retrying a publish on a new
 channel after a connection error publishes through kombu alone; the producer then writes the
-record after the fact (:attr:`PushPlan.pushed` stays None).
+record after the fact (:attr:`PushPlan.state` is then not ``SENT``).
 
 A batch (:func:`pushing_through_many`) holds every push back and sends them together: the
 channel is taken over once for its publishes, and kombu's ``Producer.publish`` of its
@@ -47,10 +47,13 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 from dedupe.errors import RedisUnavailable
+from dedupe.store.replies import Push
 from dedupe.store.script_runner import Reply
-from dedupe.store.store import PendingPush, Push, Store
+from dedupe.store.store import PendingPush, Store
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import Holder, pack_provisional, pack_queued
+
+from .record_state import RecordState
 
 __all__ = [
     "PendingDecision",
@@ -91,17 +94,8 @@ class PushPlan:
     provisional_ttl_ms: int
     #: Push even when the key is held: canvas members and continuations are never refused.
     force: bool = False
-    #: The provisional record was written (decide-first, continuation, overlap accepted).
-    provisional_written: bool = False
-    #: How the message went out through publish.lua; None when it did not go that way.
-    pushed: Push | None = None
-    #: The message went out with the provisional record: the producer must confirm it.
-    needs_confirm: bool = False
-    #: kombu routed the message to no queue and dropped it: nothing may hold the key for it.
-    unroutable: bool = False
-    #: publish.lua was sent: if it fails, its fate is unknown (record and message, or
-    #: neither), so nothing may be cancelled after it.
-    attempted: bool = False
+    #: What the call's record is in Redis (moved only through :meth:`RecordState.to`).
+    state: RecordState = RecordState.ABSENT
     #: Hold the push back (a batch sends all of its pushes in one round trip): the seam
     #: leaves it in :attr:`pending` instead of sending it.
     deferred: bool = False
@@ -110,6 +104,15 @@ class PushPlan:
     @property
     def store(self) -> Store:
         return self.store_of()
+
+    def move(self, state: RecordState) -> None:
+        """The record is now ``state``."""
+        self.state = self.state.to(state)
+
+    def pushed(self, outcome: Push | Holder) -> None:
+        """publish.lua answered (a Holder: refused, nothing pushed)."""
+        if not isinstance(outcome, Holder):
+            self.move(RecordState.QUEUED)
 
     # Packed on first use (a duplicate needs the provisional record only, and only a publish
     # needs the queued one); plain attributes, not functools.cached_property, which takes a
@@ -331,7 +334,9 @@ def _publish(
     """Write ``plan``'s record with the message kombu routed to ``queues`` (and ``fanouts``)."""
     channel = seam.channel
     if not queues and not fanouts:
-        plan.unroutable = True  # kombu drops what no queue is bound for
+        # kombu drops what no queue is bound for: nothing may hold the key for it.
+        written = plan.state.provisional_written
+        plan.move(RecordState.UNROUTED if written else RecordState.DROPPED)
         return None
     queue_expiry = getattr(channel, "_expires", None) or {}  # x-expires, kombu 5.6.2+
     expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
@@ -353,7 +358,7 @@ def _publish(
         plan.ttl_ms,
         dumps(message),
         lists,
-        provisional=plan.provisional if plan.provisional_written else b"",
+        provisional=plan.provisional if plan.state.provisional_written else b"",
         expiring=expiring,
         expire_ms=expire_ms,
         force=plan.force,
@@ -361,11 +366,11 @@ def _publish(
     if plan.deferred:
         plan.pending = push
         return None
-    plan.attempted = True
+    plan.move(RecordState.SENT)  # its fate is the script's from here
     outcome = plan.store.push(push)
     if isinstance(outcome, Holder):
         raise Refused(outcome)
-    plan.pushed = outcome
+    plan.pushed(outcome)
     return None
 
 
@@ -377,16 +382,18 @@ def _publish_provisionally(
     fanouts: list[tuple[Any, ...]],
 ) -> None:
     logger.debug("%s: no one-step publish here, publishing provisionally", plan.task_id)
-    if not plan.provisional_written:
+    if not plan.state.provisional_written:
         holder = plan.store.enqueue(plan.keys, plan.provisional, plan.provisional_ttl_ms)
         if holder is not None and not plan.force:
             raise Refused(holder)
-        plan.provisional_written = holder is None
+        if holder is None:
+            plan.move(RecordState.PROVISIONAL)
     for queue in queues:
         type(channel)._put(channel, queue, message)
     for args, kwargs in fanouts:
         type(channel)._put_fanout(channel, *args, **kwargs)
-    plan.needs_confirm = plan.provisional_written
+    if plan.state is RecordState.PROVISIONAL:
+        plan.move(RecordState.AWAITING_CONFIRM)
 
 
 def _same_server(channel: Any, store: Store) -> bool:

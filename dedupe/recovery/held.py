@@ -35,7 +35,8 @@ from celery.worker.request import Request
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import RESTORED, emit
-from dedupe.store.store import Restoration, Restore, Store, run_id_of
+from dedupe.store.replies import Restore, run_id_of
+from dedupe.store.store import Restoration, Store
 from dedupe.values.header import KeyHeader
 from dedupe.values.keys import watch_keys
 from dedupe.values.record import HOST, RESTORED_MODES

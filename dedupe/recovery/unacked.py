@@ -33,7 +33,8 @@ from typing import Any
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import RESTORED, emit
-from dedupe.store.store import Restoration, Restore, Store
+from dedupe.store.replies import Restore
+from dedupe.store.store import Restoration, Store
 from dedupe.values.header import KeyHeader
 from dedupe.values.keys import alive_key
 from dedupe.values.record import RESTORED_MODES

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import LEASE_LOST, RECREATED, emit
-from dedupe.store.store import Lease, Renewal, Store
+from dedupe.store.replies import Renewal
+from dedupe.store.store import Lease, Store
 
 __all__ = ["Heartbeat"]
 

@@ -21,17 +21,9 @@ from dedupe.values.record import Holder, pack_owner
 from dedupe.values.urls import SENTINEL_OPTIONS
 
 from .clients import async_client
-from .store import (
-    DataLossBarrier,
-    Requeue,
-    first_holder,
-    not_decided,
-    read_cancel,
-    read_enqueue,
-    read_requeue,
-    reraise_unavailable,
-    script_text,
-)
+from .redis_errors import reraise_unavailable
+from .replies import Requeue, first_holder, not_decided, read_cancel, read_enqueue, read_requeue
+from .store import DataLossBarrier, script_text
 
 __all__ = ["AsyncStore"]
 

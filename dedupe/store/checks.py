@@ -14,7 +14,7 @@ import redis
 import redis.cluster
 
 from .clients import DedupRedis
-from .store import redis_errors
+from .redis_errors import redis_errors
 
 __all__ = ["eviction_risk"]
 

@@ -118,7 +118,11 @@ def _kind(exc: BaseException) -> str | None:
 
 class ClusterScriptRunner:
     """Calls scripts registered on a cluster ``client`` with EVALSHA: the interface of
-    :class:`~dedupe.store.script_runner.ScriptRunner`, on a Redis Cluster."""
+    :class:`~dedupe.store.script_runner.ScriptRunner`, on a Redis Cluster. It remembers no
+    answer (a thread's tracking would need a connection to every master)."""
+
+    #: Each call's keys live on their own slot: a script per call.
+    spans_calls = False
 
     def __init__(
         self, client: redis.cluster.RedisCluster, busy_poll: float = 0.0, budget: float = 0.0
@@ -151,6 +155,29 @@ class ClusterScriptRunner:
         """Run a command of the cluster client (``attempt``) under the same retries and
         budget as the scripts."""
         return self._tried(attempt, time.monotonic())
+
+    def call_tracked(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
+    ) -> tuple[Any, float | None]:
+        """A plain call: no key is tracked on a Cluster."""
+        return self(script, keys, args), None
+
+    def worth_tracking(self, key: str) -> bool:
+        """Never: no key is tracked on a Cluster."""
+        return False
+
+    def note_duplicate(self, key: str) -> None:
+        """Nothing to note: no key is tracked on a Cluster."""
+
+    def remember(self, key: str, until: float, value: Any) -> None:
+        """Nothing is remembered on a Cluster."""
+
+    def remembered(self, key: str) -> Any:
+        """Nothing: no answer is remembered on a Cluster."""
+        return None
+
+    def forget(self, key: str) -> None:
+        """Nothing to forget on a Cluster."""
 
     def _call(
         self, script: Script, keys: Sequence[Any], args: Sequence[Any], started: float

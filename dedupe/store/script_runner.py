@@ -57,50 +57,18 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
-from redis._parsers import BaseParser
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.connection import AbstractConnection
 from redis.exceptions import NoPermissionError, NoScriptError, ReadOnlyError, ResponseError
 from redis.retry import Retry
 
-__all__ = ["Reply", "ScriptRunner", "pack_command"]
+from .remembered import RememberedAnswers
+from .resp import CACHING_YES, TRACKING_ON, PushMessage, pack_command, pack_parts, parse
+
+__all__ = ["Reply", "ScriptRunner"]
 
 logger = logging.getLogger("dedupe.store")
-
-
-def pack_command(*parts: Any, encoding: str = "utf-8") -> bytes:
-    """RESP-encode a command of str, bytes, int and float parts (what scripts get).
-
-    redis-py's general encoder costs more than the round trip's own Python work here.
-    """
-    return _pack_parts([b"*%d\r\n" % len(parts)], parts, encoding)
-
-
-def _pack_parts(out: list[bytes], parts: Sequence[Any], encoding: str) -> bytes:
-    for part in parts:
-        kind = type(part)
-        if kind is str:
-            part = part.encode(encoding)
-        elif kind is int:
-            part = b"%d" % part
-        elif kind is float:
-            part = repr(part).encode()
-        elif kind is not bytes:
-            part = _other_part(part, encoding)
-        out.append(b"$%d\r\n%s\r\n" % (len(part), part))
-    return b"".join(out)
-
-
-def _other_part(part: Any, encoding: str) -> bytes:
-    # Subclasses (a str enum, an IntEnum, bool) as their base type: what redis-py sends.
-    if isinstance(part, str):
-        return str.encode(part, encoding)
-    if isinstance(part, int):
-        return b"%d" % part
-    if isinstance(part, float):
-        return repr(float(part)).encode()
-    return bytes(part)
 
 
 #: After polls that ran out of budget, sleep in recv for 1, 3, 7 ... up to this many calls
@@ -112,9 +80,6 @@ _RETRY_POLL_AFTER = 63
 # waits for its reply instead (one round trip, once per idle spell: a release after a run
 # longer than this). Redis's shortest idle timeout is 1 s.
 _TRUSTED_IDLE = 0.5
-
-#: Answers one thread remembers at most (each lives ``remember_for`` seconds at most).
-_MAX_REMEMBERED = 4096
 
 _T = TypeVar("_T")
 
@@ -169,10 +134,9 @@ class _Local(threading.local):
     #: NOSCRIPT reloads on this thread (a reloaded call is sent again without CACHING YES).
     reloads: int = 0
 
-    def __init__(self) -> None:
-        #: Remembered answers of tracked keys: key -> (remember until, value), until
-        #: Redis says the key changed (time.monotonic()).
-        self.known: dict[bytes, tuple[float, Any]] = {}
+    def __init__(self, remember_for: float) -> None:
+        #: Remembered answers of tracked keys, until Redis says the key changed.
+        self.known = RememberedAnswers(remember_for)
         #: Bytes received and not parsed yet (the start of the next reply).
         self.buffer = b""
         #: Calls sent on ``connection`` whose replies are not read yet, oldest first.
@@ -184,6 +148,9 @@ class _Local(threading.local):
 
 class ScriptRunner:
     """Calls scripts registered on ``client`` with EVALSHA, one connection per thread."""
+
+    #: One server holds every key: one script may decide many calls.
+    spans_calls = True
 
     def __init__(
         self,
@@ -209,7 +176,7 @@ class ScriptRunner:
             getattr(self._retry, "_supported_errors", None)
             or (redis.ConnectionError, redis.TimeoutError, TimeoutError)
         )
-        self._local = _Local()
+        self._local = _Local(remember_for)
         self._encoding = str(self._pool.connection_kwargs.get("encoding", "utf-8"))
         #: SHAs of scripts the server answered since the last lost connection.
         self._known: set[str] = set()
@@ -223,6 +190,10 @@ class ScriptRunner:
             return self._call(script, command)
         except self._retried as first:
             return self._retrying(first, lambda: self._call(script, command))
+
+    def command(self, attempt: Callable[[], _T]) -> _T:
+        """``attempt()``: a command of the client itself, under the client's own retries."""
+        return attempt()
 
     def _tried(self, attempt: Callable[[], _T]) -> _T:
         """``attempt()``, and under the Retry policy and the budget again if it fails."""
@@ -357,9 +328,9 @@ class ScriptRunner:
         head = self._heads.get(shape)
         if head is None:
             size = b"*%d\r\n" % (3 + len(keys) + len(args))
-            head = _pack_parts([size], (b"EVALSHA", script.sha, len(keys)), "ascii")
+            head = pack_parts([size], (b"EVALSHA", script.sha, len(keys)), "ascii")
             self._heads[shape] = head
-        return _pack_parts([head], (*keys, *args), self._encoding)
+        return pack_parts([head], (*keys, *args), self._encoding)
 
     def _call(self, script: Script, command: bytes) -> Any:
         sock = self._socket()
@@ -386,7 +357,7 @@ class ScriptRunner:
             if local.pending or local.unsent:
                 self._catch_up(sock)
             reloads, sent_at[0] = local.reloads, time.monotonic()
-            self._send(sock, _CACHING_YES + command)
+            self._send(sock, CACHING_YES + command)
             try:
                 self._read(sock)  # +OK
             except ResponseError as exc:
@@ -411,30 +382,21 @@ class ScriptRunner:
         or ``until`` (time.monotonic(); capped at ``remember_for`` from now). Only for a key a
         :meth:`call_tracked` just read, tracked."""
         if self._local.tracking:
-            self._keep(key, until, value)
+            self._local.known.keep(key.encode(self._encoding), until, value)
 
     def note_duplicate(self, key: str) -> None:
         """``key`` was met held (asked untracked): a duplicate of it again within
         ``remember_for`` is worth tracking (:meth:`worth_tracking`)."""
         if self._local.tracking:
-            self._keep(key, time.monotonic() + self._remember_for, None)
+            self._local.known.keep(
+                key.encode(self._encoding), time.monotonic() + self._remember_for, None
+            )
 
     def worth_tracking(self, key: str) -> bool:
         """Was ``key`` met held (or remembered) in this thread within ``remember_for``? Only
         such keys are tracked: Redis keeps every tracked key in its table until it changes,
         so the first meeting of a key asks untracked."""
-        entry = self._local.known.get(key.encode(self._encoding))
-        return entry is not None and time.monotonic() < entry[0]
-
-    def _keep(self, key: str, until: float, value: Any) -> None:
-        now = time.monotonic()
-        known = self._local.known
-        if len(known) >= _MAX_REMEMBERED:
-            for name in [name for name, entry in known.items() if entry[0] <= now]:
-                del known[name]
-            if len(known) >= _MAX_REMEMBERED:
-                known.clear()  # (all live: a burst over that many keys; ask again)
-        known[key.encode(self._encoding)] = (min(until, now + self._remember_for), value)
+        return self._local.known.is_fresh(key.encode(self._encoding))
 
     def remembered(self, key: str) -> Any:
         """This thread's remembered answer for ``key``, or None: Redis has said nothing of the
@@ -448,23 +410,19 @@ class ScriptRunner:
         if local.forks != _forks:
             known.clear()  # the parent's memory, and its socket
             return None
-        name = key.encode(self._encoding)
-        entry = known.get(name)
-        if entry is None or entry[1] is None:
-            return None
-        if time.monotonic() >= entry[0]:
-            del known[name]
+        answer = known.answer(key.encode(self._encoding))
+        if answer is None:
             return None
         try:
             quiet = self._quiet()
         except redis.RedisError:
             self._drop_connection()
             return None
-        return entry[1] if quiet else None
+        return answer if quiet else None
 
     def forget(self, key: str) -> None:
         """Drop this thread's remembered answer for ``key`` (a write of this process's own)."""
-        self._local.known.pop(key.encode(self._encoding), None)
+        self._local.known.drop(key.encode(self._encoding))
 
     def _quiet(self) -> bool:
         """Has the tracking connection nothing to read, and no reply owed to an earlier send?
@@ -482,26 +440,16 @@ class ScriptRunner:
         # Read it: pushes drop what they name, a closed connection is found now.
         local.buffer = self._receive(sock)
         while local.buffer:
-            parsed = _parse(local.buffer, 0)
+            parsed = parse(local.buffer, 0)
             if parsed is None:
                 break
             reply, end = parsed
             local.buffer = local.buffer[end:]
-            if not isinstance(reply, _Push):
+            if not isinstance(reply, PushMessage):
                 # Nothing was sent whose reply this could be.
                 raise redis.ConnectionError("the dedup Redis sent a reply out of turn")
-            self._on_push(reply)
+            local.known.hear(reply)
         return False
-
-    def _on_push(self, push: _Push) -> None:
-        if len(push) >= 2 and push[0] == b"invalidate":
-            known = self._local.known
-            names = push[1]
-            if names is None:  # FLUSHDB, FLUSHALL: everything
-                known.clear()
-            else:
-                for name in names:
-                    known.pop(name, None)
 
     def _catch_up(self, sock: socket.socket) -> None:
         """Resend what a lost connection took with it, then read the replies of sends."""
@@ -611,14 +559,14 @@ class ScriptRunner:
         buffer = local.buffer
         while True:
             if buffer:
-                parsed = _parse(buffer, 0)
+                parsed = parse(buffer, 0)
                 if parsed is not None:
                     reply, end = parsed
                     buffer = local.buffer = buffer[end:]
                     if isinstance(reply, ResponseError):
                         raise reply
-                    if isinstance(reply, _Push):
-                        self._on_push(reply)  # out of band: not the reply of any call
+                    if isinstance(reply, PushMessage):
+                        local.known.hear(reply)  # out of band: not the reply of any call
                         continue
                     return reply
             if local.poll is not None:
@@ -719,7 +667,7 @@ class ScriptRunner:
         # Only a plain stdlib socket: pushes are looked for with a poll, which neither sees
         # the bytes a TLS socket decrypted already nor suits a cooperative socket.
         local = self._local
-        self._send(sock, _TRACKING_ON)
+        self._send(sock, TRACKING_ON)
         try:
             self._read(sock)
         except ResponseError as exc:
@@ -776,57 +724,6 @@ class ScriptRunner:
             disconnect()
 
 
-_CRLF = b"\r\n"
-_TRACKING_ON = pack_command(b"CLIENT", b"TRACKING", b"ON", b"OPTIN")
-_CACHING_YES = pack_command(b"CLIENT", b"CACHING", b"YES")
-
-
-def _parse(buffer: bytes, start: int) -> tuple[Any, int] | None:
-    """Parse the RESP2/RESP3 reply at ``buffer[start:]``: (reply, end), or None if it has not
-    all arrived. An error reply comes back as the redis-py exception to raise."""
-    line_end = buffer.find(_CRLF, start)
-    if line_end < 0:
-        return None
-    kind = buffer[start : start + 1]
-    line = buffer[start + 1 : line_end]
-    end = line_end + 2
-    if kind == b":":
-        return int(line), end  # the scripts' most common reply: first
-    simple = _SIMPLE.get(kind)
-    if simple is not None:
-        return simple(line), end
-    if kind == b"$" or kind == b"!":
-        return _parse_bulk(buffer, kind, int(line), end)
-    if kind == b"*" or kind == b">":
-        return _parse_aggregate(buffer, kind, int(line), end)
-    # Nothing the scripts answer with: the stream cannot be trusted any more.
-    raise redis.ConnectionError(f"unexpected reply from the dedup Redis: {buffer[:40]!r}")
-
-
-def _parse_bulk(buffer: bytes, kind: bytes, size: int, end: int) -> tuple[Any, int] | None:
-    if size < 0:
-        return None, end
-    if len(buffer) < end + size + 2:
-        return None
-    data = buffer[end : end + size]
-    return (_error(data) if kind == b"!" else data), end + size + 2
-
-
-def _parse_aggregate(buffer: bytes, kind: bytes, count: int, end: int) -> tuple[Any, int] | None:
-    items: list[Any] = [] if kind == b"*" else _Push()
-    for _ in range(count):
-        parsed = _parse(buffer, end)
-        if parsed is None:
-            return None
-        item, end = parsed
-        items.append(item)
-    return items, end
-
-
-class _Push(list[Any]):
-    """A RESP3 push message: something the server says of its own accord."""
-
-
 def _cannot_track(exc: ResponseError) -> bool:
     """Does this refusal of HELLO 3, CLIENT TRACKING or CLIENT CACHING mean the server cannot
     or may not track keys for this client (rather than "not now")?"""
@@ -834,19 +731,3 @@ def _cannot_track(exc: ResponseError) -> bool:
     return isinstance(exc, NoPermissionError) or text.startswith(
         ("unknown command", "unknown subcommand", "err unknown", "noperm", "noproto")
     )
-
-
-def _error(message: bytes) -> ResponseError:
-    parse_error: Any = BaseParser.parse_error  # (untyped in redis-py)
-    error: ResponseError = parse_error(message.decode("utf-8", "replace"))
-    return error
-
-
-# Replies that are one line: simple string, error, null, boolean, double.
-_SIMPLE: dict[bytes, Callable[[bytes], Any]] = {
-    b"+": bytes,
-    b"-": _error,
-    b"_": lambda line: None,
-    b"#": lambda line: line == b"t",
-    b",": float,
-}

@@ -1,85 +1,66 @@
-"""The Redis side: one Lua script per state transition, one round trip per call.
+"""The store: every read and write celery-dedupe makes to the dedup Redis, one Lua script per
+state transition and one round trip per call.
 
-Scripts live in ``dedupe/store/lua/`` (each headed by its KEYS, ARGV and replies), are registered
-once on the store's client and run through a ScriptRunner (EVALSHA with a NOSCRIPT fallback,
-which also survives a restart or failover that empties the script cache, on a connection of
-each thread's own). Every reply is read here and only here: the ``read_*`` functions turn a
-script's reply into a result (an enum per script, or a :class:`~dedupe.Holder`) or an
-exception, for the sync :class:`Store` and the asyncio store alike.
+Scripts live in ``dedupe/store/lua/`` (each headed by its KEYS, ARGV and replies), are
+registered once on the store's client and run through a script runner
+(:class:`~dedupe.store.runner.ScriptCalls`: one server's or a Cluster's), EVALSHA with a
+NOSCRIPT fallback, on a connection of each thread's own. Their replies are read by
+:mod:`dedupe.store.replies`; redis-py's errors are sorted by :mod:`dedupe.store.redis_errors`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-import redis
 import redis.cluster
 from redis.commands.core import Script
 
-from dedupe.errors import RedisCommandError, RedisUnavailable, UnexpectedReply
+from dedupe.errors import RedisCommandError, UnexpectedReply
 from dedupe.values import defaults
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import Holder, pack_owner, pack_queued, pack_restored
 
 from .clients import DedupRedis
-from .cluster_runner import ClusterScriptRunner, cluster_unreachable
+from .cluster_runner import ClusterScriptRunner
+from .redis_errors import reraise_unavailable
+from .replies import (
+    Push,
+    Renewal,
+    Requeue,
+    Restore,
+    Wait,
+    first_holder,
+    not_decided,
+    read_cancel,
+    read_claim,
+    read_confirm,
+    read_enqueue,
+    read_publish,
+    read_release,
+    read_renew,
+    read_requeue,
+    read_restore,
+    read_wait,
+    run_id_of,
+)
+from .runner import ScriptCalls
 from .script_runner import Reply, ScriptRunner
 
 __all__ = [
-    "Claim",
     "DataLossBarrier",
-    "Enqueue",
     "Lease",
-    "Push",
-    "Renewal",
-    "Requeue",
+    "PendingPush",
     "Restoration",
-    "Restore",
     "Store",
-    "Wait",
-    "first_holder",
-    "not_decided",
-    "read_cancel",
-    "read_claim",
-    "read_confirm",
-    "read_enqueue",
-    "read_publish",
-    "read_release",
-    "read_renew",
-    "read_requeue",
-    "read_restore",
-    "read_wait",
-    "redis_errors",
-    "reraise_unavailable",
-    "run_id_of",
     "script_text",
 ]
 
-#: What counts as "Redis is unreachable": connection and timeout failures, a server still
-#: loading its data, a replica that refuses writes after a failover, a server at its memory
-#: limit under noeviction (the policy the README recommends) refusing writes.
-redis_errors: tuple[type[BaseException], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.exceptions.BusyLoadingError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.OutOfMemoryError,
-    # (Not in every redis-py 5: a missing one is an ordinary ResponseError, matched by text.)
-    *(
-        getattr(redis.exceptions, name)
-        for name in ("TryAgainError", "MasterDownError")
-        if hasattr(redis.exceptions, name)
-    ),
-)
+_T = TypeVar("_T")
 
 
 def script_text(name: str) -> str:
@@ -87,182 +68,6 @@ def script_text(name: str) -> str:
     package = resources.files("dedupe.store") / "lua"
     prelude = (package / "_prelude.lua").read_text(encoding="utf-8")
     return prelude + "\n" + (package / f"{name}.lua").read_text(encoding="utf-8")
-
-
-# -- replies: the one place that reads them ---------------------------------------------------
-
-
-class Enqueue(enum.IntEnum):
-    """enqueue.lua's integer replies (a held key answers with its record instead)."""
-
-    #: Not decided: the store lost its data, and the records of the messages in flight are
-    #: not restored yet (:class:`DataLossBarrier`). Never seen outside this module.
-    LOST = 0
-    CREATED = 1
-    #: The key holds these very bytes: redis-py sent the command again after a timeout.
-    RESENT = 2
-
-
-class Push(enum.IntEnum):
-    """publish.lua's integer replies (a held key answers with its record instead)."""
-
-    PUSHED = 1
-    #: The key holds these very bytes: the first send of the command pushed the message.
-    RESENT = 2
-    #: A forced push (a canvas member) that left the holder's record alone.
-    FORCED = 3
-
-
-class Claim(enum.IntEnum):
-    """claim.lua's integer reply (a held key answers with its record instead)."""
-
-    CLAIMED = 1
-
-
-class Renewal(enum.IntEnum):
-    """renew.lua's replies."""
-
-    #: Another task or another run holds the key now; it was left alone.
-    LOST = 0
-    RENEWED = 1
-    #: The key was gone (Redis restarted, failed over or evicted it) and was re-created; or
-    #: a call accepted since held it, and the run took it back with that call waiting in it.
-    RECREATED = 2
-    #: A call accepted since is still being published into the key: the next beat takes it
-    #: back.
-    PENDING = 3
-
-
-class Wait(enum.IntEnum):
-    """wait.lua's replies."""
-
-    #: Left alone: a call being published into the key, or a run another call waits in.
-    LEFT = 0
-    #: The key was free and holds this task id's queued record again.
-    QUEUED = 1
-    #: This task id waits in the run that holds the key, and gets the key when it ends.
-    WAITS = 2
-    #: The key holds this task id's record already.
-    OWN = 3
-    #: The key held a call accepted since the loss: this task id holds it now (a restored
-    #: record), that call waiting in it.
-    AHEAD = 4
-
-
-class Requeue(enum.IntEnum):
-    """requeue.lua's replies."""
-
-    #: Another task id holds the record: left alone.
-    OTHER_TASK = 0
-    QUEUED = 1
-    #: Another live run of this task id (a redelivered copy) holds it: left alone.
-    LIVE_RUN = 2
-
-
-class Restore(enum.IntEnum):
-    """restore.lua's replies."""
-
-    #: Left alone: the key's holder is a run another call waits in already.
-    LEFT = 0
-    #: The key was free and holds the message's restored record.
-    RESTORED = 1
-    #: Restored with the call accepted since waiting in it; or the message waits in the run
-    #: of another task id that holds the key.
-    JOINED = 2
-    #: The key holds this task id's record already.
-    OWN = 3
-    #: A call accepted since is still being published into the key.
-    PENDING = 4
-
-
-_Code = TypeVar("_Code", bound=enum.IntEnum)
-_T = TypeVar("_T")
-
-
-def _code(kind: type[_Code], script: str, reply: Any) -> _Code:
-    try:
-        return kind(reply)
-    except ValueError:
-        raise UnexpectedReply(script, reply) from None
-
-
-def _granted_or_held(kind: type[enum.IntEnum], script: str, key: str, reply: Any) -> Holder | None:
-    # A granted request answers with an integer; a held key with b"<pttl>:<record>".
-    if isinstance(reply, int):
-        _code(kind, script, reply)
-        return None
-    if not isinstance(reply, bytes):
-        raise UnexpectedReply(script, reply)
-    pttl, _, raw = reply.partition(b":")
-    return Holder.from_raw(key, raw, int(pttl))
-
-
-def read_enqueue(key: str, reply: Any) -> Holder | None:
-    """None: the call was accepted; else the holder it duplicates."""
-    return _granted_or_held(Enqueue, "enqueue", key, reply)
-
-
-def read_publish(key: str, reply: Any) -> Push | Holder:
-    """How the message went out, or the holder that refused it (nothing was pushed)."""
-    if isinstance(reply, int):
-        return _code(Push, "publish", reply)
-    holder = _granted_or_held(Push, "publish", key, reply)
-    assert holder is not None
-    return holder
-
-
-def read_confirm(reply: Any) -> bool:
-    """True: the record is durable; False: it was gone, or someone else's."""
-    if reply not in (0, 1):
-        raise UnexpectedReply("confirm", reply)
-    return bool(reply)
-
-
-def read_claim(key: str, reply: Any) -> Holder | None:
-    """None: the run claimed the key; else the holder that keeps it from running."""
-    return _granted_or_held(Claim, "claim", key, reply)
-
-
-def read_renew(reply: Any) -> Renewal:
-    return _code(Renewal, "renew", reply)
-
-
-def read_wait(reply: Any) -> Wait:
-    return _code(Wait, "wait", reply)
-
-
-def read_requeue(reply: Any) -> Requeue:
-    return _code(Requeue, "requeue", reply)
-
-
-def read_restore(reply: Any) -> Restore:
-    return _code(Restore, "restore", reply)
-
-
-def read_release(reply: Any) -> int:
-    """The number of keys deleted."""
-    if not isinstance(reply, int) or not 0 <= reply <= 2:
-        raise UnexpectedReply("release", reply)
-    return reply
-
-
-def read_cancel(reply: Any) -> bool:
-    """True if the queued record was deleted."""
-    if reply not in (0, 1):
-        raise UnexpectedReply("cancel", reply)
-    return bool(reply)
-
-
-def first_holder(names: Sequence[str], replies: Sequence[Any]) -> Holder | None:
-    """Read GET/PTTL pairs: the first key present, as a Holder."""
-    for index, name in enumerate(names):
-        raw = replies[2 * index]
-        if raw is not None:
-            return Holder.from_raw(name, raw, replies[2 * index + 1])
-    return None
-
-
-# -- the store -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,18 +153,6 @@ class DataLossBarrier(Protocol):
         raises: a failure is logged, and disarms the barrier for a while."""
 
 
-def run_id_of(info: Any) -> bytes:
-    """The ``run_id`` in an ``INFO server`` reply; empty where it has none (or INFO was
-    refused: ``info`` is then the error)."""
-    run = info.get("run_id", "") if isinstance(info, dict) else ""
-    return str(run).encode()
-
-
-def not_decided(reply: Any) -> bool:
-    """Is this an enqueue's answer that the store lost its data (:attr:`Enqueue.LOST`)?"""
-    return isinstance(reply, int) and reply == Enqueue.LOST
-
-
 class Store:
     """Every read and write celery-dedupe makes to Redis."""
 
@@ -378,7 +171,7 @@ class Store:
         """``remember_duplicates``: the longest a thread answers a repeated duplicate from
         memory (:meth:`remembered`; 0: never; one server only, not a Cluster)."""
         self.client = client
-        self._run: ScriptRunner | ClusterScriptRunner
+        self._run: ScriptCalls
         if isinstance(client, redis.cluster.RedisCluster):
             self._run = ClusterScriptRunner(client, busy_poll, budget)
         else:
@@ -428,16 +221,15 @@ class Store:
         barrier = self._barrier()
         marked = [keys.call, barrier.marker] if barrier else [keys.call]
         run = self._run
-        tracker = run if remember and isinstance(run, ScriptRunner) else None
         with reraise_unavailable("enqueue", keys.call):
-            if tracker is not None and tracker.worth_tracking(keys.call):
-                reply, tracked_at = tracker.call_tracked(self._enqueue, marked, [record, ttl_ms])
+            if remember and run.worth_tracking(keys.call):
+                reply, tracked_at = run.call_tracked(self._enqueue, marked, [record, ttl_ms])
                 if tracked_at is not None and isinstance(reply, bytes):
                     return self._remember(keys.call, reply, tracked_at)
             else:
                 reply = run(self._enqueue, marked, [record, ttl_ms])
-                if tracker is not None and isinstance(reply, bytes):
-                    tracker.note_duplicate(keys.call)  # the next duplicate is tracked
+                if remember and isinstance(reply, bytes):
+                    run.note_duplicate(keys.call)  # the next duplicate is tracked
         if not_decided(reply):
             self._restore_lost(barrier)
             with reraise_unavailable("enqueue", keys.call):
@@ -450,18 +242,13 @@ class Store:
         if holder.ttl is not None and not holder.provisional:
             # (A provisional holder is a publish in flight: its answer changes in a moment.)
             expires_at = tracked_at + holder.ttl
-            run = self._run
-            assert isinstance(run, ScriptRunner)
-            run.remember(key, expires_at, (expires_at, holder))
+            self._run.remember(key, expires_at, (expires_at, holder))
         return holder
 
     def remembered(self, keys: CallKeys) -> Holder | None:
         """The holder of a call's key as this thread last heard it from an enqueue made with
         ``remember``, if Redis has said nothing of the key since (no round trip); else None."""
-        run = self._run
-        if not isinstance(run, ScriptRunner):
-            return None
-        entry = run.remembered(keys.call)
+        entry = self._run.remembered(keys.call)
         if entry is None:
             return None
         expires_at, holder = entry
@@ -476,13 +263,13 @@ class Store:
         the cost of a script per call); on a Cluster each call goes to its own slot's master."""
         key = calls[0][0].call if calls else None
         with reraise_unavailable("enqueue", key):
-            if isinstance(self._run, ClusterScriptRunner):
+            if self._run.spans_calls:
+                replies = self._enqueue_chunks(calls)
+            else:
                 replies = self._run.call_many(
                     self._enqueue,
                     [([keys.call], [record, ttl_ms]) for keys, record, ttl_ms in calls],
                 )
-            else:
-                replies = self._enqueue_chunks(calls)
             _raise_first_error(replies)
         return [
             read_enqueue(keys.call, reply)
@@ -492,7 +279,6 @@ class Store:
     def _enqueue_chunks(self, calls: Sequence[tuple[CallKeys, bytes, int]]) -> list[Any]:
         # One server: enqueue_many.lua per chunk, all in one round trip; the chunks sent
         # while the store's data was lost and not restored go again after the restore.
-        assert isinstance(self._run, ScriptRunner)
         chunks = [
             calls[start : start + _ENQUEUE_CHUNK] for start in range(0, len(calls), _ENQUEUE_CHUNK)
         ]
@@ -759,15 +545,12 @@ class Store:
     def _forget(self, keys: CallKeys) -> None:
         # Redis pushes the change to this thread's connection as well, but the caller may
         # ask again before reading it (the write goes on another connection).
-        if isinstance(self._run, ScriptRunner):
-            self._run.forget(keys.call)
+        self._run.forget(keys.call)
 
     def _command(self, attempt: Callable[[], _T]) -> _T:
         """A command of the client itself: on a Cluster under the script runner's retries
         and budget (the cluster client's own are off), else under the client's."""
-        if isinstance(self._run, ClusterScriptRunner):
-            return self._run.command(attempt)
-        return attempt()
+        return self._run.command(attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -835,46 +618,3 @@ def _raise_first_error(replies: Sequence[Any]) -> None:
     for reply in replies:
         if isinstance(reply, BaseException):
             raise reply
-
-
-# Replies that mean "not now" rather than "never": a script over its time limit (BUSY), a
-# server that cannot persist (MISCONF) or is out of memory, loading, a replica after a
-# failover, a cluster in flux. Inside a script Redis may wrap them in a script error, so they
-# are matched in the text too.
-_NOT_NOW = re.compile(
-    r"(?:^|[\s:-])(BUSY|MISCONF|OOM|LOADING|READONLY|NOREPLICAS|MASTERDOWN|TRYAGAIN|CLUSTERDOWN)\s"
-)
-
-
-class reraise_unavailable:
-    """Re-raise "Redis is unreachable" errors as :class:`RedisUnavailable`.
-
-    A class, not a generator context manager: it wraps every round trip, and costs a
-    fraction of one.
-    """
-
-    __slots__ = ("key", "operation")
-
-    def __init__(self, operation: str, key: str | None = None) -> None:
-        self.operation = operation
-        self.key = key
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            return
-        if (
-            isinstance(exc, redis_errors)
-            or (isinstance(exc, redis.ResponseError) and _NOT_NOW.search(str(exc)))
-            or cluster_unreachable(exc)
-        ):
-            raise RedisUnavailable(self.operation, exc) from exc
-        if isinstance(exc, (redis.RedisError, redis.exceptions.RedisClusterException)):
-            raise RedisCommandError(self.operation, self.key, exc) from exc

@@ -40,7 +40,8 @@ from dedupe.recovery.held import HeldWatch, held_requests
 from dedupe.runs.run import GUARDS_RUNS, NO_RUN, Run, RunSpec, attach, detach, new_token, run_of
 from dedupe.runs.runtime import Runtime, installed, runtime_of
 from dedupe.store.checks import eviction_risk
-from dedupe.store.store import Lease, Requeue
+from dedupe.store.replies import Requeue
+from dedupe.store.store import Lease
 from dedupe.values.config import SettingReader
 from dedupe.values.header import KeyHeader, is_publishing
 from dedupe.values.keys import CallKeys, keys_for

@@ -1,0 +1,115 @@
+"""RESP, the Redis wire format, as far as the scripts need it: commands of str, bytes, int and
+float parts out; integers, bulk strings, errors, nulls and arrays in, and RESP3's push
+messages (the invalidations of tracked keys)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+from redis._parsers import BaseParser
+from redis.exceptions import ResponseError
+
+__all__ = ["CACHING_YES", "TRACKING_ON", "PushMessage", "pack_command", "pack_parts", "parse"]
+
+
+def pack_command(*parts: Any, encoding: str = "utf-8") -> bytes:
+    """RESP-encode a command of str, bytes, int and float parts (what scripts get).
+
+    redis-py's general encoder costs more than the round trip's own Python work here.
+    """
+    return pack_parts([b"*%d\r\n" % len(parts)], parts, encoding)
+
+
+def pack_parts(out: list[bytes], parts: Sequence[Any], encoding: str) -> bytes:
+    for part in parts:
+        kind = type(part)
+        if kind is str:
+            part = part.encode(encoding)
+        elif kind is int:
+            part = b"%d" % part
+        elif kind is float:
+            part = repr(part).encode()
+        elif kind is not bytes:
+            part = _other_part(part, encoding)
+        out.append(b"$%d\r\n%s\r\n" % (len(part), part))
+    return b"".join(out)
+
+
+def _other_part(part: Any, encoding: str) -> bytes:
+    # Subclasses (a str enum, an IntEnum, bool) as their base type: what redis-py sends.
+    if isinstance(part, str):
+        return str.encode(part, encoding)
+    if isinstance(part, int):
+        return b"%d" % part
+    if isinstance(part, float):
+        return repr(float(part)).encode()
+    return bytes(part)
+
+
+_CRLF = b"\r\n"
+TRACKING_ON = pack_command(b"CLIENT", b"TRACKING", b"ON", b"OPTIN")
+CACHING_YES = pack_command(b"CLIENT", b"CACHING", b"YES")
+
+
+def parse(buffer: bytes, start: int) -> tuple[Any, int] | None:
+    """Parse the RESP2/RESP3 reply at ``buffer[start:]``: (reply, end), or None if it has not
+    all arrived. An error reply comes back as the redis-py exception to raise."""
+    line_end = buffer.find(_CRLF, start)
+    if line_end < 0:
+        return None
+    kind = buffer[start : start + 1]
+    line = buffer[start + 1 : line_end]
+    end = line_end + 2
+    if kind == b":":
+        return int(line), end  # the scripts' most common reply: first
+    simple = _SIMPLE.get(kind)
+    if simple is not None:
+        return simple(line), end
+    if kind == b"$" or kind == b"!":
+        return _parse_bulk(buffer, kind, int(line), end)
+    if kind == b"*" or kind == b">":
+        return _parse_aggregate(buffer, kind, int(line), end)
+    # Nothing the scripts answer with: the stream cannot be trusted any more.
+    raise redis.ConnectionError(f"unexpected reply from the dedup Redis: {buffer[:40]!r}")
+
+
+def _parse_bulk(buffer: bytes, kind: bytes, size: int, end: int) -> tuple[Any, int] | None:
+    if size < 0:
+        return None, end
+    if len(buffer) < end + size + 2:
+        return None
+    data = buffer[end : end + size]
+    return (_error(data) if kind == b"!" else data), end + size + 2
+
+
+def _parse_aggregate(buffer: bytes, kind: bytes, count: int, end: int) -> tuple[Any, int] | None:
+    items: list[Any] = [] if kind == b"*" else PushMessage()
+    for _ in range(count):
+        parsed = parse(buffer, end)
+        if parsed is None:
+            return None
+        item, end = parsed
+        items.append(item)
+    return items, end
+
+
+class PushMessage(list[Any]):
+    """A RESP3 push message: something the server says of its own accord."""
+
+
+def _error(message: bytes) -> ResponseError:
+    parse_error: Any = BaseParser.parse_error  # (untyped in redis-py)
+    error: ResponseError = parse_error(message.decode("utf-8", "replace"))
+    return error
+
+
+# Replies that are one line: simple string, error, null, boolean, double.
+_SIMPLE: dict[bytes, Callable[[bytes], Any]] = {
+    b"+": bytes,
+    b"-": _error,
+    b"_": lambda line: None,
+    b"#": lambda line: line == b"t",
+    b",": float,
+}
