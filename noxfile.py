@@ -1,5 +1,5 @@
-"""Sessions: ``tests`` and ``lint`` run by default (and in CI); ``fast``, ``compat``, ``demo``,
-``bench`` and ``chaos`` on demand.
+"""Sessions: ``tests`` and ``lint`` run by default (and in CI, with ``docs``); ``fast``, ``compat``,
+``demo``, ``bench`` and ``chaos`` on demand.
 
 Use ``./noxw`` on a machine without nox: it makes a private virtualenv for nox first.
 """
@@ -125,6 +125,13 @@ def demo(session: nox.Session) -> None:
     """Run the demo: 100 identical calls become one published task and one run."""
     session.install("-e", ".[demo]")
     session.run("python", "-m", "dedupe.demo", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the docs site (mkdocs.yml, docs/) with --strict: a broken link or reference fails."""
+    session.install("-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict", "--site-dir", ".nox/docs-site")
 
 
 @nox.session

@@ -30,7 +30,7 @@ from .errors import (
 from .installer import install
 from .producer.aio import aapply_async, alookup
 from .producer.bulk import aapply_many, apply_many
-from .producer.guard import apply_async, lookup, release
+from .producer.guard import apply_async, clear, lookup
 from .producer.result import DedupeResult
 from .task import DedupeTask
 from .values.record import Holder
@@ -54,10 +54,10 @@ __all__ = [
     "alookup",
     "apply_async",
     "apply_many",
+    "clear",
     "events",
     "install",
     "lookup",
-    "release",
     "response_for",
 ]
 

@@ -23,7 +23,8 @@ from celery import Celery
 
 from .errors import DedupeError, RecordFormatError
 from .installer import install
-from .producer.guard import lookup, release
+from .producer import guard
+from .producer.guard import lookup
 from .runs.inventory import live_key_counts, scan
 from .runs.runtime import installed
 from .store.checks import eviction_risk
@@ -155,7 +156,7 @@ def clear(
         try:
             call = _call(ctx, task, args, kwargs)
             holder = lookup(**call)
-            cleared = release(**call)
+            cleared = guard.clear(**call)
         except DedupeError as exc:
             raise click.ClickException(str(exc)) from None
         click.echo("cleared 1 key" if cleared else "nothing to clear: the key is free")

@@ -3,17 +3,7 @@
 Settings come through Celery's usual namespace (``CELERY_DEDUPE_REDIS_URL``, ...) when the
 app loads them with ``app.config_from_object("django.conf:settings", namespace="CELERY")``.
 
-.. code-block:: python
-
-    @app.task(base=DedupeDjangoTask, unique=True)
-    def refresh_report(report_id): ...
-
-    with transaction.atomic():
-        report.save()
-        pending = refresh_report.delay_unique_on_commit(report.id)
-    pending.result.deduplicated      # False: set when the transaction committed
-
-Nothing is claimed and nothing is sent when the transaction rolls back.
+More, with examples: the docs' API reference, dedupe.django.
 """
 
 from __future__ import annotations
@@ -27,6 +17,7 @@ from django.db import transaction
 
 from .producer.guard import apply_async
 from .task import DedupeTask
+from .values.generics import TaskOrName
 
 try:
     from celery.contrib.django.task import DjangoTask
@@ -68,7 +59,7 @@ class OnCommit:
 
 
 def apply_async_on_commit(
-    task_or_name: Any,
+    task_or_name: TaskOrName,
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     *,

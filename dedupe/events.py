@@ -7,22 +7,7 @@ is) and these keyword arguments: ``task_name``, ``task_id`` (the id of this call
 duplicate or a run wait, else None); some add their own (listed on each). A receiver that
 raises is logged by Celery and never fails the call or the run.
 
-.. code-block:: python
-
-    from dedupe import events
-
-    @events.call_deduplicated.connect
-    def count(sender, task_name, holder, **_):
-        metrics.increment("duplicates", tags={"task": task_name, "state": holder.state})
-
-Loggers, one per family, so that each can be silenced or raised on its own:
-
-=====================  ==================================================================
-``dedupe.calls``       accepted (DEBUG), deduplicated (INFO)
-``dedupe.runs``        claimed (DEBUG), deferred and skipped (INFO)
-``dedupe.keys``        released (DEBUG); reclaimed, lease lost, re-created (WARNING)
-``dedupe.redis``       unavailable (WARNING)
-=====================  ==================================================================
+More, with examples: the docs' API reference, dedupe.events.
 """
 
 from __future__ import annotations

@@ -3,18 +3,7 @@
 Handlers in :mod:`dedupe.worker.execution` (the process that runs the task) and
 :mod:`dedupe.worker.main_process` (the prefork pool's parent):
 
-=====================  ===============================  ===================================
-signal                 handler                          process
-=====================  ===============================  ===================================
-task_prerun            ``execution.on_prerun``          the one that runs the task
-task_postrun           ``execution.on_postrun``         the one that runs the task
-before_task_publish    ``execution.on_before_publish``  a run (a retry of another base)
-before_task_publish    ``main_process.on_before_publish``  prefork parent
-task_failure           ``main_process.on_failure``      prefork parent
-task_revoked           ``main_process.on_revoked``      prefork parent
-worker_init            ``execution.on_worker_init``     the worker
-worker_ready           ``execution.on_worker_ready``    the worker
-=====================  ===============================  ===================================
+Design notes: docs/design-notes.md, "dedupe.installer".
 """
 
 from __future__ import annotations

@@ -2,23 +2,7 @@
 
 One line where the app is made:
 
-.. code-block:: python
-
-    dedupe.prometheus.enable(app)              # producers: into the default registry
-    dedupe.prometheus.enable(app, port=9808)   # workers: and serve /metrics on 9808
-
-Exported:
-
-- ``dedupe_events_total{event, task}``: a counter per event of :mod:`dedupe.events`
-  (``call_accepted``, ``call_deduplicated``, ``run_claimed``, ... ``redis_unavailable``).
-- ``dedupe_live_keys{task, state}``: the keys live in Redis now, read at scrape time (one
-  SCAN of the app's key prefix), so it tells the truth whichever process wrote them.
-
-Under the prefork pool the events happen in the pool's children. Run the worker with
-``PROMETHEUS_MULTIPROC_DIR`` set to an empty directory (prometheus_client's multiprocess
-mode): the children's counters land in files there (a counter's file outlives its child, so
-sums stay whole across pool restarts), and ``port=`` serves their sum from the worker's main
-process. Empty the directory before the worker starts, as prometheus_client asks.
+More, with examples: the docs' API reference, dedupe.prometheus.
 """
 
 from __future__ import annotations

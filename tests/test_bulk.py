@@ -172,7 +172,7 @@ def test_a_batchs_pushes_are_the_messages_kombu_would_push(
     def remind(user: int) -> None: ...
 
     (batched,) = remind.map_unique([(1,)], priority=3, countdown=5)
-    dedupe.release(remind, (1,))
+    dedupe.clear(remind, (1,))
     single = remind.apply_async((1,), priority=3, countdown=5)
     client = redis.Redis.from_url(store_broker.url)
     lists = list(client.keys(f"{app.conf.task_default_queue}*"))

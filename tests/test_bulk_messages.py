@@ -3,7 +3,7 @@ the dedup store, the messages ``apply_many`` pushes, the arguments its ``before_
 and ``after_task_publish`` receivers get and its ``task-sent`` events equal those of plain
 ``apply_async`` for the same calls (ids, the clock and the dedup header aside).
 
-The batch's sender (dedupe.producer.send_many) builds them without Celery's apply_async for
+The batch's sender (dedupe.producer.call_sender) builds them without Celery's apply_async for
 the options it takes; the others ("left to Celery") show that it hands those to apply_async.
 """
 
@@ -23,8 +23,8 @@ import redis
 from celery import Celery, Task, signals
 
 import dedupe
+from dedupe.producer.call_sender import CallSender
 from dedupe.producer.guard import Call
-from dedupe.producer.send_many import BatchSender
 from dedupe.values.header import HEADER
 
 # What differs between two sends of one call: its ids, and what is read from the clock.
@@ -232,7 +232,7 @@ def test_a_batch_sends_what_celery_sends_for_each_call(
     assert events_sent == by_celery[2]
     # The batch went the way the case says (so that the comparison covers the sender).
     with one_step_app.producer_pool.acquire(block=True) as producer:
-        sender = BatchSender.of(Call.of(task, (1,), {}, options_of()), producer)
+        sender = CallSender.of(Call.of(task, (1,), {}, options_of()), producer)
     assert sender is not None
     assert sender.takes(options_of()) is by_the_sender
 

@@ -612,8 +612,8 @@ def test_lookup_reports_the_holder_and_release_frees_the_key(tasks: Any) -> None
     holder = dedupe.lookup(tasks.sync_customer, kwargs={"customer_id": 8})
     assert holder is not None
     assert (holder.task_id, holder.state) == (first.id, "queued")
-    assert dedupe.release(tasks.sync_customer, (8,)) is True
-    assert dedupe.release(tasks.sync_customer, (8,)) is False
+    assert dedupe.clear(tasks.sync_customer, (8,)) is True
+    assert dedupe.clear(tasks.sync_customer, (8,)) is False
     assert tasks.sync_customer.delay(8).deduplicated is False
 
 
@@ -713,7 +713,7 @@ def test_a_shared_task_proxy_works_with_every_entry_point(
         holder = dedupe.lookup(proxy, (1,))
         assert holder is not None
         assert holder.task_id == first.id
-        assert dedupe.release(proxy, (1,)) is True
+        assert dedupe.clear(proxy, (1,)) is True
     finally:
         _set_current_app(previous)
 

@@ -53,7 +53,7 @@ def test_the_live_keys_gauge_reads_redis_at_each_scrape(metered: Any) -> None:
     metered.delay(1)
     metered.delay(2)
     assert live(metered.name, "queued") == 2
-    dedupe.release(metered, args=(1,))
+    dedupe.clear(metered, args=(1,))
     assert live(metered.name, "queued") == 1
 
 

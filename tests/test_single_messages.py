@@ -3,7 +3,7 @@ publishes, and the arguments its ``before_task_publish`` and ``after_task_publis
 get, equal those of plain ``apply_async`` for the same call (ids, the clock and the dedup
 header aside), on a Redis broker (with its ``task-sent`` events) and on RabbitMQ.
 
-A single call is sent by a sender made once per task and thread (dedupe.producer.send_many
+A single call is sent by a sender made once per task and thread (dedupe.producer.call_sender
 ``sender_for``), without Celery's apply_async for the options it takes; the cases marked
 "left to Celery" and, on RabbitMQ, a countdown or an eta show that it hands the others to
 apply_async.
@@ -22,8 +22,8 @@ from celery import Celery
 from kombu import Queue
 
 import dedupe
+from dedupe.producer.call_sender import sender_for
 from dedupe.producer.guard import Call
-from dedupe.producer.send_many import sender_for
 
 from .test_bulk_messages import _CLOCK, CASES, Sent, _body, _normalised
 

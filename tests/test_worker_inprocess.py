@@ -330,7 +330,7 @@ def test_an_accepted_message_that_meets_another_run_waits_for_it_and_is_never_sk
         first = gated.apply_async((1,), countdown=1)
         # Its record is lost while it waits (expired, evicted, cleared by hand): the next
         # call is accepted and starts first, so the first message meets a live run.
-        assert dedupe.release(gated, (1,))
+        assert dedupe.clear(gated, (1,))
         second = gated.delay(1)
         assert not second.deduplicated
         wait_for(lambda: postrun_states.get(first.id) == "RETRY", message="first waits")

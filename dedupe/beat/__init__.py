@@ -10,15 +10,7 @@ Switch schedulers with one flag::
 
 or compose the mixin with any other scheduler (first in the bases)::
 
-    class MyScheduler(DedupeSchedulerMixin, SomeScheduler): ...
-
-Per entry, ``options`` may carry ``unique=False`` (opt out), ``unique_on``, ``unique_key``,
-``unique_ttl`` and ``unique_until``; entries that cannot carry extra options (django-celery-beat)
-put them in a ``dedupe`` header: ``headers={"dedupe": {"unique_on": ["report_id"]}}``.
-
-Keys follow the rule of every call (task + arguments), so a manual ``delay_unique`` of the
-same call and the entry deduplicate against each other. Tick claims hold for every entry,
-``unique=False`` ones too: that option turns off the check of the previous run only.
+More, with examples: the docs' API reference, dedupe.beat.
 """
 
 from __future__ import annotations

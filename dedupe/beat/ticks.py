@@ -7,12 +7,7 @@ interval. A tick claim makes the sends of one tick one send: the first beat to c
 
 A tick must name the same moment in every beat:
 
-- an interval (``schedule``): the interval's slot on the epoch clock, ``floor(now / every)``.
-  One beat's sends are at least an interval apart, so each lands in a slot of its own and a
-  lone beat never loses a tick to its own claim;
-- any other schedule (``crontab``, ``solar``, RedBeat's ``rrule``, ...): the occurrence the
-  schedule names next after now. Those fire at wall-clock moments every beat agrees on, so
-  every beat that fires for one occurrence names the same next one.
+Design notes: docs/design-notes.md, "dedupe.beat.ticks".
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from celery import Celery
 from dedupe.errors import RedisUnavailable
 from dedupe.runs.run import NO_RUN
 from dedupe.store.replies import Requeue
+from dedupe.values.generics import TaskOrName
 from dedupe.values.record import Holder
 
 from .guard import Call, PreparedCall, keys_of_call
@@ -74,7 +75,7 @@ async def _decide(prepared: PreparedCall) -> DedupeResult:
 
 
 async def aapply_async(
-    task_or_name: Any,
+    task_or_name: TaskOrName,
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     *,
@@ -91,7 +92,7 @@ async def aapply_async(
 
 
 async def alookup(
-    task_or_name: Any,
+    task_or_name: TaskOrName,
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     *,

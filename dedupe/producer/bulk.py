@@ -5,18 +5,11 @@ each distinct call and answers which are duplicates (no message is built for tho
 accepted calls are then published through Celery, each message as Celery and kombu build it;
 on a Redis broker that is the dedup store their pushes are held back and sent together, each
 with its record through ``publish``, in a second round trip, and what Celery's apply_async
-would read again for every call is read once for the batch (:mod:`dedupe.producer.send_many`).
+would read again for every call is read once for the batch (:mod:`dedupe.producer.call_sender`).
 Elsewhere each publish goes to the broker and the records are confirmed without waiting (as
 a single call does).
 
-Calls of one batch with the same key are duplicates of the first of them. Results come back
-in call order, each with its ``deduplicated`` flag; duplicates are always returned, never
-raised, whatever ``on_duplicate`` says (one refused call must not lose the others' results).
-
-.. code-block:: python
-
-    results = dedupe.apply_many(send_reminder, [((user,), {}) for user in users])
-    [r.deduplicated for r in results]                      # [False, False, True, ...]
+Design notes: docs/design-notes.md, "dedupe.producer.bulk".
 """
 
 from __future__ import annotations
@@ -31,14 +24,15 @@ from celery import Celery
 from dedupe.errors import ConfigurationError, RedisUnavailable
 from dedupe.runs.runtime import Runtime
 from dedupe.store.replies import Push
+from dedupe.values.generics import TaskOrName
 from dedupe.values.record import Holder
 
 from .call import Call, publisher_for, resolve_task
+from .call_sender import CallSender
 from .guard import PreparedCall, forget_result, publish_prepared
 from .publish_seam import declaring_once, pushing_through_many
 from .record_state import RecordState
 from .result import DedupeResult
-from .send_many import BatchSender
 
 __all__ = ["aapply_many", "apply_many", "publish_many"]
 
@@ -47,7 +41,7 @@ CallArguments = tuple[Sequence[Any], Mapping[str, Any]]
 
 
 def apply_many(
-    task_or_name: Any,
+    task_or_name: TaskOrName,
     calls: Iterable[CallArguments],
     *,
     app: Celery | None = None,
@@ -83,7 +77,7 @@ def apply_many(
 
 
 async def aapply_many(
-    task_or_name: Any,
+    task_or_name: TaskOrName,
     calls: Iterable[CallArguments],
     *,
     app: Celery | None = None,
@@ -206,7 +200,7 @@ def _build_messages(
     given = prepared[accepted[0]].call.options.get("producer")  # (the batch's options)
     acquired = app.producer_pool.acquire(block=True) if given is None else None
     # One sender per publish (a batch of apply_many has one; publish_many's, any number).
-    senders: dict[int, BatchSender | None] = {}
+    senders: dict[int, CallSender | None] = {}
     with (
         acquired if acquired is not None else nullcontext(given) as producer,
         pushing_through_many(producer, plans),
@@ -217,7 +211,7 @@ def _build_messages(
             call.call.options["producer"] = producer
             key = id(call.call.publish)
             if key not in senders:
-                senders[key] = BatchSender.of(
+                senders[key] = CallSender.of(
                     call.call, producer, alike=_alike(prepared, accepted, call)
                 )
             try:

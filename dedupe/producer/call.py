@@ -11,6 +11,8 @@ from celery import Celery
 from celery._state import get_current_app
 from celery.result import AsyncResult
 
+from dedupe.values.generics import AnyTask, TaskOrName
+
 __all__ = ["Call", "Publish", "TaskPublish", "publisher_for", "resolve_task"]
 
 #: Publishes a call: ``publish(args, kwargs, options)`` with Celery's apply_async options.
@@ -25,7 +27,7 @@ class Call:
 
     app: Celery
     #: The registered task object, or None for a name this process does not import.
-    task: Any
+    task: AnyTask | None
     task_name: str
     args: Sequence[Any] | None
     kwargs: Mapping[str, Any] | None
@@ -37,7 +39,7 @@ class Call:
     @classmethod
     def of(
         cls,
-        task_or_name: Any,
+        task_or_name: TaskOrName,
         args: Sequence[Any] | None,
         kwargs: Mapping[str, Any] | None,
         options: dict[str, Any],
@@ -48,7 +50,9 @@ class Call:
         return cls(app, task, name, args, kwargs, options, publisher_for(task, name, app))
 
 
-def resolve_task(task_or_name: Any, app: Celery | None) -> tuple[Any, str, Celery]:
+def resolve_task(
+    task_or_name: TaskOrName, app: Celery | None
+) -> tuple[AnyTask | None, str, Celery]:
     """(task object or None, task name, app) of a task or a task name."""
     if isinstance(task_or_name, str):
         app = app or get_current_app()

@@ -10,14 +10,7 @@ the result Celery subscribed to for it.
 
 The kinds of call:
 
-============  ==========================================================================
-eager         ``task_always_eager``: runs inline, nothing to deduplicate against
-canvas        a chain, group or chord member: never refused (a refused member would cut
-              its workflow); the execution guard still keeps its runs apart
-continuation  the same task id again (retry, replace, worker lost): the key goes back to
-              queued for it, never a duplicate
-enqueue       everything else: the ``enqueue`` round trip decides
-============  ==========================================================================
+Design notes: docs/design-notes.md, "dedupe.producer.guard".
 """
 
 from __future__ import annotations
@@ -41,6 +34,7 @@ from dedupe.store.replies import Requeue
 from dedupe.store.store import Store
 from dedupe.values import defaults
 from dedupe.values.config import SettingReader
+from dedupe.values.generics import TaskOrName
 from dedupe.values.header import HEADER, KeyHeader, publishing
 from dedupe.values.keys import CallKeys, keys_for
 from dedupe.values.options import UniqueOptions, options_for, pop_call_options
@@ -48,6 +42,7 @@ from dedupe.values.record import Holder, new_nonce, pack_provisional
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
 from .call import Call, Publish, TaskPublish, publisher_for, resolve_task
+from .call_sender import sender_for
 from .publish_seam import (
     PendingDecision,
     PushPlan,
@@ -58,7 +53,6 @@ from .publish_seam import (
 )
 from .record_state import RecordState
 from .result import DedupeResult, duplicate_result, mark_result
-from .send_many import sender_for
 
 __all__ = [
     "Call",
@@ -67,13 +61,13 @@ __all__ = [
     "Publish",
     "TaskPublish",
     "apply_async",
+    "clear",
     "forget_result",
     "lookup",
     "new_task_id",
     "publish_prepared",
     "publish_unique",
     "publisher_for",
-    "release",
 ]
 
 logger = logging.getLogger("dedupe.producer")
@@ -124,24 +118,11 @@ class PreparedCall:
     The sync and asyncio drivers make the first write, if any, each with its own client;
     :meth:`publish_with_record` (blocking) does the rest for both.
 
-    The paths:
-
-    ========  ================================================================================
-    one-step  a Redis broker: publish.lua writes the queued record and pushes the message
-              (publish_seam); a duplicate is refused there, its message built for nothing
-    decide    a Redis broker, a task whose recent calls were mostly duplicates: enqueue.lua
-              first (a provisional record, no message built for a duplicate), then the same
-              one-step publish makes that record durable with the push
-    overlap   any other broker, or a dedup Redis of its own: enqueue.lua (provisional) sent
-              before Celery builds the message, its answer read at the push (publish_seam);
-              then confirm.lua, sent without waiting for its reply
-    confirm   the same for a task of mostly duplicates, deciding before the message is built
-    ========  ================================================================================
-
-    One round trip for an accepted call means the message exists before the decision: on the
-    one-step and overlap paths a duplicate pays for a message it throws away. So each task
-    watches its own recent calls, and above ``defaults.DECIDE_FIRST_ABOVE`` duplicates it
-    decides first.
+    Its :attr:`path`: ``one-step`` (a Redis broker: publish.lua writes the record and pushes
+    the message), ``decide`` (the same, after enqueue.lua decided first), ``overlap`` (any
+    other broker: enqueue.lua sent before the message is built, read at the push, then
+    confirm.lua) or ``confirm`` (the same, deciding first). A task whose recent calls were
+    mostly duplicates decides first (design notes: docs/design-notes.md, "dedupe.producer.guard").
     """
 
     kind: Literal["eager", "canvas", "continuation", "enqueue"]
@@ -667,7 +648,7 @@ def new_task_id() -> str:
 
 
 def apply_async(
-    task_or_name: Any,
+    task_or_name: TaskOrName,
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     *,
@@ -691,7 +672,7 @@ def apply_async(
 
 
 def keys_of_call(
-    task_or_name: Any,
+    task_or_name: TaskOrName,
     args: Sequence[Any] | None,
     kwargs: Mapping[str, Any] | None,
     app: Celery | None,
@@ -705,7 +686,7 @@ def keys_of_call(
 
 
 def lookup(
-    task_or_name: Any,
+    task_or_name: TaskOrName,
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     *,
@@ -723,8 +704,8 @@ def lookup(
     return runtime.store.lookup(keys)
 
 
-def release(
-    task_or_name: Any,
+def clear(
+    task_or_name: TaskOrName,
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     *,
@@ -737,7 +718,7 @@ def release(
 
     .. code-block:: python
 
-        dedupe.release(refresh_report, args=(42,))                     # True
+        dedupe.clear(refresh_report, args=(42,))                       # True
     """
     runtime, keys = keys_of_call(task_or_name, args, kwargs, app, overrides)
     return runtime.store.clear(keys)

@@ -9,29 +9,7 @@ read only at the push: Redis decides while Celery and kombu do their CPU work.
 One round trip, on a Redis broker
 ---------------------------------
 
-kombu's Redis transport ends every publish in ``Channel._put``: an LPUSH of the serialised
-message onto each list the exchange routes it to (one per priority step, under the
-transport's ``global_keyprefix``). For one publish of ours, :func:`pushing_through` takes over
-``basic_publish`` on the channel instance of the producer we publish through (never the
-class): kombu's own ``basic_publish`` still runs, and encodes, routes and prioritises the
-message as it always does, but its ``_put`` calls hand the lists to us. Then publish.lua
-writes the record and pushes the message to every list in one step, or refuses it: the key
-is held, nothing is pushed, and :class:`Refused` unwinds out of kombu's publish (so
-``after_task_publish`` and the task-sent event never fire for a message that was not sent).
-
-Everything above ``_put`` stays Celery's and kombu's: ``as_task_v2``, ``before_task_publish``,
-the serializer and compression, routing, the result backend's hooks.
-
-Where one step cannot do it, the plan falls back, inside the same publish, to the provisional
-path every other broker takes (a record with a short TTL, the message, then confirm.lua):
-a dedup store on another server or database than the broker, a fanout exchange (kombu sends
-those with PUBLISH), queues of different expiries. kombu retrying a publish on a new
-channel after a connection error publishes through kombu alone; the producer then writes the
-record after the fact (:attr:`PushPlan.state` is then not ``SENT``).
-
-A batch (:func:`pushing_through_many`) holds every push back and sends them together: the
-channel is taken over once for its publishes, and kombu's ``Producer.publish`` of its
-messages is spared two things that would do nothing (:class:`_HeldBack`).
+Design notes: docs/design-notes.md, "dedupe.producer.publish_seam".
 """
 
 from __future__ import annotations

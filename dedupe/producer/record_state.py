@@ -1,20 +1,15 @@
-"""What one call's record is in Redis, as its producer knows it: one state, and the moves
-between states that a publish can make.
+"""What one call's record is in Redis, as its producer knows it, and the moves a publish makes.
 
-==================  ===========================================================================
-state               in Redis, and what the producer still owes it
-==================  ===========================================================================
-absent              nothing of this call's (no write yet, or the key left to its holder)
-provisional         its provisional record, no message yet
-unknown             a write failed as unavailable: perhaps its provisional record; nothing more
-                    is written (the provisional ttl frees it)
-sent                publish.lua was sent: the record and the message, or neither; never
-                    cancelled
-queued              its queued record beside its message (pushed, confirmed or written after)
-awaiting_confirm    the message is out beside the provisional record: confirm it
-unrouted            kombu routed the message nowhere, the provisional record stays: cancel it
-dropped             kombu routed the message nowhere, nothing was written: nothing to do
-==================  ===========================================================================
+================  =============================================================================
+absent            nothing of this call's (no write yet, or the key left to its holder)
+provisional       its provisional record, no message yet
+unknown           a write failed as unavailable: perhaps provisional; nothing more is written
+sent              publish.lua was sent: the record and the message, or neither; never cancelled
+queued            its queued record beside its message (pushed, confirmed or written after)
+awaiting_confirm  the message is out beside the provisional record: confirm it
+unrouted          kombu routed the message nowhere, the provisional record stays: cancel it
+dropped           kombu routed the message nowhere, nothing was written: nothing to do
+================  =============================================================================
 """
 
 from __future__ import annotations

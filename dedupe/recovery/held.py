@@ -7,16 +7,7 @@ among them, for up to ``dedupe_deferral_cap`` seconds). When the dedup Redis los
 with it, and every call made before such a message's next try is accepted: with
 ``unique_until="started"`` again after each run's start, one new call after another.
 
-On a Redis broker the broker's unacked hash names them, and :mod:`dedupe.recovery.unacked` restores
-them from there. Any other broker (RabbitMQ) keeps no list another process could read, so
-the worker that holds them writes their records back itself: its main process keeps a
-connection blocked on a list nobody writes (:func:`dedupe.values.keys.watch_keys`), which a restart
-or a failover ends at once; when the server answers again as another run (its ``run_id``, or
-the watch's own marker gone), each held message gets a restored record (``restore.lua``, as
-:mod:`dedupe.recovery.unacked` writes them) whose lease is over at once: it stands for a message
-that is not running, which its own run takes over; a call accepted since the loss waits in it.
-
-Messages that run already need nothing: their heartbeat re-creates their keys.
+Design notes: docs/design-notes.md, "dedupe.recovery.held".
 """
 
 from __future__ import annotations

@@ -7,18 +7,7 @@ accepted, one after the other as each run ends. The broker still holds those mes
 the reserved and running ones of every worker) in its ``unacked`` hash, with the producer's
 key header: the first worker to notice the loss writes their records back (``restore.lua``).
 
-The loss is noticed by a marker key that the heartbeat thread of each worker process that ran
-a unique task sets if missing, every third of the default lease: present since the server
-started, gone with a restart that kept no data, a failover to a replica that never had it, or
-a FLUSHALL. Its value names the run of the server it was set on (``run_id``): a server that
-restarted from a snapshot, or a replica that took over, has the marker but may have lost the
-records written since, so a marker of another run is restored over too (at the next check:
-calls are held back only while the marker is missing). The keys of
-``unique_until="finished"`` and ``"started"`` calls are restored (a throttle window's key is
-its window, which the broker does not know). A ``"started"`` message that runs already has
-no claim on its call's key: its heartbeat withdraws its restored record.
-Not on a Redis Cluster (the marker lives on one master of many), nor where the broker is the
-dedup Redis itself (its loss takes the unacked messages with it).
+Design notes: docs/design-notes.md, "dedupe.recovery.unacked".
 """
 
 from __future__ import annotations

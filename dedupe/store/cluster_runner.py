@@ -10,16 +10,7 @@ cluster client, which follows the redirects and learns the new layout from the c
 next calls read their masters from it. What the cluster client leaves to its caller is done
 here too:
 
-- NOSCRIPT (a node that never saw the script: a replica promoted by a failover, a restart)
-  loads the script on every master and sends the call again;
-- "not now" answers that pass with time (TRYAGAIN while a slot's keys are half migrated,
-  CLUSTERDOWN during a failover, a lost connection, a redirect chain that ran out of hops)
-  are tried again, within the call budget. The cluster client's own retries are turned off,
-  so that they do not nest inside these: one loop, one budget.
-
-Nothing is fire-and-forget here: :meth:`ClusterScriptRunner.send` waits for its reply. A
-thread's calls go to many masters, so a reply left unread on one (say, MOVED: the release did
-not happen) would wait for the thread's next call to that master, which may never come.
+Design notes: docs/design-notes.md, "dedupe.store.cluster_runner".
 """
 
 from __future__ import annotations

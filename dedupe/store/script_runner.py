@@ -9,39 +9,7 @@ auth, the database and timeouts all carry over), and then talks on its socket di
 scripts answer with an integer or a bulk string (an error at worst), so the reply reader here
 is a few lines; errors are turned into redis-py's exception classes by redis-py's own table.
 
-What the client path gave is kept: NOSCRIPT loads the script and sends it again (the server
-lost its cache: a restart, a failover), and connection failures are retried with the
-client's own ``Retry`` policy on a fresh connection (every script is idempotent per task id,
-so a command sent twice is harmless).
-
-:meth:`ScriptRunner.send` sends a call whose reply nobody waits for (a run's release: the
-worker moves on to its next task at once). Only a script the server is known to hold goes
-that way (else the call waits, and loads it): a NOSCRIPT reply read late would leave the
-call undone until then. Nor does a send on a connection idle for a while (a run's own, at its
-release): the server or a proxy may have closed it meanwhile, and the send would vanish.
-Replies are read, in order, before the next call on that connection; a call refused with
-NOSCRIPT after all (a restart in between) is loaded and run then, and a connection lost with
-calls in flight sends them again on its successor.
-
-A thread can answer a repeated duplicate without a round trip (:meth:`ScriptRunner.remembered`):
-its connection speaks RESP3 with ``CLIENT TRACKING ON OPTIN``, a call whose answer is to be
-remembered (a key met held before, :meth:`ScriptRunner.worth_tracking`) goes behind
-``CLIENT CACHING YES``, and Redis then pushes an invalidation on this very connection the
-moment the key is written, expires or is flushed. A remembered answer is given only while the
-connection is quiet: no reply owed to an earlier send, nothing received and unread (what has
-arrived is read without waiting, and the call asks instead). A lost connection and a fork
-forget everything (a call sent again after NOSCRIPT goes without CACHING YES, and its answer
-is not kept); an entry lives ``remember_for`` seconds at most, which bounds what a connection
-cut without a word (or a proxy that drops pushes) could leave stale.
-
-Waiting for a reply polls the socket for a short while (``busy_poll``) before it sleeps in
-``recv``. A loopback or same-rack round trip takes a few tens of microseconds, but a thread
-that sleeps for it pays the wake-up of an idle CPU on top, which on virtual machines is
-several times the round trip itself (on the machine of benchmarks/results/latest.md: 85-140
-us asleep, 30 us polling). It is the trade the kernel's ``net.core.busy_poll`` makes, bounded
-the same way: a thread whose replies keep outlasting the budget (a Redis across a network)
-polls less and less often, down to once in ``_RETRY_POLL_AFTER`` calls; TLS and cooperative
-(gevent, eventlet) sockets never poll.
+Design notes: docs/design-notes.md, "dedupe.store.script_runner".
 """
 
 from __future__ import annotations

@@ -1,34 +1,6 @@
 """App-wide settings, read once from ``app.conf`` into a :class:`DedupeConfig`.
 
-=========================  ===========================================  =====================
-setting                    meaning                                      default
-=========================  ===========================================  =====================
-dedupe_redis_url           the Redis that holds the records             the broker URL, when
-                                                                        it is a Redis URL
-dedupe_redis_options       extra ``redis.Redis.from_url`` arguments     short timeouts, 2
-                                                                        retries
-dedupe_key_prefix          first part of every key                      ``"dedupe"``
-dedupe_default_ttl         seconds a queued record lives (+ countdown)  3600
-dedupe_default_lease       seconds a run's lease lasts between beats    60
-dedupe_on_redis_error      ``"enqueue"`` (publish anyway, log) or       ``"enqueue"``
-                           ``"raise"`` (:class:`RedisUnavailable`)
-dedupe_busy_poll_us        microseconds to poll for a Redis reply       100
-                           before sleeping for it (0: never poll)
-dedupe_provisional_ttl     seconds the record of a call being           20
-                           published lives until the publish returns
-dedupe_remember_duplicates seconds a thread may answer a repeated       1
-                           duplicate without asking Redis, which tells
-                           it when the key changes (0: always ask)
-dedupe_call_budget         seconds a call may wait on Redis in all,     3
-                           retries included (0: no limit but theirs)
-dedupe_deferral_cap        the longest wait between two tries of a run  30
-                           that met its key held (the wait doubles)
-dedupe_max_deferrals       deferrals of one message before it gives up  100
-                           (its result: revoked, naming the holder)
-=========================  ===========================================  =====================
-
-Django projects that load settings with ``namespace="CELERY"`` spell them
-``CELERY_DEDUPE_REDIS_URL`` and so on.
+Design notes: docs/design-notes.md, "dedupe.values.config".
 """
 
 from __future__ import annotations

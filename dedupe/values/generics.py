@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from celery import Task
 from celery.result import AsyncResult
 
-__all__ = ["AnyAsyncResult", "AnyTask"]
+__all__ = ["AnyAsyncResult", "AnyTask", "TaskOrName"]
 
 if TYPE_CHECKING:
     AnyTask: TypeAlias = Task[Any, Any]
@@ -21,3 +21,7 @@ if TYPE_CHECKING:
 else:
     AnyTask = Task
     AnyAsyncResult = AsyncResult
+
+#: A task object (``@shared_task``'s proxy too), or the name of a task: what the producer
+#: entry points take.
+TaskOrName: TypeAlias = "AnyTask | str"

@@ -22,6 +22,7 @@ from typing import Any
 from dedupe.errors import KeyDerivationError
 
 from .canonical import Unencodable, canonical_bytes
+from .generics import AnyTask
 from .options import SEPARATE_RUN_LOCK, UniqueOptions
 
 __all__ = [
@@ -133,7 +134,7 @@ _ESCAPE = re.compile(r"%(25|7D)")
 
 def keys_for(
     prefix: str,
-    task: Any,
+    task: AnyTask | None,
     task_name: str,
     options: UniqueOptions,
     args: Sequence[Any] | None,
@@ -307,7 +308,7 @@ def _immutable(value: Any) -> bool:
 _BINDER = "_dedupe_binder"
 
 
-def binder_for(task: Any) -> Binder:
+def binder_for(task: AnyTask) -> Binder:
     """The cached :class:`Binder` of a Celery task object."""
     binder = getattr(task, _BINDER, None)
     if isinstance(binder, Binder):

@@ -15,6 +15,7 @@ from dedupe.errors import ConfigurationError
 
 from . import defaults
 from .config import DedupeConfig, positive_seconds
+from .generics import AnyTask
 
 __all__ = [
     "CALL_OPTIONS",
@@ -73,7 +74,10 @@ def pop_call_options(options: MutableMapping[str, Any]) -> dict[str, Any] | None
 
 
 def resolve(
-    task: Any, task_name: str, config: DedupeConfig, overrides: Mapping[str, Any] | None = None
+    task: AnyTask | None,
+    task_name: str,
+    config: DedupeConfig,
+    overrides: Mapping[str, Any] | None = None,
 ) -> UniqueOptions:
     """Merge call overrides, task attributes and app defaults, and validate them.
 
@@ -129,7 +133,10 @@ _CACHE_ATTRIBUTE = "_dedupe_options"
 
 
 def options_for(
-    task: Any, task_name: str, config: DedupeConfig, overrides: Mapping[str, Any] | None = None
+    task: AnyTask | None,
+    task_name: str,
+    config: DedupeConfig,
+    overrides: Mapping[str, Any] | None = None,
 ) -> UniqueOptions:
     """The dedup options of a call of ``task`` (None: a task not registered here)."""
     if overrides or task is None:
@@ -143,7 +150,7 @@ def options_for(
     return options
 
 
-def _exclusive_only(task: Any) -> bool:
+def _exclusive_only(task: AnyTask | None) -> bool:
     return bool(getattr(task, "exclusive", False)) and not getattr(task, "unique", False)
 
 

@@ -4,32 +4,7 @@ One msgpack array per key, decoded by the Lua scripts with ``cmsgpack``. Hence: 
 ext types (``use_bin_type=False``), no None values, ids as strings (Lua numbers are doubles).
 The state is told by the shape, so no field names and no state field are stored:
 
-===========  ==============================================================================
-provisional  ``[owner, nonce]``: accepted, its message being published (a short TTL)
-queued       ``[owner, nonce, enqueued_at]``, or ``[..., eta]`` for a countdown/eta call
-running      ``[owner, run token, worker host, worker pid, started_at[, lease_ends[, next]]]``
-===========  ==============================================================================
-
-``lease_ends`` (the dedup Redis's clock, whole seconds) is written by the scripts into the
-record of a run whose message the broker would deliver again if the run died (``acks_late``):
-that record lives up to the redelivery, and its lease says whether the run is alive. Records
-without it (any other run, and records of older versions) live for the lease only. ``next``
-is the queued record of a call accepted while the run's key was lost (a Redis restart or
-failover): the run's heartbeat took the key back with that call waiting in it, and the key
-goes to the call when the run ends. A running record whose token and host are ``"restored"``
-was written back for a message the Redis broker holds unacked, after the dedup Redis lost its
-data (:mod:`dedupe.recovery.unacked`): it stands for every run of its task id.
-
-The nonce is a random number drawn once per call: a command that redis-py sends again after a
-timeout carries the same record, a second call never does (not even one with the same explicit
-task id at the same clock reading), so the scripts tell a resend by the record's bytes.
-
-Every byte of value counts: Redis rounds a string's allocation up in 16-byte steps, and a key
-with a TTL already costs ~130 bytes of its own (a 66-character key). So the owner is the task
-id packed to 17 bytes when it is a UUID in its usual text form (36 characters as text);
-``started_at`` is whole seconds (a 4-byte integer, where a double takes 8; a restored record's
-is exact, see :func:`pack_restored`); ``eta`` stays exact
-(it is only in the records of countdown and eta calls, and callers compare it to the clock).
+Design notes: docs/design-notes.md, "dedupe.values.record".
 """
 
 from __future__ import annotations

@@ -5,23 +5,14 @@ OOM killer, a lost node) the broker gives it back, and the key must stay with it
 again, or a new call is accepted beside it. The lease (liveness) stays short; the running
 record lives for the redelivery horizon:
 
-=================  ===========================================================================
-broker             the record lives past each renewal for
-=================  ===========================================================================
-Redis              ``visibility_timeout`` + kombu's restore sweep + the lease: the message
-                   is unacked until the timeout, then put back by a worker's sweep
-anything else      ``unique_ttl``: RabbitMQ gives the message back at once, and it waits in
-                   the queue as a queued call's would
-=================  ===========================================================================
-
-A run without ``acks_late`` holds no message (it was acked when received): its record lives
-for the lease, as before.
+Design notes: docs/design-notes.md, "dedupe.values.redelivery".
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+
+from celery import Celery
 
 __all__ = ["horizon", "is_redis_broker", "redis_redelivery", "redis_visibility", "visibility_gap"]
 
@@ -33,7 +24,7 @@ _RESTORE_INTERVAL = 10.0
 _RESTORE_THROTTLE = 10
 
 
-def is_redis_broker(app: Any) -> bool:
+def is_redis_broker(app: Celery) -> bool:
     """Is the app's broker kombu's Redis transport (redis, rediss, sentinel, socket)?"""
     connection = app.connection_for_write()  # not connected: names the transport
     try:
@@ -50,14 +41,14 @@ def horizon(redelivery: float | None, lease: float, ttl: float) -> float:
     return redelivery + lease
 
 
-def redis_visibility(app: Any) -> float:
+def redis_visibility(app: Celery) -> float:
     """Seconds after its delivery at least until the Redis broker gives an unacked message
     back (its ``visibility_timeout``)."""
     options = app.conf.broker_transport_options or {}
     return float(options.get("visibility_timeout") or _VISIBILITY_TIMEOUT)
 
 
-def redis_redelivery(app: Any) -> float:
+def redis_redelivery(app: Celery) -> float:
     """Seconds after its delivery at most until the Redis broker gives an unacked message
     back (the delivery was before the run's last renewal)."""
     options = app.conf.broker_transport_options or {}
@@ -67,7 +58,7 @@ def redis_redelivery(app: Any) -> float:
     return visibility + interval * max(throttle, 1)
 
 
-def visibility_gap(app: Any, tasks: Iterable[tuple[str, float]]) -> str | None:
+def visibility_gap(app: Celery, tasks: Iterable[tuple[str, float]]) -> str | None:
     """A start-up warning for ``acks_late`` tasks (name, lease) on a Redis broker: a worker
     killed while running one leaves its key held, and the message unrun, until the
     visibility timeout gives the message back, far beyond the lease."""

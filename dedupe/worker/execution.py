@@ -3,21 +3,7 @@ it, release it when the run ends.
 
 Where each ending is seen (``after_return`` misses most of them):
 
-============================================  ==============================================
-ending                                        handler
-============================================  ==============================================
-success, failure, Ignore, Reject, soft limit  ``task_postrun``, in the process that ran it
-retry (DedupeTask)                            its ``apply_async``, before the message exists
-retry (other bases)                           ``before_task_publish``, before the message
-retry_on_worker_lost                          ``before_task_publish`` in the prefork parent
-killed child, hard time limit                 ``task_failure`` in the prefork parent
-revoked (before start or terminated), expiry  ``task_revoked`` in the prefork parent
-anything else (a whole worker killed)         the lease, then the ttl
-============================================  ==============================================
-
-The prefork parent's handlers live in :mod:`dedupe.worker.main_process`. Handlers are idempotent
-(a hard time limit reports its failure twice) and owner-checked: a run releases only what its
-own task id and run token hold.
+Design notes: docs/design-notes.md, "dedupe.worker.execution".
 """
 
 from __future__ import annotations

@@ -5,25 +5,10 @@ A batch publishes many calls of one task with the same options through one produ
 call, Celery's ``apply_async`` and ``send_task`` spend much of their time on what is the same
 for every call of a batch: the task's and the app's settings, read through the app's layered
 configuration, and the producer's context (kombu's part is the batch seam's:
-:mod:`dedupe.producer.publish_seam`). :class:`BatchSender` reads the task's and the app's part once,
+:mod:`dedupe.producer.publish_seam`). :class:`CallSender` reads the task's and the app's part once,
 and per call does what ``send_task`` does with it:
 
-- the argument check and ``shadow_name``, the task's execution options merged as
-  ``apply_async`` merges them;
-- the route by the app's router (once for calls with the same options, where the app has no
-  ``task_routes``: an entry there may look at the arguments), ``expires`` as the message's
-  expiration, the parent's ids and priority;
-- the message by the app's ``create_task_message`` (``as_task_v2``; its origin, this
-  process on this host, named once per batch), the result backend's
-  ``on_task_call``, and the send by the app's ``send_task_message`` (which fires
-  ``before_task_publish`` and ``after_task_publish``, sends the ``task-sent`` event, and
-  resolves the exchange, the routing key and the declarations as for any call);
-- the result by the task's ``AsyncResult``, added to the parent's trail.
-
-Each step is what ``send_task`` does on every Celery this package supports (5.3 to 5.7) for
-the options a sender takes; a call with any other option that ``apply_async`` or
-``send_task`` treats itself goes through Celery's own ``apply_async``, as does a batch of a
-task or app that overrides them (tests/test_bulk_messages.py compares the messages).
+Design notes: docs/design-notes.md, "dedupe.producer.call_sender".
 """
 
 from __future__ import annotations
@@ -43,7 +28,7 @@ from .call import Call, Publish, TaskPublish
 from .message_repr import plain_repr
 from .publish_seam import is_redis_channel
 
-__all__ = ["BatchSender", "sender_for"]
+__all__ = ["CallSender", "sender_for"]
 
 #: Options that ``apply_async`` or ``send_task`` take as parameters of their own and treat
 #: in ways a sender does not: a call with one of them goes through Celery's apply_async.
@@ -80,7 +65,7 @@ _CELERY_TREATS = frozenset(
 _NONE_IS_ABSENT = frozenset({"link", "link_error", "shadow"})
 
 
-class BatchSender:
+class CallSender:
     """Publishes calls of one task as its ``apply_async`` would (a :data:`Publish`)."""
 
     def __init__(
@@ -129,7 +114,7 @@ class BatchSender:
         self._sends_delays = sends_delays
 
     @classmethod
-    def of(cls, call: Call, producer: Any, *, alike: bool = False) -> BatchSender | None:
+    def of(cls, call: Call, producer: Any, *, alike: bool = False) -> CallSender | None:
         """A sender for the calls of ``call``'s task with its publish through ``producer``
         (of a Redis broker), or None where only Celery's own apply_async will do.
         ``alike``: the calls have the same options, but for their task id and headers."""
@@ -138,10 +123,10 @@ class BatchSender:
         return cls._of(call, alike=alike, single=False, sends_delays=True)
 
     @classmethod
-    def _of(
-        cls, call: Call, *, alike: bool, single: bool, sends_delays: bool
-    ) -> BatchSender | None:
-        task, publish = call.task, call.publish
+    def _of(cls, call: Call, *, alike: bool, single: bool, sends_delays: bool) -> CallSender | None:
+        # (Members of Celery's and ours that celery-types does not declare are read below.)
+        task: Any = call.task
+        publish = call.publish
         if task is None:
             return None
         app = task._get_app()  # apply_async's app: the task's, whatever the call was given
@@ -338,7 +323,7 @@ class _Senders(threading.local):
     id, and the process's origin (a forked child starts without any)."""
 
     def __init__(self) -> None:
-        self.by_task: dict[tuple[int, type, bool], tuple[Any, BatchSender | None]] = {}
+        self.by_task: dict[tuple[int, type, bool], tuple[Any, CallSender | None]] = {}
 
 
 _senders = _Senders()
@@ -352,7 +337,7 @@ def _forget_senders() -> None:
 os.register_at_fork(after_in_child=_forget_senders)
 
 
-def sender_for(call: Call, producer: Any) -> BatchSender | None:
+def sender_for(call: Call, producer: Any) -> CallSender | None:
     """The sender of a single call through ``producer``, or None where only Celery's own
     apply_async will do (made once per task, transport kind and thread).
 
@@ -369,6 +354,6 @@ def sender_for(call: Call, producer: Any) -> BatchSender | None:
     by_task = _senders.by_task
     entry = by_task.get(key)
     if entry is None or entry[0] is not task:
-        sender = BatchSender._of(call, alike=False, single=True, sends_delays=redis_channel)
+        sender = CallSender._of(call, alike=False, single=True, sends_delays=redis_channel)
         by_task[key] = entry = (task, sender)
     return entry[1]
