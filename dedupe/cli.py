@@ -6,40 +6,118 @@
     celery -A proj dedupe clear TASK [--args JSON] [--kwargs JSON]
     celery -A proj dedupe clear --task NAME --yes        # every key of one task
     celery -A proj dedupe clear --all --yes              # every key under the prefix
-    celery -A proj dedupe check                          # reachable? will it evict keys?
+    celery -A proj dedupe check                          # ok/warn/FAIL lines; exit 1 on a FAIL
 
-Listing scans the keyspace (SCAN, never KEYS): it is for people, not for code paths.
+Listing scans the keyspace (SCAN, never KEYS): it is for people, not for code paths. Errors
+are one line (exit 1; an unknown task name is a usage error, exit 2), never a traceback.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import click
+import redis
+import redis.cluster
 from celery import Celery
 
-from .errors import DedupeError, RecordFormatError
-from .installer import install
+from .errors import DedupeError, NotInstalled, RecordFormatError, RedisUnavailable
 from .producer import guard
 from .producer.guard import lookup
 from .runs.inventory import live_key_counts, scan
-from .runs.runtime import installed
-from .store.checks import eviction_risk
+from .runs.run import acks_late_leases
+from .runs.runtime import Runtime, add_runtime, installed
+from .store.checks import Verdict, acl_check, eviction_check, servers_of, version_check
+from .store.clients import DedupRedis
+from .store.redis_errors import redis_errors
 from .values.record import Holder
+from .values.redelivery import is_redis_broker, visibility_gap
+from .values.urls import redacted
 
 __all__ = ["dedupe"]
 
 
-def _app(ctx: click.Context) -> Celery:
+#: "The dedup Redis cannot answer": what a command reports in one line, not a traceback.
+_UNREACHABLE: tuple[type[BaseException], ...] = (RedisUnavailable, *redis_errors)
+
+
+class _OneLineErrors(click.Group):
+    """The ``dedupe`` group: a Redis that is down, or refuses, ends a command in one line
+    naming it (exit 1), as a ``click.ClickException``."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _UNREACHABLE as exc:
+            raise click.ClickException(_unreachable(ctx, exc)) from None
+        except redis.ResponseError as exc:  # (NOPERM and the like: waiting does not fix it)
+            raise click.ClickException(
+                f"the dedup Redis at {_url(ctx)} refused a command ({type(exc).__name__}: "
+                f"{exc}): `celery dedupe check` names what the user may not run"
+            ) from None
+        except DedupeError as exc:  # settings, a refused command: the error names the fix
+            raise click.ClickException(str(exc)) from None
+
+
+def _unreachable(ctx: click.Context, exc: BaseException) -> str:
+    cause = exc.cause if isinstance(exc, RedisUnavailable) else exc
+    what = f"({type(cause).__name__}: {cause})"
+    if isinstance(cause, redis.AuthenticationError):
+        return (
+            f"the dedup Redis at {_url(ctx)} refused the login {what}: fix the user and "
+            f"password in dedupe_redis_url"
+        )
+    return (
+        f"cannot reach the dedup Redis at {_url(ctx)} {what}: start it, or point "
+        f"dedupe_redis_url at a running one"
+    )
+
+
+def _url(ctx: click.Context) -> str:
+    """The dedup Redis's URL, its password hidden (error messages show it)."""
+    runtime = installed(getattr(ctx.obj, "app", None))
+    try:
+        return redacted(runtime.config.redis_url) if runtime else "(no dedup Redis URL)"
+    except DedupeError:  # (settings that do not parse: the error names them)
+        return "(no dedup Redis URL)"
+
+
+def _loaded(ctx: click.Context) -> Celery:
+    """The ``-A`` app with the modules a worker imports (``include``, autodiscovered tasks):
+    where ``dedupe.install`` or a task may be."""
     app: Celery | None = getattr(ctx.obj, "app", None)
     if app is None:
         raise click.UsageError("no Celery app: run as `celery -A proj dedupe ...`")
-    if installed(app) is None:
-        install(app)
+    app.loader.import_default_modules()
     return app
+
+
+def _app(ctx: click.Context) -> Celery:
+    """The app, installed. One that never called ``dedupe.install`` is read all the same
+    (its keys may be written by producers that did; clearing them must stay possible), but
+    says so on stderr: the app's producers and workers need that call too."""
+    app = _loaded(ctx)
+    if installed(app) is None:
+        click.echo(f"warning: {NotInstalled(str(app.main))} Reading its keys anyway.", err=True)
+        add_runtime(app)
+    return app
+
+
+def _require_known(app: Celery, task: str, param: str) -> None:
+    """Refuse a task name that is neither registered nor in any live key: a typo would
+    otherwise read as "no keys" or "free"."""
+    if task in app.tasks or next(_scan(app, task), None) is not None:
+        return
+    close = difflib.get_close_matches(task, list(app.tasks), n=3)
+    hint = f"did you mean: {', '.join(close)}?" if close else "is -A the app that registers it?"
+    raise click.BadParameter(
+        f"no task {task!r} in app {app.main!r}, and no live key of that name; {hint}",
+        param_hint=param,
+    )
 
 
 def _json(option: str, text: str | None, kind: type) -> Any:
@@ -76,10 +154,13 @@ def _line(holder: Holder) -> str:
         since = f"{time.time() - started:.0f}s ago"
     where = f" on {holder.worker}" if holder.worker else ""
     state = "provisional" if holder.provisional else holder.state
-    return f"{state:<11} {ttl:>7} {since:>10}  {holder.task_id}  {holder.key}{where}"
+    return f"{state:<11} {ttl:>7} {since:>10}  {holder.task_id:<36}  {holder.key}{where}"
 
 
-@click.group(name="dedupe")
+_HEADER = f"{'state':<11} {'ttl':>7} {'since':>10}  {'task id':<36}  key"
+
+
+@click.group(name="dedupe", cls=_OneLineErrors)
 def dedupe() -> None:
     """See and clear celery-dedupe's keys."""
 
@@ -90,8 +171,13 @@ def dedupe() -> None:
 @click.pass_context
 def list_keys(ctx: click.Context, task: str | None, limit: int) -> None:
     """List live keys: state, time to live, holder's task id, key."""
+    app = _app(ctx)
+    if task is not None:
+        _require_known(app, task, "--task")
     shown = 0
-    for name, raw, pttl in _scan(_app(ctx), task):
+    for name, raw, pttl in _scan(app, task):
+        if not shown:
+            click.echo(_HEADER)
         if shown == limit:
             click.echo("... more (raise --limit)")
             return
@@ -106,11 +192,13 @@ def list_keys(ctx: click.Context, task: str | None, limit: int) -> None:
 
 
 def _call(ctx: click.Context, task: str, args: str | None, kwargs: str | None) -> dict[str, Any]:
+    call_args, call_kwargs = _json("--args", args, list), _json("--kwargs", kwargs, dict)
     app = _app(ctx)
+    _require_known(app, task, "TASK")
     return {
         "task_or_name": app.tasks.get(task) or task,
-        "args": _json("--args", args, list),
-        "kwargs": _json("--kwargs", kwargs, dict),
+        "args": call_args,
+        "kwargs": call_kwargs,
         "app": app,
     }
 
@@ -122,10 +210,7 @@ def _call(ctx: click.Context, task: str, args: str | None, kwargs: str | None) -
 @click.pass_context
 def show(ctx: click.Context, task: str, args: str | None, kwargs: str | None) -> None:
     """Show who holds the key of a call of TASK."""
-    try:
-        holder = lookup(**_call(ctx, task, args, kwargs))
-    except DedupeError as exc:
-        raise click.ClickException(str(exc)) from None
+    holder = lookup(**_call(ctx, task, args, kwargs))
     click.echo(_line(holder) if holder else "free: no task holds this call's key")
 
 
@@ -153,17 +238,16 @@ def clear(
     if sum(map(bool, (task, every_of_task, everything))) != 1:
         raise click.UsageError("give exactly one of: TASK (one call), --task NAME, --all")
     if task:
-        try:
-            call = _call(ctx, task, args, kwargs)
-            holder = lookup(**call)
-            cleared = guard.clear(**call)
-        except DedupeError as exc:
-            raise click.ClickException(str(exc)) from None
+        call = _call(ctx, task, args, kwargs)
+        holder = lookup(**call)
+        cleared = guard.clear(**call)
         click.echo("cleared 1 key" if cleared else "nothing to clear: the key is free")
         if cleared and holder is not None and holder.state == "running":
             click.echo(_RUN_GOES_ON.format(count="its run"))
         return
     app = _app(ctx)
+    if every_of_task is not None:
+        _require_known(app, every_of_task, "--task")
     what = f"every key of {every_of_task}" if every_of_task else "every dedup key"
     if not yes:
         click.confirm(f"Clear {what}?", abort=True)
@@ -199,7 +283,10 @@ def _is_running(key: str, raw: bytes, pttl: int) -> bool:
 @click.pass_context
 def stats(ctx: click.Context, task: str | None) -> None:
     """Count live keys by task and state."""
-    counts = live_key_counts(_app(ctx), task)
+    app = _app(ctx)
+    if task is not None:
+        _require_known(app, task, "--task")
+    counts = live_key_counts(app, task)
     if not counts:
         click.echo("no live keys" + (f" for {task}" if task else ""))
         return
@@ -219,19 +306,62 @@ def stats(ctx: click.Context, task: str | None) -> None:
 @dedupe.command()
 @click.pass_context
 def check(ctx: click.Context) -> None:
-    """Check that the dedup Redis answers and will not evict live keys."""
-    runtime = installed(_app(ctx))
-    assert runtime is not None
-    config = runtime.config
+    """Check the app and its dedup Redis, one ok/warn/FAIL line each; exit 1 on a FAIL."""
+    app = _loaded(ctx)
+    failed = []
+    for name, verdict in _verdicts(app):
+        status, said = verdict
+        click.echo(f"{status:<4}  {name}: {said}")
+        if status == "FAIL":
+            failed.append(name)
+    if failed:
+        plural = "s" if len(failed) > 1 else ""
+        raise click.ClickException(f"{len(failed)} check{plural} failed: {', '.join(failed)}")
+
+
+def _verdicts(app: Celery) -> Iterator[tuple[str, Verdict]]:
+    """Each check's name and verdict, as it is made (a slow Redis shows where it is)."""
+    runtime = installed(app)
+    if runtime is None:
+        yield "installed", ("FAIL", str(NotInstalled(str(app.main))))
+        runtime = add_runtime(app)
+    else:
+        yield "installed", ("ok", f"dedupe.install(app) was called for app {app.main!r}")
     client = runtime.store.client
+    reach = _reach(runtime, client)
+    yield "redis", reach
+    if reach[0] == "ok":  # (the next three ask the server)
+        servers = servers_of(client)
+        yield "version", version_check(servers)
+        yield "eviction", eviction_check(client)
+        queue = str(app.conf.task_default_queue) if runtime.broker_is_store else None
+        yield "acl", acl_check(servers[0], runtime.config.key_prefix, queue)
+    yield "visibility", _visibility(app, runtime)
+
+
+def _reach(runtime: Runtime, client: DedupRedis) -> Verdict:
+    config = runtime.config
+    url = redacted(config.redis_url)
     try:
         client.ping()
-    except Exception as exc:
-        raise click.ClickException(
-            f"dedup Redis unreachable at {config.redis_url}: {exc}"
-        ) from None
-    click.echo(f"dedup Redis: {config.redis_url} (prefix {config.key_prefix!r}): reachable")
-    warning = eviction_risk(client)
+    except _UNREACHABLE as exc:
+        cause = exc.cause if isinstance(exc, RedisUnavailable) else exc
+        return "FAIL", (
+            f"cannot reach the dedup Redis at {url} ({type(cause).__name__}: {cause}): "
+            f"start it, or point dedupe_redis_url at a running one"
+        )
+    return "ok", f"{url} (prefix {config.key_prefix!r}) is reachable"
+
+
+def _visibility(app: Celery, runtime: Runtime) -> Verdict:
+    """Would a dead worker's acks_late run hold its key far beyond its lease?"""
+    try:
+        tasks = acks_late_leases(app, runtime.config)
+    except DedupeError as exc:  # a task's dedup options are invalid
+        return "FAIL", str(exc)
+    if not tasks or not is_redis_broker(app):
+        return "ok", "no acks_late dedup task on a Redis broker"
+    warning = visibility_gap(app, tasks)
     if warning:
-        raise click.ClickException(warning)
-    click.echo("eviction: live keys are safe")
+        return "warn", warning
+    return "ok", "the Redis broker gives a dead worker's acks_late messages back within the lease"

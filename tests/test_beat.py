@@ -176,7 +176,7 @@ def test_the_mixin_composes_with_django_celery_beats_database_scheduler(
     by_tag = dedupe.apply_async(
         worker_app.plain_sleepy, args=(tag, SECONDS + 1), unique_on=("tag",), queue=f"none-{tag}"
     )
-    dedupe.release(worker_app.plain_sleepy, args=(tag, 0), unique_on=("tag",))
+    dedupe.clear(worker_app.plain_sleepy, args=(tag, 0), unique_on=("tag",))
     redis_client.delete(f"none-{tag}")
     assert keys == {by_tag.keys.call}
     assert most_queued <= 1

@@ -128,7 +128,7 @@ def test_a_key_freed_on_another_connection_takes_the_next_call(
 def test_a_key_released_by_this_process_takes_the_next_call(store_app: Any) -> None:
     refresh = unique_task(store_app)
     remembered(refresh, 4)
-    assert dedupe.release(refresh, (4,)) is True
+    assert dedupe.clear(refresh, (4,)) is True
     assert refresh.delay(4).deduplicated is False
 
 

@@ -56,7 +56,7 @@ def _warm_up(job: Any) -> None:
     """Connect and load the scripts (a frozen EVALSHA of an unloaded script would meet
     NOSCRIPT when the server resumes, and run nothing), leaving no key."""
     job.delay(0)
-    assert dedupe.release(job, (0,))
+    assert dedupe.clear(job, (0,))
 
 
 def _keys_after_resume(dedup: RedisServer, app: Celery) -> dict[bytes, int]:
@@ -148,7 +148,7 @@ def test_an_asyncio_call_on_a_frozen_redis_leaves_no_key_past_the_provisional_tt
 
     async def calls() -> None:
         await dedupe.aapply_async(job, (0,))
-        assert await asyncio.to_thread(dedupe.release, job, (0,))
+        assert await asyncio.to_thread(dedupe.clear, job, (0,))
         freezable.pause()
         with pytest.raises(dedupe.RedisUnavailable):
             await dedupe.aapply_async(job, (1,))
@@ -265,7 +265,7 @@ def test_an_asyncio_call_on_a_frozen_redis_gives_up_within_its_budget_not_its_ti
         return await job.aapply_async_unique((x,))
 
     asyncio.run(call(0))
-    assert dedupe.release(job, (0,))
+    assert dedupe.clear(job, (0,))
     freezable.pause()
     started = time.monotonic()
     with pytest.raises(dedupe.RedisUnavailable):

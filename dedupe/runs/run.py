@@ -11,9 +11,12 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from celery import Celery
+
 from dedupe.store.store import Lease
+from dedupe.values.config import DedupeConfig
 from dedupe.values.keys import CallKeys
-from dedupe.values.options import UniqueOptions, Until, until_of
+from dedupe.values.options import UniqueOptions, Until, options_for, until_of
 from dedupe.values.record import Holder
 
 from .heartbeat import Heartbeat
@@ -24,6 +27,7 @@ __all__ = [
     "NO_RUN",
     "Run",
     "RunSpec",
+    "acks_late_leases",
     "attach",
     "detach",
     "new_token",
@@ -157,3 +161,16 @@ def detach(request: Any) -> Run | None:
     if run is not None:
         setattr(request, _ATTRIBUTE, None)
     return run
+
+
+def acks_late_leases(app: Celery, config: DedupeConfig) -> list[tuple[str, float]]:
+    """(name, lease) of each guarded ``acks_late`` task whose key stays until its run
+    finished: what the Redis broker's visibility timeout must not outlast by much
+    (:func:`dedupe.values.redelivery.visibility_gap`). Raises a task's invalid options."""
+    return [
+        (name, options.lease)
+        for name, task in app.tasks.items()
+        if getattr(task, GUARDS_RUNS, False) and task.acks_late
+        for options in (options_for(task, name, config),)
+        if options.until == "finished"
+    ]

@@ -23,7 +23,17 @@ from celery.exceptions import Ignore, Retry
 from dedupe.errors import DedupeError, KeyDerivationError, NotInstalled, RedisUnavailable
 from dedupe.events import CLAIMED, DEFERRED, RELEASED, SKIPPED, UNAVAILABLE, emit
 from dedupe.recovery.held import HeldWatch, held_requests
-from dedupe.runs.run import GUARDS_RUNS, NO_RUN, Run, RunSpec, attach, detach, new_token, run_of
+from dedupe.runs.run import (
+    GUARDS_RUNS,
+    NO_RUN,
+    Run,
+    RunSpec,
+    acks_late_leases,
+    attach,
+    detach,
+    new_token,
+    run_of,
+)
 from dedupe.runs.runtime import Runtime, installed, runtime_of
 from dedupe.store.checks import eviction_risk
 from dedupe.store.replies import Requeue
@@ -64,14 +74,7 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
     if app is None or runtime is None:
         return
     try:
-        tasks = [
-            (name, options.lease)
-            for name, task in app.tasks.items()
-            if getattr(task, GUARDS_RUNS, False) and task.acks_late
-            for options in (options_for(task, name, runtime.config),)
-            if options.until == "finished"
-        ]
-        warning = visibility_gap(app, tasks)
+        warning = visibility_gap(app, acks_late_leases(app, runtime.config))
     except DedupeError as exc:  # a task's options are invalid: its runs will say so
         logger.debug("no visibility check: %s", exc)
         return
