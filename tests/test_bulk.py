@@ -341,3 +341,18 @@ def _key(task: Any, user: int) -> str:
     runtime = runtime_of(task.app)
     options = options_for(task, task.name, runtime.config)
     return keys_for(runtime.config.key_prefix, task, task.name, options, (user,), {}).call
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [[(1,), (2,)], [1, 2], [((1,), {}), ((2,),)], [([1], {"x": 1}, "extra")], [("ab", {})]],
+    ids=["bare-args", "bare-values", "no-kwargs", "three-parts", "string-args"],
+)
+def test_a_batch_call_that_is_no_args_kwargs_pair_is_refused_naming_it(
+    app: Any, calls: list[Any]
+) -> None:
+    @app.task(shared=False, base=dedupe.DedupeTask, name="bulk.shape")
+    def shape(x: int = 0) -> None: ...
+
+    with pytest.raises(dedupe.ConfigurationError, match=r"apply_many\('bulk.shape'\): call \d+ is"):
+        dedupe.apply_many(shape, calls)

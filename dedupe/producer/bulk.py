@@ -65,7 +65,10 @@ def apply_many(
         )
     task, name, app = resolve_task(task_or_name, app)
     publish = publisher_for(task, name, app)
-    batch = [Call(app, task, name, args, kwargs, dict(options), publish) for args, kwargs in calls]
+    batch = [
+        Call(app, task, name, *_arguments(name, index, call), dict(options), publish)
+        for index, call in enumerate(calls)
+    ]
     if not batch:
         return []
     # Calls of one task with the same options: prepared alike, but for their arguments.
@@ -73,6 +76,21 @@ def apply_many(
     shape = first.shape
     return _publish_prepared(
         [first, *(PreparedCall(call, decide_first=True, shape=shape) for call in batch[1:])]
+    )
+
+
+def _arguments(task_name: str, index: int, call: Any) -> CallArguments:
+    """One call of a batch as ``(args, kwargs)``, or an error that shows the expected form."""
+    if (
+        isinstance(call, (tuple, list))
+        and len(call) == 2
+        and (call[0] is None or isinstance(call[0], (tuple, list)))
+        and (call[1] is None or isinstance(call[1], Mapping))
+    ):
+        return call[0] or (), call[1] or {}
+    raise ConfigurationError(
+        f"apply_many({task_name!r}): call {index} is {call!r}; each call is an (args, kwargs) "
+        f"pair, e.g. [((1,), {{}}), ((2,), {{'full': True}})]"
     )
 
 
