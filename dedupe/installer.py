@@ -8,15 +8,21 @@ Design notes: docs/design-notes.md, "dedupe.installer".
 
 from __future__ import annotations
 
+import logging
 import threading
+from typing import Any
 
 from celery import Celery, signals
 
+from .errors import ConfigurationError
+from .producer.plain_calls import route_through
 from .runs.runtime import add_runtime
-from .worker import execution as worker
-from .worker import main_process as prefork_parent
+from .values.config import DedupeConfig
+from .worker import execution, main_process
 
 __all__ = ["connect", "install"]
+
+logger = logging.getLogger("dedupe.worker")
 
 _connected = False
 _connect_lock = threading.Lock()
@@ -25,8 +31,10 @@ _connect_lock = threading.Lock()
 def install(app: Celery) -> None:
     """Enable celery-dedupe on ``app``: once, where the app is made, in producers and workers.
 
-    It connects the worker's lifecycle handlers (claim, release, requeue) and nothing else:
-    settings are read on first use, so configuring the app after this call is fine.
+    It connects the worker's lifecycle handlers (claim, release, requeue), and checks the
+    app's dedupe settings (now if they are read already, else when Celery reads them: a
+    mistake raises :class:`~dedupe.ConfigurationError` here, or is logged then and raised at
+    the first call). Configuring the app after this call is fine.
 
     .. code-block:: python
 
@@ -34,7 +42,19 @@ def install(app: Celery) -> None:
         dedupe.install(app)
     """
     add_runtime(app)
+    route_through(app)
+    app.on_after_configure.connect(_check_settings, sender=app, weak=False)
+    if getattr(app, "configured", False):  # (untyped in celery-types)
+        DedupeConfig.from_app(app)
     connect()
+
+
+def _check_settings(sender: Celery, **_: Any) -> None:
+    # (Celery logs what a signal receiver raises as a traceback: one line says it better.)
+    try:
+        DedupeConfig.from_app(sender)
+    except ConfigurationError as exc:
+        logger.error("celery-dedupe on app %r: %s", sender.main, exc)
 
 
 def connect() -> None:
@@ -44,14 +64,14 @@ def connect() -> None:
         if _connected:
             return
         connections = (
-            (signals.task_prerun, worker.on_prerun, "prerun"),
-            (signals.task_postrun, worker.on_postrun, "postrun"),
-            (signals.before_task_publish, worker.on_before_publish, "before_publish"),
-            (signals.before_task_publish, prefork_parent.on_before_publish, "parent_publish"),
-            (signals.task_failure, prefork_parent.on_failure, "failure"),
-            (signals.task_revoked, prefork_parent.on_revoked, "revoked"),
-            (signals.worker_init, worker.on_worker_init, "init"),
-            (signals.worker_ready, worker.on_worker_ready, "ready"),
+            (signals.task_prerun, execution.on_prerun, "prerun"),
+            (signals.task_postrun, execution.on_postrun, "postrun"),
+            (signals.before_task_publish, execution.on_before_publish, "before_publish"),
+            (signals.before_task_publish, main_process.on_before_publish, "parent_publish"),
+            (signals.task_failure, main_process.on_failure, "failure"),
+            (signals.task_revoked, main_process.on_revoked, "revoked"),
+            (signals.worker_init, execution.on_worker_init, "init"),
+            (signals.worker_ready, execution.on_worker_ready, "ready"),
         )
         for signal, handler, name in connections:
             signal.connect(handler, weak=False, dispatch_uid=f"dedupe.{name}")

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
-from celery import signals
+from celery import Celery, signals
 from celery.result import AsyncResult
 
 from .errors import ConfigurationError
@@ -17,12 +17,15 @@ from .producer.result import DedupeResult, mark_result
 from .runs.runtime import installed
 from .values.generics import AnyTask
 from .values.header import HEADER
-from .values.options import CALL_OPTIONS, Until
+from .values.options import CALL_OPTIONS, Until, check_call_names, check_declared
 from .worker.execution import guard, refuse_uninstalled
 
 __all__ = ["DedupeTask"]
 
 logger = logging.getLogger("dedupe.worker")
+
+#: What a call of a DedupeTask may pass next to Celery's options.
+_CALL_OPTIONS = ("unique", *CALL_OPTIONS)
 
 
 class DedupeTask(AnyTask):
@@ -71,6 +74,13 @@ class DedupeTask(AnyTask):
     #: Tells the worker that before_start calls the execution guard (run.GUARDS_RUNS).
     _dedupe_guards_runs: ClassVar[bool] = True
 
+    @classmethod
+    def on_bound(cls, app: Celery) -> None:
+        """Check the task's dedup options as Celery registers it: a misspelt or invalid one
+        raises :class:`~dedupe.ConfigurationError` now, not at the first call."""
+        super().on_bound(app)
+        check_declared(cls, str(cls.name))
+
     def apply_async(
         self,
         args: Sequence[Any] | None = None,
@@ -85,6 +95,8 @@ class DedupeTask(AnyTask):
         """Celery's apply_async; deduplicated when the task is ``unique`` (or ``unique=True``
         is passed), and then it also takes the call options of :meth:`apply_async_unique`."""
         unique = options.pop("unique", None)
+        if options:
+            check_call_names(self.name, options, _CALL_OPTIONS)
         options.update(
             task_id=task_id, producer=producer, link=link, link_error=link_error, shadow=shadow
         )
@@ -118,6 +130,7 @@ class DedupeTask(AnyTask):
             report.apply_async_unique(args=("2026-11-22",), countdown=10, unique_ttl=600)
         """
         options.pop("unique", None)
+        check_call_names(self.name, options, _CALL_OPTIONS)
         return publish_unique(self._call(args, kwargs, options))
 
     def delay_unique(self, *args: Any, **kwargs: Any) -> DedupeResult:

@@ -5,20 +5,26 @@ Design notes: docs/design-notes.md, "dedupe.values.config".
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 from urllib.parse import parse_qs, urlsplit
 
+import redis
+import redis.cluster
+import redis.connection
 from celery import Celery
 from celery.utils.collections import ConfigurationView
 
 from dedupe.errors import ConfigurationError
 
 from . import defaults
-from .urls import SENTINEL_SCHEMES, redacted
+from .urls import CLUSTER_SCHEMES, SENTINEL_OPTIONS, SENTINEL_SCHEMES, redacted
 
-__all__ = ["DedupeConfig", "SettingReader", "positive_seconds"]
+__all__ = ["MOST_SECONDS", "URL_SCHEMES", "DedupeConfig", "SettingReader", "positive_seconds"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _ON_REDIS_ERROR = ("enqueue", "raise")
@@ -47,6 +53,8 @@ class DedupeConfig:
     def from_app(cls, app: Celery) -> DedupeConfig:
         conf = app.conf
         own_url = _setting(conf, "dedupe_redis_url")
+        if own_url is not None:
+            _check_url(own_url)
         redis_url = own_url or _redis_url_of_broker(app)
         prefix = _setting(conf, "dedupe_key_prefix", defaults.KEY_PREFIX)
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
@@ -61,6 +69,7 @@ class DedupeConfig:
                 f"got {options!r}"
             )
         _refuse_decoding(redis_url, options)
+        _check_redis_options(redis_url, options)
         if not own_url and redis_url.startswith(SENTINEL_SCHEMES):
             # The broker's Sentinel: its master name and sentinel settings are the store's.
             transport = conf.get("broker_transport_options") or {}
@@ -108,10 +117,19 @@ class DedupeConfig:
         )
 
 
+#: The longest duration a setting or option may give: Redis takes expiries in whole
+#: milliseconds up to 2**63, and the scripts compute with doubles; a hundred years is room.
+MOST_SECONDS = 100 * 365 * 24 * 3600
+
+
 def positive_seconds(name: str, value: Any) -> float:
     """Validate a duration setting or option."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigurationError(f"{name} must be a positive number of seconds; got {value!r}")
+    if not value <= MOST_SECONDS:  # (infinity and NaN included)
+        raise ConfigurationError(
+            f"{name} must be at most {MOST_SECONDS:,} seconds (100 years); got {value!r}"
+        )
     return float(value)
 
 
@@ -223,3 +241,69 @@ class SettingReader:
             return tuple(conf._key(key) for key in conf._to_keys(self._name))
         except (AttributeError, TypeError):
             return ()
+
+
+#: Every URL scheme the dedup store takes.
+URL_SCHEMES = (*_REDIS_SCHEMES, *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
+
+
+def _check_url(url: Any) -> None:
+    if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
+        got = repr(redacted(url)) if isinstance(url, str) else f"{url!r} ({type(url).__name__})"
+        raise ConfigurationError(
+            f"dedupe_redis_url must be a Redis URL starting with one of {', '.join(URL_SCHEMES)} "
+            f"(such as 'redis://localhost:6379/0'); got {got}"
+        )
+
+
+#: Options of the dedup store's client taken as numbers (seconds, counts): a string or a
+#: bool there fails deep inside redis-py, at the first call.
+_NUMBERS = (
+    "socket_timeout",
+    "socket_connect_timeout",
+    "health_check_interval",
+    "max_connections",
+    "db",
+    "port",
+)
+
+
+def _check_redis_options(url: str, options: Mapping[str, Any]) -> None:
+    allowed = _client_arguments(cluster=url.startswith(CLUSTER_SCHEMES))
+    for name, value in options.items():
+        if name not in allowed:
+            nearest = difflib.get_close_matches(str(name), allowed, n=1, cutoff=0.6)
+            hint = f"did you mean {nearest[0]!r}?" if nearest else "see redis.Redis's arguments"
+            raise ConfigurationError(
+                f"dedupe_redis_options: {name!r} is not an argument of the dedup store's "
+                f"Redis client; {hint}"
+            )
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if name in _NUMBERS and value is not None and not number:
+            raise ConfigurationError(
+                f"dedupe_redis_options: {name} must be a number; got {value!r} "
+                f"({type(value).__name__})"
+            )
+
+
+@functools.cache
+def _client_arguments(*, cluster: bool) -> frozenset[str]:
+    """What redis-py's client and connections take as keyword arguments (a Cluster's client
+    too, for a Cluster URL), and the Sentinel lookup's own options."""
+    takers: list[Any] = [
+        redis.Redis.__init__,
+        redis.connection.AbstractConnection.__init__,
+        redis.connection.Connection.__init__,
+        redis.connection.SSLConnection.__init__,
+        redis.connection.UnixDomainSocketConnection.__init__,
+    ]
+    if cluster:
+        takers.append(redis.cluster.RedisCluster.__init__)
+    names = {
+        name
+        for taker in takers
+        for name, parameter in inspect.signature(taker).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        or parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    }
+    return frozenset(names - {"self"}) | frozenset(SENTINEL_OPTIONS)

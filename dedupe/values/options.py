@@ -6,10 +6,13 @@ per call (``task.apply_async_unique(args, unique_ttl=60)``), else the app's defa
 
 from __future__ import annotations
 
+import difflib
 import inspect
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
+
+from celery import Task as CeleryTask
 
 from dedupe.errors import ConfigurationError
 
@@ -20,8 +23,13 @@ from .generics import AnyTask
 __all__ = [
     "CALL_OPTIONS",
     "SEPARATE_RUN_LOCK",
+    "TASK_OPTIONS",
     "UniqueOptions",
     "Until",
+    "check_call_names",
+    "check_declared",
+    "check_names",
+    "check_plain_task",
     "options_for",
     "pop_call_options",
     "resolve",
@@ -30,6 +38,19 @@ __all__ = [
 
 #: Options a call may pass, next to Celery's own.
 CALL_OPTIONS = ("unique_on", "unique_key", "unique_ttl", "unique_until", "on_duplicate")
+#: Options a task may declare (``@app.task(base=DedupeTask, ...)``).
+TASK_OPTIONS = (
+    "unique",
+    "exclusive",
+    *CALL_OPTIONS,
+    "unique_lease",
+    "on_running",
+    "on_running_countdown",
+)
+#: Names of the family this version does not have: whoever gives one expects what it does
+#: not get.
+_NOT_HERE = ("debounce", "debounce_max_wait", "key_concurrency", "key_rate_limit")
+_FAMILY_PREFIXES = ("unique", "on_duplicate", "on_running", "debounce", "key_concurrency")
 
 #: How long a call's key lives: until its run finished, until it started, or for its whole
 #: ``unique_ttl`` from acceptance whether or not it ran (a throttle window).
@@ -174,3 +195,93 @@ def _callable(task_name: str, value: Any) -> Callable[..., Any] | None:
         f"task {task_name!r}: unique_key must be a callable that takes the task's arguments "
         f"and returns the value to deduplicate on; got {value!r}"
     )
+
+
+def check_names(where: str, names: Iterable[str], known: Collection[str]) -> None:
+    """Refuse a name of this library's family that is not in ``known``: misspelt, given
+    where it does nothing, or not in this version (the nearest valid name suggested).
+    ``where`` starts the message (``"task 'proj.report'"``)."""
+    for name in names:
+        if name in known or not _of_the_family(name):
+            continue
+        if name in TASK_OPTIONS:
+            raise ConfigurationError(f"{where}: {name} does nothing here; {_where_it_works(name)}")
+        if name in _NOT_HERE:
+            raise ConfigurationError(
+                f"{where}: {name} is not an option of this celery-dedupe version; "
+                f"its options are {', '.join(TASK_OPTIONS)}"
+            )
+        valid = known or TASK_OPTIONS
+        nearest = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+        hint = f"did you mean {nearest[0]}?" if nearest else f"its options: {', '.join(valid)}"
+        if not known:
+            hint += " (an option of a task declared with base=dedupe.DedupeTask)"
+        raise ConfigurationError(f"{where}: {name} is not an option of celery-dedupe; {hint}")
+
+
+def check_call_names(task_name: str, options: Iterable[str], known: Collection[str]) -> None:
+    """:func:`check_names` for a call's options, on the hot path: each name met is judged
+    once per process (a call's options are Celery's, almost always)."""
+    for name in options:
+        if name not in _PLAIN and name not in known:
+            if _of_the_family(name):
+                check_names(f"task {task_name!r}", (name,), known)
+            if len(_PLAIN) < 4096:  # (names come from code: a bound never met in practice)
+                _PLAIN.add(name)
+
+
+#: Names met that are not of the family (Celery's options, a user's message properties).
+_PLAIN: set[str] = set()
+
+
+def _of_the_family(name: str) -> bool:
+    if hasattr(CeleryTask, name):
+        return False  # (Celery's own: rate_limit is near key_rate_limit)
+    if name.startswith(_FAMILY_PREFIXES) or name in _NOT_HERE:
+        return True
+    family = (*TASK_OPTIONS, *_NOT_HERE)
+    return bool(difflib.get_close_matches(name, family, n=1, cutoff=0.8))
+
+
+def _where_it_works(name: str) -> str:
+    if name == "unique":
+        return (
+            "declare the task with base=dedupe.DedupeTask and unique=True, or call "
+            "dedupe.apply_async(task, ...)"
+        )
+    if name in CALL_OPTIONS:
+        return (
+            f"declare the task with base=dedupe.DedupeTask, or call "
+            f"dedupe.apply_async(task, ..., {name}=...)"
+        )
+    return f"declare the task with base=dedupe.DedupeTask and {name}=..."
+
+
+def check_declared(task: type[AnyTask], task_name: str) -> None:
+    """Check a DedupeTask's declared options when Celery registers it: a misspelt name, a
+    name of the family this version lacks, a value out of range. The app's settings are not
+    read yet (only their defaults), so a task-level value is judged on its own."""
+    check_names(f"task {task_name!r}", _declared(task), TASK_OPTIONS)
+    resolve(cast("AnyTask", task), task_name, _DEFAULTS)
+
+
+def check_plain_task(task: type[AnyTask], task_name: str) -> None:
+    """Refuse a task that is no DedupeTask but declares an option of celery-dedupe (it
+    would deduplicate nothing)."""
+    check_names(f"task {task_name!r}", _declared(task), ())
+
+
+def _declared(task: type[AnyTask]) -> list[str]:
+    # What the task's own classes (the decorator's, the user's bases) set: not Celery's.
+    return sorted(
+        {
+            name
+            for klass in task.__mro__
+            if not klass.__module__.startswith(("dedupe.", "celery.", "builtins"))
+            for name in vars(klass)
+        }
+    )
+
+
+#: The app-wide defaults, for judging a task's own values before the app's settings are read.
+_DEFAULTS = DedupeConfig(redis_url="")

@@ -20,7 +20,13 @@ from celery import Task, states
 from celery._state import get_current_worker_task
 from celery.exceptions import Ignore, Retry
 
-from dedupe.errors import DedupeError, KeyDerivationError, NotInstalled, RedisUnavailable
+from dedupe.errors import (
+    ConfigurationError,
+    DedupeError,
+    KeyDerivationError,
+    NotInstalled,
+    RedisUnavailable,
+)
 from dedupe.events import CLAIMED, DEFERRED, RELEASED, SKIPPED, UNAVAILABLE, emit
 from dedupe.recovery.held import HeldWatch, held_requests
 from dedupe.runs.run import (
@@ -41,7 +47,7 @@ from dedupe.store.store import Lease
 from dedupe.values.config import SettingReader
 from dedupe.values.header import KeyHeader, is_publishing
 from dedupe.values.keys import CallKeys, keys_for
-from dedupe.values.options import options_for
+from dedupe.values.options import check_plain_task, options_for
 from dedupe.values.record import HOST, Holder, pack_queued, pack_running
 from dedupe.values.redelivery import horizon, visibility_gap
 from dedupe.values.timing import milliseconds, seconds_until
@@ -67,12 +73,23 @@ logger = logging.getLogger("dedupe.worker")
 
 
 def on_worker_init(sender: Any = None, **_: Any) -> None:
-    """Warn at start when an acks_late task's key would wait for the Redis broker's
-    visibility timeout after a worker dies (:func:`dedupe.values.redelivery.visibility_gap`)."""
+    """Refuse to start a worker whose dedupe settings or tasks are wrong (it would run every
+    unique task unguarded); warn when an acks_late task's key would wait for the Redis
+    broker's visibility timeout after a worker dies (:func:`visibility_gap`)."""
     app = getattr(sender, "app", None)
     runtime = installed(app)
     if app is None or runtime is None:
         return
+    try:
+        runtime.config  # noqa: B018 (reads and checks the settings)
+        for name, task in app.tasks.items():
+            if not getattr(task, GUARDS_RUNS, False):
+                check_plain_task(type(task), name)
+    except ConfigurationError as exc:
+        # SystemExit passes through Celery's signal (which logs any Exception and goes on):
+        # the worker stops here, with this one line on stderr.
+        message = f"celery-dedupe: the worker of app {app.main!r} cannot start: {exc}"
+        raise SystemExit(message) from None
     try:
         warning = visibility_gap(app, acks_late_leases(app, runtime.config))
     except DedupeError as exc:  # a task's options are invalid: its runs will say so
