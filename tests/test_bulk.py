@@ -127,11 +127,11 @@ def _round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sends = [0]
     send = ScriptRunner._send
 
-    def counting(sock: Any, command: bytes) -> None:
+    def counting(runner: ScriptRunner, sock: Any, command: bytes, commands: int = 1) -> None:
         sends[0] += 1
-        send(sock, command)
+        send(runner, sock, command, commands)
 
-    monkeypatch.setattr(ScriptRunner, "_send", staticmethod(counting))
+    monkeypatch.setattr(ScriptRunner, "_send", counting)
     return sends
 
 

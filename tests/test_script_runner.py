@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -16,6 +18,9 @@ from redis.retry import Retry
 
 from dedupe.store.resp import PushMessage, parse
 from dedupe.store.script_runner import ScriptRunner
+from dedupe.store.store import Store
+from dedupe.values.keys import CallKeys
+from dedupe.values.record import new_nonce, pack_queued
 
 from .conftest import RedisFactory
 
@@ -335,3 +340,52 @@ def test_a_socket_of_gevent_eventlet_or_tls_is_never_polled(client: redis.Redis)
     with GreenSocket() as green, socket.socket() as plain:
         assert runner._poller(green) is None
         assert runner._poller(plain) is not None
+
+
+# -- an exchange interrupted by an exception (a signal handler's) ------------------------------
+
+
+class _Interrupted(Exception):
+    """What a signal handler raises mid-call (Celery's SoftTimeLimitExceeded, an alarm)."""
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise _Interrupted
+
+
+# An alarm may also land in redis-py's handshake of a new connection, which then leaves a file
+# it was reading unclosed (its version, for CLIENT SETINFO): redis-py's, not the runner's.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("busy_poll", [0.0, 0.0001], ids=["sleeping", "polling"])
+def test_calls_interrupted_anywhere_leave_no_reply_for_a_later_call(
+    client: redis.Redis, busy_poll: float
+) -> None:
+    store = Store(client, busy_poll=busy_poll, remember_duplicates=1.0)
+    prefix = f"interrupted-{busy_poll}"
+    rounds = random.Random(29)
+    interrupted = 0
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    try:
+        for index in range(1500):
+            keys = CallKeys.of(f"{prefix}:{{t:{index % 20}}}", separate_run_lock=False)
+            # (Another task id each time: a held key answers with its holder, and its second
+            # duplicate is asked behind CLIENT CACHING YES.)
+            record = pack_queued(f"task-{index}", 0.0, None, new_nonce())
+            try:
+                # From before the send to after the reply: an alarm may land in sendall,
+                # which runs the handler once the bytes are out, or between two steps.
+                signal.setitimer(signal.ITIMER_REAL, rounds.uniform(1e-6, 2e-4))
+                store.enqueue(keys, record, 60_000, remember=True)
+                if index % 5 == 0:
+                    store.send_release(keys, f"task-{index}", "")
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            except _Interrupted:
+                interrupted += 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    fresh = [CallKeys.of(f"{prefix}:{{new:{n}}}", separate_run_lock=False) for n in range(40)]
+    record = pack_queued("after", 0.0, None, new_nonce())
+    answers = [store.enqueue(keys, record, 60_000) for keys in fresh]
+    assert interrupted > 0
+    assert answers == [None] * 40  # each a new key: accepted, whatever came before

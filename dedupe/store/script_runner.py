@@ -101,6 +101,11 @@ class _Local(threading.local):
     hear: Any = None
     #: NOSCRIPT reloads on this thread (a reloaded call is sent again without CACHING YES).
     reloads: int = 0
+    #: Replies owed on ``connection``: one more before each command is written, one less as
+    #: each is read. Anything but ``len(pending)`` between calls means an exchange was cut
+    #: short (an exception, a signal handler's included, between a send and its read): the
+    #: next reply would be taken for another command's, so the connection is dropped.
+    owed: int = 0
 
     def __init__(self, remember_for: float) -> None:
         #: Remembered answers of tracked keys, until Redis says the key changed.
@@ -221,7 +226,7 @@ class ScriptRunner:
             sock = self._socket()
             if self._local.pending or self._local.unsent:
                 self._catch_up(sock)
-            self._send(sock, command)
+            self._send(sock, command, len(calls))
             got: list[Any] = []
             try:
                 for _ in calls:
@@ -325,7 +330,7 @@ class ScriptRunner:
             if local.pending or local.unsent:
                 self._catch_up(sock)
             reloads, sent_at[0] = local.reloads, time.monotonic()
-            self._send(sock, CACHING_YES + command)
+            self._send(sock, CACHING_YES + command, 2)
             try:
                 self._read(sock)  # +OK
             except ResponseError as exc:
@@ -398,8 +403,8 @@ class ScriptRunner:
         own round trip, under its own budget."""
         local = self._local
         sock = local.sock
-        if sock is None or local.hear is None:
-            local.known.clear()
+        if sock is None or local.hear is None or local.owed != len(local.pending):
+            local.known.clear()  # (no connection, or one cut short: it is dropped next)
             return False
         if local.pending or local.unsent or local.buffer:
             return False
@@ -531,11 +536,12 @@ class ScriptRunner:
                 if parsed is not None:
                     reply, end = parsed
                     buffer = local.buffer = buffer[end:]
-                    if isinstance(reply, ResponseError):
-                        raise reply
                     if isinstance(reply, PushMessage):
                         local.known.hear(reply)  # out of band: not the reply of any call
                         continue
+                    local.owed -= 1
+                    if isinstance(reply, ResponseError):
+                        raise reply
                     return reply
             if local.poll is not None:
                 self._poll(local)
@@ -568,8 +574,10 @@ class ScriptRunner:
                 return
         local.poll_misses = 0
 
-    @staticmethod
-    def _send(sock: socket.socket, command: bytes) -> None:
+    def _send(self, sock: socket.socket, command: bytes, commands: int = 1) -> None:
+        # Counted first: sendall runs signal handlers once the bytes are out, and one that
+        # raises leaves a command sent that nobody reads.
+        self._local.owed += commands
         try:
             sock.sendall(command)
         except TimeoutError:
@@ -582,12 +590,15 @@ class ScriptRunner:
         local.used_at = time.monotonic()
         sock = local.sock
         if sock is not None and local.forks == _forks:
-            return sock
+            if local.owed == len(local.pending):
+                return sock
+            logger.debug("a call was cut short between a send and its reply: reconnecting")
+            self._drop_connection()
         if local.forks != _forks:
             # A forked child: its parent's connection and sends are not its own. (Leave the
             # socket open: redis-py only shuts a socket down in the process that opened it,
             # and closing our copy would not close the parent's.)
-            local.connection, local.sock, local.buffer = None, None, b""
+            local.connection, local.sock, local.buffer, local.owed = None, None, b"", 0
             local.pending.clear()
             local.unsent.clear()
             local.known.clear()
@@ -624,7 +635,7 @@ class ScriptRunner:
         opened: socket.socket | None = getattr(connection, "_sock", None)
         if opened is None:
             raise redis.ConnectionError("redis-py gave a connection without a socket")
-        local.connection, local.sock, local.buffer = connection, opened, b""
+        local.connection, local.sock, local.buffer, local.owed = connection, opened, b"", 0
         local.poll, local.poll_skips, local.poll_misses = self._poller(opened), 0, 0
         local.tracking, local.hear = False, None
         if track and type(opened).__module__ == "socket":
@@ -680,6 +691,7 @@ class ScriptRunner:
     def _drop_connection(self, _error: BaseException | None = None) -> None:
         local = self._local
         connection, local.connection, local.sock, local.buffer = local.connection, None, None, b""
+        local.owed = 0
         # Invalidations sent to the lost connection are lost with it.
         local.known.clear()
         local.tracking, local.hear = False, None
