@@ -26,6 +26,7 @@ from celery.utils.nodenames import anon_nodename
 
 from .call import Call, Publish, TaskPublish
 from .message_repr import plain_repr
+from .plain_calls import refuse_plain_dedup_options
 from .publish_seam import is_redis_channel
 
 __all__ = ["CallSender", "sender_for"]
@@ -92,7 +93,7 @@ class CallSender:
         self._router = router
         # Calls with the same options (``alike``) have the same route where the app routes by
         # the options alone (a task_routes entry may look at the arguments): routed once.
-        self._route_once = alike and type(router) is Router and not getattr(router, "routes", True)
+        self._route_once = alike and _routes_by_options(router)
         #: The first call's route (its options as the router gave them back).
         self._routed: dict[str, Any] | None = None
         # (Cached properties of kombu's, read through a descriptor at each access.)
@@ -357,3 +358,14 @@ def sender_for(call: Call, producer: Any) -> CallSender | None:
         sender = CallSender._of(call, alike=False, single=True, sends_delays=redis_channel)
         by_task[key] = entry = (task, sender)
     return entry[1]
+
+
+def _routes_by_options(router: Any) -> bool:
+    """Does Celery's router route by the options alone (no task_routes entry of the app's:
+    one may look at the arguments)? Ours first in the routes routes nothing."""
+    routes = getattr(router, "routes", None)
+    return (
+        type(router) is Router
+        and routes is not None
+        and all(route is refuse_plain_dedup_options for route in routes)
+    )
