@@ -255,3 +255,29 @@ def test_every_page_that_uses_a_submodule_says_how_to_import_it(module: str) -> 
 
 
 def _body(x: int = 0) -> None: ...
+
+
+def test_checking_the_options_never_binds_celerys_own_task_class(redis_url: str) -> None:
+    # Reading Celery's Task.app binds that base class to the current app, and every later task
+    # then inherits what binding set there (acks_on_timeout among them): a fresh process.
+    code = textwrap.dedent(
+        f"""
+        import celery
+        from celery import Celery
+        import dedupe
+
+        app = Celery("bound", broker="{redis_url}", set_as_current=False)
+        dedupe.install(app)
+
+        @app.task(base=dedupe.DedupeTask, unique=True, acks_late=True)
+        def job(x=0): ...
+
+        @app.task
+        def plain(x=0): ...
+
+        job.delay(1)
+        plain.apply_async((1,), report_kind="daily")
+        assert not celery.Task.__bound__, "Celery's Task was bound"
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT)

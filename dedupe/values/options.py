@@ -51,6 +51,9 @@ TASK_OPTIONS = (
 #: not get.
 _NOT_HERE = ("debounce", "debounce_max_wait", "key_concurrency", "key_rate_limit")
 _FAMILY_PREFIXES = ("unique", "on_duplicate", "on_running", "debounce", "key_concurrency")
+#: The names of Celery's Task. (Listed, never looked up: a class property such as Task.app
+#: binds Celery's own base class to the current app when read.)
+_CELERYS = frozenset(dir(CeleryTask))
 
 #: How long a call's key lives: until its run finished, until it started, or for its whole
 #: ``unique_ttl`` from acceptance whether or not it ran (a throttle window).
@@ -235,7 +238,7 @@ _PLAIN: set[str] = set()
 
 
 def _of_the_family(name: str) -> bool:
-    if hasattr(CeleryTask, name):
+    if name in _CELERYS:
         return False  # (Celery's own: rate_limit is near key_rate_limit)
     if name.startswith(_FAMILY_PREFIXES) or name in _NOT_HERE:
         return True
