@@ -34,7 +34,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from .script_runner import Reply, ScriptRunner
+from .script_runner import Reply, ScriptRunner, Unanswered
 
 __all__ = ["ClusterScriptRunner", "cluster_unreachable"]
 
@@ -138,9 +138,11 @@ class ClusterScriptRunner:
         #: connection starts only if one fits in what is left of the budget.
         self._try_time = float(client.nodes_manager.connection_kwargs.get("socket_timeout") or 0)
 
-    def __call__(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run a script and return its reply."""
-        return self._call(script, keys, args, time.monotonic())
+    def __call__(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+    ) -> Any:
+        """Run a script and return its reply (``resend``: as the ScriptRunner's)."""
+        return self._call(script, keys, args, time.monotonic(), resend)
 
     def command(self, attempt: Callable[[], _T]) -> _T:
         """Run a command of the cluster client (``attempt``) under the same retries and
@@ -171,19 +173,33 @@ class ClusterScriptRunner:
         """Nothing to forget on a Cluster."""
 
     def _call(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], started: float
+        self,
+        script: Script,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        started: float,
+        resend: bool = True,
     ) -> Any:
         runner = self._master(keys[0])
         failed: BaseException | None = None
         if runner is not None:
             try:
-                return runner(script, keys, args)
+                return runner(script, keys, args, resend=resend)
             except _TRIED as exc:
-                if _kind(exc) is None:
+                if _kind(exc) is None:  # (Unanswered too: written, so not sent again)
                     raise
                 failed = exc
+
+        def evalsha() -> Any:
+            try:
+                return self._evalsha(script, keys, args)
+            except _TRIED as exc:
+                if not resend and _kind(exc) == "connection":  # (cut off: it may have run)
+                    raise Unanswered(f"no reply from the cluster to a script ({exc})") from exc
+                raise
+
         try:
-            return self._tried(lambda: self._evalsha(script, keys, args), started, failed)
+            return self._tried(evalsha, started, failed)
         finally:
             self._by_slot.clear()  # the cluster client knows the layout now: read it again
 
@@ -214,7 +230,11 @@ class ClusterScriptRunner:
         return runner
 
     def call_many(
-        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+        self,
+        script: Script,
+        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        *,
+        resend: bool = True,
     ) -> list[Any]:
         """Run ``script`` once per ``(keys, args)``, pipelined per master (a round trip for
         each master the calls' slots are on); the replies in order, an error reply as its
@@ -230,7 +250,9 @@ class ClusterScriptRunner:
             if runner is None:
                 continue  # each alone, below
             try:
-                answers = runner.call_many(script, [calls[index] for index in indices])
+                answers = runner.call_many(
+                    script, [calls[index] for index in indices], resend=resend
+                )
             except _TRIED as exc:
                 if _kind(exc) is None:
                     raise
@@ -247,7 +269,7 @@ class ClusterScriptRunner:
                 replies[index] = last  # the batch's budget is spent: no more tries
                 continue
             try:
-                replies[index] = self._call(script, *calls[index], started)
+                replies[index] = self._call(script, *calls[index], started, resend)
             except _TRIED as exc:
                 replies[index] = last = exc
         return replies

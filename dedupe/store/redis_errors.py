@@ -13,6 +13,7 @@ import redis.cluster
 from dedupe.errors import RedisCommandError, RedisUnavailable
 
 from .cluster_runner import cluster_unreachable
+from .script_runner import Unanswered
 
 __all__ = ["redis_errors", "reraise_unavailable"]
 
@@ -20,6 +21,7 @@ __all__ = ["redis_errors", "reraise_unavailable"]
 #: loading its data, a replica that refuses writes after a failover, a server at its memory
 #: limit under noeviction (the policy the README recommends) refusing writes.
 redis_errors: tuple[type[BaseException], ...] = (
+    Unanswered,  # (its fate unknown: a publish of unknown fate, reported as unavailable)
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,

@@ -29,11 +29,18 @@ class ScriptCalls(Protocol):
     #: to their own slot's master: a script per call.
     spans_calls: bool
 
-    def __call__(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run a script and return its reply."""
+    def __call__(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+    ) -> Any:
+        """Run a script and return its reply. ``resend=False``: a script that must not run
+        twice is not sent again once written (:class:`~dedupe.store.script_runner.Unanswered`)."""
 
     def call_many(
-        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+        self,
+        script: Script,
+        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        *,
+        resend: bool = True,
     ) -> list[Any]:
         """Run ``script`` once per ``(keys, args)`` in one round trip (per master); the
         replies in order, an error reply as its exception in its place."""

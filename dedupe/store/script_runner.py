@@ -34,7 +34,7 @@ from redis.retry import Retry
 from .remembered import RememberedAnswers
 from .resp import CACHING_YES, TRACKING_ON, PushMessage, pack_command, pack_parts, parse
 
-__all__ = ["Reply", "ScriptRunner"]
+__all__ = ["Reply", "ScriptRunner", "Unanswered"]
 
 logger = logging.getLogger("dedupe.store")
 
@@ -62,6 +62,11 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
+
+
+class Unanswered(redis.RedisError):
+    """A script that must not run twice was sent and its reply never came (a timeout, a lost
+    connection): it may have run, so it is not sent again. Not retried by a Retry policy."""
 
 
 class Reply:
@@ -106,6 +111,8 @@ class _Local(threading.local):
     #: short (an exception, a signal handler's included, between a send and its read): the
     #: next reply would be taken for another command's, so the connection is dropped.
     owed: int = 0
+    #: The current call's command was written: its fate is the server's from then on.
+    wrote: bool = False
 
     def __init__(self, remember_for: float) -> None:
         #: Remembered answers of tracked keys, until Redis says the key changed.
@@ -156,13 +163,29 @@ class ScriptRunner:
         #: The constant start of each (script, number of keys, number of args) command.
         self._heads: dict[tuple[str, int, int], bytes] = {}
 
-    def __call__(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run a script and return its reply."""
+    def __call__(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+    ) -> Any:
+        """Run a script and return its reply. ``resend=False``: a script that must not run
+        twice (it pushes a message): tried again only if it was not written, else
+        :class:`Unanswered`."""
         command = self._pack(script, keys, args)
+
+        def call() -> Any:
+            return self._call(script, command) if resend else self._call_once(script, command)
+
+        try:
+            return call()
+        except self._retried as first:
+            return self._retrying(first, call)
+
+    def _call_once(self, script: Script, command: bytes) -> Any:
         try:
             return self._call(script, command)
-        except self._retried as first:
-            return self._retrying(first, lambda: self._call(script, command))
+        except self._retried as exc:
+            if self._local.wrote:
+                raise Unanswered(f"no reply from the dedup Redis to a script sent ({exc})") from exc
+            raise
 
     def command(self, attempt: Callable[[], _T]) -> _T:
         """``attempt()``: a command of the client itself, under the client's own retries."""
@@ -207,50 +230,67 @@ class ScriptRunner:
         return self._retry.call_with_retry(again, self._drop_connection)
 
     def call_many(
-        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+        self,
+        script: Script,
+        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        *,
+        resend: bool = True,
     ) -> list[Any]:
         """Run ``script`` once per ``(keys, args)``, pipelined: one round trip for them all.
         The replies in order, an error reply as its exception in its place. A lost
-        connection sends them all again (under the Retry policy): the scripts answer a
-        resent command as its first sending did."""
+        connection sends them all again (under the Retry policy), unless ``resend=False``
+        (see :meth:`__call__`): the scripts answer a resent command as its first sending did
+        while its key still holds what the first wrote."""
         replies: list[Any] = []
         if calls and script.sha not in self._known:
             # The first alone loads the script if the server lacks it (NOSCRIPT).
-            replies.append(self._replied(script, calls[0]))
+            replies.append(self._replied(script, calls[0], resend))
             calls = calls[1:]
         if not calls:
             return replies
         command = b"".join([self._pack(script, keys, args) for keys, args in calls])
 
-        def attempt() -> list[Any]:
-            sock = self._socket()
-            if self._local.pending or self._local.unsent:
-                self._catch_up(sock)
-            self._send(sock, command, len(calls))
-            got: list[Any] = []
-            try:
-                for _ in calls:
-                    try:
-                        got.append(self._read(sock))
-                    except ResponseError as exc:  # read whole: the stream is in step
-                        got.append(exc)
-            except BaseException:
-                self._drop_connection()
-                raise
-            for reply in got:
-                if isinstance(reply, ResponseError):
-                    self._check_demoted(reply)
-            return got
-
-        rest = self._tried(attempt)
+        rest = self._tried(lambda: self._pipelined(command, len(calls), resend))
         for index, reply in enumerate(rest):
             if isinstance(reply, NoScriptError):  # flushed between the first and the rest
-                rest[index] = self._replied(script, calls[index])
+                rest[index] = self._replied(script, calls[index], resend)
         return replies + rest
 
-    def _replied(self, script: Script, call: tuple[Sequence[Any], Sequence[Any]]) -> Any:
+    def _pipelined(self, command: bytes, count: int, resend: bool) -> list[Any]:
+        """One try of :meth:`call_many`: ``count`` commands written at once, their replies
+        read (an error reply in its place)."""
+        local = self._local
+        local.wrote = False
+        sock = self._socket()
+        if local.pending or local.unsent:
+            self._catch_up(sock)
+        local.wrote = True
+        self._send(sock, command, count)
+        got: list[Any] = []
         try:
-            return self(script, *call)
+            for _ in range(count):
+                try:
+                    got.append(self._read(sock))
+                except ResponseError as exc:  # read whole: the stream is in step
+                    got.append(exc)
+        except self._retried as exc:
+            self._drop_connection()
+            if not resend:
+                raise Unanswered(f"no reply from the dedup Redis to scripts sent ({exc})") from exc
+            raise
+        except BaseException:
+            self._drop_connection()
+            raise
+        for reply in got:
+            if isinstance(reply, ResponseError):
+                self._check_demoted(reply)
+        return got
+
+    def _replied(
+        self, script: Script, call: tuple[Sequence[Any], Sequence[Any]], resend: bool
+    ) -> Any:
+        try:
+            return self(script, *call, resend=resend)
         except ResponseError as exc:
             return exc
 
@@ -306,9 +346,12 @@ class ScriptRunner:
         return pack_parts([head], (*keys, *args), self._encoding)
 
     def _call(self, script: Script, command: bytes) -> Any:
+        local = self._local
+        local.wrote = False
         sock = self._socket()
-        if self._local.pending or self._local.unsent:
+        if local.pending or local.unsent:
             self._catch_up(sock)
+        local.wrote = True
         self._send(sock, command)
         return self._reply(sock, script, command)
 
@@ -523,6 +566,7 @@ class ScriptRunner:
         a retried error: the retry reconnects, and a Sentinel-managed connection asks for
         the new master."""
         if isinstance(exc, ReadOnlyError) or str(exc).lstrip("-").startswith("READONLY"):
+            self._local.wrote = False  # (refused, not run: it may be sent again)
             self._drop_connection()
             raise redis.ConnectionError(f"the dedup Redis is a replica now: {exc}") from exc
 

@@ -348,14 +348,17 @@ class Store:
     def push(self, push: PendingPush) -> Push | Holder:
         """:meth:`publish`, its arguments held in one value."""
         with reraise_unavailable("publish", push.keys.call):
-            reply = self._run(self._publish, *push.script_call())
+            # (Not sent again once written: pushed, then freed by its run, it would push twice.)
+            reply = self._run(self._publish, *push.script_call(), resend=False)
         return read_publish(push.keys.call, reply)
 
     def publish_many(self, pushes: Sequence[PendingPush]) -> list[Push | Holder]:
         """:meth:`publish` for many calls in one round trip; the outcomes in order."""
         key = pushes[0].keys.call if pushes else None
         with reraise_unavailable("publish", key):
-            replies = self._run.call_many(self._publish, [push.script_call() for push in pushes])
+            replies = self._run.call_many(
+                self._publish, [push.script_call() for push in pushes], resend=False
+            )
             _raise_first_error(replies)
         return [
             read_publish(push.keys.call, reply) for push, reply in zip(pushes, replies, strict=True)

@@ -1,0 +1,158 @@
+"""A reply that comes after the socket timeout: the scripts that are safe to run twice are sent
+again; a publish, which pushes a message, never is (it may have run, and its key may be free
+again by the time it is sent): its fate is reported as unknown instead."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from dedupe.errors import RedisUnavailable
+from dedupe.store.store import PendingPush, Store
+from dedupe.values.keys import CallKeys
+from dedupe.values.record import new_nonce, pack_queued
+
+from .conftest import RedisFactory
+
+TTL_MS = 60_000
+#: The client's socket timeout, and how late the server's replies come once ``late`` is set.
+TIMEOUT, LATE = 0.3, 0.8
+
+
+class LateProxy:
+    """A TCP proxy to a Redis that hands the server's next ``late`` writes to the client
+    ``LATE`` seconds after they came: a reply stalled on its way, as the client sees it
+    (the server itself ran the command at once)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port, self.late = target_port, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+                self.sockets += [client, server]
+                for source, sink, late in ((client, server, False), (server, client, True)):
+                    threading.Thread(
+                        target=self._pipe, args=(source, sink, late), daemon=True
+                    ).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if from_server and self.late > 0:
+                    self.late -= 1
+                    time.sleep(LATE)
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+
+@pytest.fixture
+def server(redis_factory: RedisFactory) -> Any:
+    return redis_factory()
+
+
+@pytest.fixture
+def proxy(server: Any) -> Iterator[LateProxy]:
+    late = LateProxy(server.port)
+    yield late
+    late.close()
+
+
+@pytest.fixture
+def store(proxy: LateProxy) -> Iterator[Store]:
+    client = redis.Redis(
+        port=proxy.port, socket_timeout=TIMEOUT, retry=Retry(NoBackoff(), 2), protocol=2
+    )
+    yield Store(client, budget=10.0)
+    client.close()
+
+
+@pytest.fixture
+def direct(server: Any) -> Iterator[redis.Redis]:
+    client = redis.Redis(port=server.port)
+    yield client
+    client.close()
+
+
+def _freed_once_written(direct: redis.Redis, key: str) -> threading.Thread:
+    """Delete ``key`` as soon as it exists: the message's run, ended before the reply."""
+
+    def free() -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not direct.delete(key):
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=free, daemon=True)
+    thread.start()
+    return thread
+
+
+def _push(number: int) -> PendingPush:
+    keys = CallKeys.of(f"late:{{t:{number}}}", separate_run_lock=False)
+    queued = pack_queued(f"task-{number}", time.time(), None, new_nonce())
+    return PendingPush(keys, queued, TTL_MS, f"message-{number}", ["late-queue"])
+
+
+def _warm(store: Store) -> None:
+    # (The scripts known and the connection open, so that only the publish meets the delay.)
+    warm = _push(999)
+    store.push(warm)
+    store.client.delete(warm.keys.call, "late-queue")
+
+
+def test_a_publish_whose_reply_comes_late_is_never_sent_again(
+    store: Store, proxy: LateProxy, direct: redis.Redis
+) -> None:
+    _warm(store)
+    push = _push(1)
+    proxy.late = 1
+    freeing = _freed_once_written(direct, push.keys.call)
+    with pytest.raises(RedisUnavailable):  # its fate unknown to the caller
+        store.push(push)
+    freeing.join()
+    assert direct.llen("late-queue") == 1
+
+
+def test_a_batch_whose_replies_come_late_is_never_sent_again(
+    store: Store, proxy: LateProxy, direct: redis.Redis
+) -> None:
+    _warm(store)
+    pushes = [_push(number) for number in (2, 3)]
+    proxy.late = 1
+    freeing = [_freed_once_written(direct, push.keys.call) for push in pushes]
+    with pytest.raises(RedisUnavailable):
+        store.publish_many(pushes)
+    for thread in freeing:
+        thread.join()
+    assert direct.llen("late-queue") == 2
+
+
+def test_an_enqueue_whose_reply_comes_late_is_sent_again_and_answers_as_the_first(
+    store: Store, proxy: LateProxy
+) -> None:
+    # enqueue.lua answers its own resend (the key holds these very bytes) as accepted.
+    _warm(store)
+    keys = CallKeys.of("late:{t:enqueue}", separate_run_lock=False)
+    record = pack_queued("task-enqueue", time.time(), None, new_nonce())
+    proxy.late = 1
+    assert store.enqueue(keys, record, TTL_MS) is None
