@@ -8,7 +8,9 @@ More, with examples: the docs' API reference, dedupe.prometheus.
 from __future__ import annotations
 
 import collections
+import logging
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +33,9 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
 
 __all__ = ["LiveKeys", "enable"]
 
+# The worker's family: what it says at start goes where Celery's own start lines go.
+logger = logging.getLogger("dedupe.worker")
+
 _lock = threading.Lock()
 #: The registry that is exported, once set up (the counter lives in the default one).
 _exported: CollectorRegistry | None = None
@@ -51,6 +56,8 @@ def _set_up() -> CollectorRegistry:
                 event.signal.connect(_counting(counter, name), weak=False)
             _exported = _exported_registry()
             _exported.register(LiveKeys())
+            # (After the worker set up its logging, before its pool starts.)
+            signals.celeryd_after_setup.connect(_check_pool, weak=False)
         return _exported
 
 
@@ -113,6 +120,40 @@ def _exported_registry() -> CollectorRegistry:
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return registry
     return REGISTRY
+
+
+def _check_pool(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """At the start of a worker of an enabled app: say so if its children's counts are lost
+    (a prefork pool runs tasks in child processes, whose counters only prometheus_client's
+    multiprocess mode brings to the process that exports them)."""
+    app = getattr(instance, "app", None)
+    if app is None or app not in _apps or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    if not _forks_children(getattr(instance, "pool_cls", None)):
+        return
+    logger.warning(
+        "dedupe.prometheus is enabled on Celery app %r, but this worker's prefork pool runs "
+        "tasks in child processes and PROMETHEUS_MULTIPROC_DIR is not set: the run events "
+        "(run_claimed, key_released, ...) are counted in the children and never exported. "
+        "Set PROMETHEUS_MULTIPROC_DIR to an empty directory the worker may write to, in its "
+        "environment before it starts, or run it with -P threads or -P solo",
+        app.main,
+    )
+
+
+def _forks_children(pool: Any) -> bool:
+    """Is ``pool`` (a worker's pool class, or its name) Celery's prefork pool?"""
+    if isinstance(pool, str):
+        return pool in _PREFORK_NAMES
+    # (A subclass of the prefork pool was imported with it: not imported here, where a gevent
+    # or eventlet worker has no use for billiard.)
+    prefork = sys.modules.get("celery.concurrency.prefork")
+    return prefork is not None and isinstance(pool, type) and issubclass(pool, prefork.TaskPool)
+
+
+#: What a worker's ``pool_cls`` may say for the prefork pool before it is resolved to the
+#: class (Celery's aliases, and the class's path).
+_PREFORK_NAMES = frozenset({"prefork", "processes", "celery.concurrency.prefork:TaskPool"})
 
 
 def _serve_from_worker(app: Celery, port: int, registry: CollectorRegistry) -> None:

@@ -30,7 +30,7 @@ from dedupe.values.record import Holder
 from .call import Call, publisher_for, resolve_task
 from .call_sender import CallSender
 from .guard import PreparedCall, forget_result, publish_prepared
-from .publish_seam import declaring_once, pushing_through_many
+from .publish_seam import declaring_once, pushing_through_many, within_budget
 from .record_state import RecordState
 from .result import DedupeResult
 
@@ -210,33 +210,45 @@ def _build_messages(
     """Publish each accepted call through Celery with its push held back (the plan keeps
     it). A call whose publish raises frees its record; the first such error is returned,
     to be raised once the others are out."""
-    app = prepared[accepted[0]].call.app
+    first = prepared[accepted[0]]
+    app = first.call.app
     plans = {prepared[i].task_id: prepared[i].plan for i in accepted}
     for plan in plans.values():
         plan.deferred = True
     failure: Exception | None = None
-    given = prepared[accepted[0]].call.options.get("producer")  # (the batch's options)
+    given = first.call.options.get("producer")  # (the batch's options)
     acquired = app.producer_pool.acquire(block=True) if given is None else None
     # One sender per publish (a batch of apply_many has one; publish_many's, any number).
     senders: dict[int, CallSender | None] = {}
-    with (
-        acquired if acquired is not None else nullcontext(given) as producer,
-        pushing_through_many(producer, plans),
-        declaring_once(producer),
-    ):
+    # The batch's budget runs from its first call's start (all were prepared together).
+    options = [prepared[i].call.options for i in accepted]
+    try:
+        with (
+            acquired if acquired is not None else nullcontext(given) as producer,
+            within_budget(producer, app, first.shape.budget, first.deadline, options),
+            pushing_through_many(producer, plans),
+            declaring_once(producer),
+        ):
+            for index in accepted:
+                call = prepared[index]
+                call.call.options["producer"] = producer
+                key = id(call.call.publish)
+                if key not in senders:
+                    senders[key] = CallSender.of(
+                        call.call, producer, alike=_alike(prepared, accepted, call)
+                    )
+                try:
+                    results[index] = call.publish(senders[key])
+                except Exception as exc:
+                    call.cancel_record()
+                    failure = failure or exc
+    except Exception as exc:
+        # No publish was tried (the broker could not be reached within the budget): free
+        # every key the batch holds, or each would refuse the caller's retry.
         for index in accepted:
-            call = prepared[index]
-            call.call.options["producer"] = producer
-            key = id(call.call.publish)
-            if key not in senders:
-                senders[key] = CallSender.of(
-                    call.call, producer, alike=_alike(prepared, accepted, call)
-                )
-            try:
-                results[index] = call.publish(senders[key])
-            except Exception as exc:
-                call.cancel_record()
-                failure = failure or exc
+            if results[index] is None:
+                prepared[index].cancel_record()
+        failure = failure or exc
     return failure
 
 

@@ -50,6 +50,7 @@ from .publish_seam import (
     deciding_at_push,
     declaring_once,
     pushing_through,
+    within_budget,
 )
 from .record_state import RecordState
 from .result import DedupeResult, duplicate_result, mark_result
@@ -94,7 +95,7 @@ class CallShape:
     A plain class with slots: one is made for every single call, and a frozen dataclass
     costs it a microsecond more."""
 
-    __slots__ = ("provisional_ttl_ms", "runtime", "task_expires", "unique")
+    __slots__ = ("budget", "provisional_ttl_ms", "runtime", "task_expires", "unique")
 
     def __init__(self, call: Call, overrides: Mapping[str, Any] | None) -> None:
         runtime = self.runtime = runtime_of(call.app)
@@ -108,6 +109,8 @@ class CallShape:
         #: The task's own ``expires`` (a call's ``expires`` option comes first).
         self.task_expires: Any = getattr(call.task, "expires", None)
         self.provisional_ttl_ms = milliseconds(config.provisional_ttl)
+        #: ``dedupe_call_budget``: seconds the call may wait on Redis, the broker's included.
+        self.budget = config.call_budget
 
 
 class PreparedCall:
@@ -140,6 +143,8 @@ class PreparedCall:
         :attr:`shape` of a call of the same app and task with the same options."""
         self.call = call
         self._decide_first = decide_first
+        #: When the call began (``time.monotonic()``): its budget runs from here.
+        self.started = time.monotonic()
         app, options = call.app, call.options
         overrides = pop_call_options(options)
         if shape is None:
@@ -252,6 +257,19 @@ class PreparedCall:
         return self.runtime.store
 
     @property
+    def deadline(self) -> float | None:
+        """The latest a publish may still wait on the broker (None: no call budget)."""
+        budget = self.shape.budget
+        return self.started + budget if budget else None
+
+    def within_budget(self, producer: Any) -> contextlib.AbstractContextManager[None]:
+        """The block of this call's publish through ``producer``: no wait on the broker past
+        the call budget (:func:`~dedupe.producer.publish_seam.within_budget`)."""
+        return within_budget(
+            producer, self.call.app, self.shape.budget, self.deadline, [self.call.options]
+        )
+
+    @property
     def writes_first(self) -> bool:
         """The call writes its record before the publish (a provisional one)."""
         return self.kind != "eager" and self.path in ("decide", "confirm")
@@ -304,7 +322,11 @@ class PreparedCall:
         with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
             call.options["producer"] = producer
             try:
-                with self._seam(producer, decision), declaring_once(producer):
+                with (
+                    self.within_budget(producer),
+                    self._seam(producer, decision),
+                    declaring_once(producer),
+                ):
                     result = self.publish(sender_for(call, producer))
             except Refused as exc:
                 # Caught inside the block: kombu (5.5+) replaces the connection of a pooled
@@ -512,8 +534,14 @@ class PreparedCall:
 
     def publish_unrecorded(self) -> DedupeResult:
         """The publish after a first write of unknown fate: plain (what the write left, if
-        anything, the provisional ttl frees)."""
-        return self.publish()
+        anything, the provisional ttl frees), within what is left of the call budget."""
+        call = self.call
+        given = call.options.get("producer")
+        acquired = call.app.producer_pool.acquire(block=True) if given is None else None
+        with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
+            call.options["producer"] = producer
+            with self.within_budget(producer):
+                return self.publish()
 
 
 def forget_result(app: Celery, task_id: str) -> None:
