@@ -203,11 +203,6 @@ def test_without_a_budget_a_call_fails_as_its_retry_policy_says(
     assert took < 0.6 + MARGIN
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the restore of unacked messages on a fresh store (dedupe/recovery/unacked.py) "
-    "connects to the broker with kombu's connect timeout (6 s), outside the budget",
-)
 def test_a_call_on_a_fresh_store_apart_from_a_broker_that_is_down_raises_within_the_budget(
     make_app: Callable[..., Celery], broker: RedisServer, redis_url: str
 ) -> None:

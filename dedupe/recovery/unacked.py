@@ -122,6 +122,9 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
     # kombu's own channel: its client knows the broker's URL forms (Sentinel, sockets, TLS),
     # and the channel the names of the unacked hash and index.
     with app.connection_for_write() as connection:
+        # One try: this runs inside a call, and kombu's default_channel would connect with
+        # its retries (6 s with the broker down); a failed restore is tried again later.
+        connection.ensure_connection(max_retries=0)
         channel = connection.default_channel
         client = channel.client
         unacked = _named_for(client, "HGETALL", channel.unacked_key)
