@@ -4,7 +4,6 @@ again by the time it is sent): its fate is reported as unknown instead."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
@@ -22,48 +21,26 @@ from dedupe.values.keys import CallKeys
 from dedupe.values.record import new_nonce, pack_queued
 
 from .conftest import RedisFactory
+from .proxies import RedisProxy
 
 TTL_MS = 60_000
 #: The client's socket timeout, and how late the server's replies come once ``late`` is set.
 TIMEOUT, LATE = 0.3, 0.8
 
 
-class LateProxy:
-    """A TCP proxy to a Redis that hands the server's next ``late`` writes to the client
-    ``LATE`` seconds after they came: a reply stalled on its way, as the client sees it
-    (the server itself ran the command at once)."""
+class LateProxy(RedisProxy):
+    """Hands the server's next ``late`` writes to the client ``LATE`` seconds after they came:
+    a reply stalled on its way, as the client sees it (the server ran the command at once)."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port, self.late = target_port, 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = [self.listener]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target_port)
+        self.late = 0
 
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = self.listener.accept()
-                server = socket.create_connection(("127.0.0.1", self.target_port))
-                self.sockets += [client, server]
-                for source, sink, late in ((client, server, False), (server, client, True)):
-                    threading.Thread(
-                        target=self._pipe, args=(source, sink, late), daemon=True
-                    ).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                if from_server and self.late > 0:
-                    self.late -= 1
-                    time.sleep(LATE)
-                sink.sendall(data)
-        with contextlib.suppress(OSError):
-            sink.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        for sock in self.sockets:
-            sock.close()
+    def deliver(self, sink: socket.socket, data: bytes) -> None:
+        if self.late > 0:
+            self.late -= 1
+            time.sleep(LATE)
+        sink.sendall(data)
 
 
 @pytest.fixture

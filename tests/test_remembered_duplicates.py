@@ -26,6 +26,7 @@ from dedupe.runs.runtime import runtime_of
 
 from .conftest import RedisFactory, in_process_worker
 from .helpers import wait_for
+from .proxies import RedisProxy
 
 
 def evalsha_calls(server: RedisServer) -> int:
@@ -359,49 +360,21 @@ def test_call_deduplicated_says_whether_the_answer_was_remembered(store_app: Any
     assert said == [False, False, True]
 
 
-class HalvingProxy:
-    """A TCP proxy to a Redis that, once ``halve`` is set, hands each of the server's writes
-    to the client in two halves, the second ``pause`` seconds after the first: a message cut
-    across two segments, as a network may deliver it."""
+class HalvingProxy(RedisProxy):
+    """Once ``halve`` is set, hands each of the server's writes to the client in two halves,
+    the second ``pause`` seconds after the first: a message cut across two segments, as a
+    network may deliver it."""
 
     def __init__(self, target_port: int, pause: float) -> None:
-        self.target_port, self.pause, self.halve = target_port, pause, False
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.sockets: list[socket.socket] = [self.listener]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target_port)
+        self.pause, self.halve = pause, False
 
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = self.listener.accept()
-                server = socket.create_connection(("127.0.0.1", self.target_port))
-                self.sockets += [client, server]
-                threading.Thread(
-                    target=self._pipe, args=(client, server, False), daemon=True
-                ).start()
-                threading.Thread(
-                    target=self._pipe, args=(server, client, True), daemon=True
-                ).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                if from_server and self.halve and len(data) > 1:
-                    sink.sendall(data[: len(data) // 2])
-                    time.sleep(self.pause)
-                    data = data[len(data) // 2 :]
-                sink.sendall(data)
-        with contextlib.suppress(OSError):
-            sink.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        for sock in self.sockets:
-            sock.close()
+    def deliver(self, sink: socket.socket, data: bytes) -> None:
+        if self.halve and len(data) > 1:
+            sink.sendall(data[: len(data) // 2])
+            time.sleep(self.pause)
+            data = data[len(data) // 2 :]
+        sink.sendall(data)
 
 
 def test_a_change_pushed_in_two_segments_is_waited_for(

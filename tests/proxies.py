@@ -1,0 +1,53 @@
+"""A loopback TCP proxy to a Redis whose deliveries of the server's writes a test shapes: the
+network between a client and its server, as a fault test needs it."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class RedisProxy:
+    """Passes bytes both ways; the server's writes go through :meth:`deliver`, which a
+    subclass makes late or cut."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def deliver(self, sink: socket.socket, data: bytes) -> None:
+        """Hand one of the server's writes to the client."""
+        sink.sendall(data)
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+                self.sockets += [client, server]
+                for source, sink, from_server in ((client, server, False), (server, client, True)):
+                    threading.Thread(
+                        target=self._pipe, args=(source, sink, from_server), daemon=True
+                    ).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, from_server: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                if from_server:
+                    self.deliver(sink, data)
+                else:
+                    sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
