@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, Task
 
 import dedupe
 
@@ -123,6 +123,26 @@ def test_a_plain_call_keeps_properties_of_its_own(
 ) -> None:
     plain = app.task(shared=False, name="loud.props")(_body)
     plain.apply_async((1,), report_kind="daily")
+    assert queue_length(app) == 1
+
+
+class _AnotherLibrarysBase(Task):  # type: ignore[type-arg]
+    """A base of another dedup library whose options share our names (celery-singleton's
+    Singleton has unique_on and on_duplicate)."""
+
+    abstract = True
+    unique_on: list[str] | None = None
+
+    def on_duplicate(self, existing_task_id: str) -> None: ...
+
+
+def test_a_task_of_another_librarys_base_keeps_the_options_that_base_owns(
+    app: Celery, queue_length: Callable[[Celery], int]
+) -> None:
+    task = app.task(shared=False, name="loud.other", base=_AnotherLibrarysBase, unique_on=["x"])(
+        _body
+    )
+    task.apply_async((1,))
     assert queue_length(app) == 1
 
 

@@ -269,9 +269,12 @@ def check_declared(task: type[AnyTask], task_name: str) -> None:
 
 
 def check_plain_task(task: type[AnyTask], task_name: str) -> None:
-    """Refuse a task that is no DedupeTask but declares an option of celery-dedupe (it
-    would deduplicate nothing)."""
-    check_names(f"task {task_name!r}", _declared(task), ())
+    """Refuse a task that is no DedupeTask but was declared with an option of celery-dedupe
+    (``@app.task(unique=True)``: it would deduplicate nothing). Only what the task's own class
+    sets and no base defines: another library's base may own the same names (celery-singleton
+    has ``unique_on`` and ``on_duplicate``)."""
+    inherited = {name for klass in task.__mro__[1:] for name in vars(klass)}
+    check_names(f"task {task_name!r}", sorted(set(vars(task)) - inherited), ())
 
 
 def _declared(task: type[AnyTask]) -> list[str]:
