@@ -77,6 +77,9 @@ COMPAT_TESTS = [
     "tests/test_heartbeat.py",
     "tests/test_restore.py",
     "tests/test_held_messages.py",
+    "tests/test_broker_budget.py",
+    "tests/test_late_replies.py",
+    "tests/test_loud_failures.py",
 ]
 
 
