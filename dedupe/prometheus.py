@@ -1,8 +1,7 @@
 """Prometheus metrics for the dedup layer (``pip install 'celery-dedupe[prometheus]'``).
 
-One line where the app is made:
-
-More, with examples: the docs' API reference, dedupe.prometheus.
+One line where the app is made: ``dedupe.prometheus.enable(app)`` (a worker: ``port=9808``
+serves ``/metrics``). More, with examples: the docs' API reference, dedupe.prometheus.
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ Switch schedulers with one flag::
     celery -A proj beat -S dedupe.beat.database:DedupeDatabaseScheduler       # django-celery-beat
     celery -A proj beat -S dedupe.beat.redbeat:DedupeRedBeatScheduler         # celery-redbeat
 
-or compose the mixin with any other scheduler (first in the bases)::
-
+or compose the mixin (``DedupeSchedulerMixin``) with any other scheduler, first in the bases.
 More, with examples: the docs' API reference, dedupe.beat.
 """
 

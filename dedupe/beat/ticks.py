@@ -5,9 +5,8 @@ its own phase, so "the previous run is over" alone lets every beat send a short 
 interval. A tick claim makes the sends of one tick one send: the first beat to claim
 ``(entry, tick)`` sends, the others skip that tick.
 
-A tick must name the same moment in every beat:
-
-Design notes: docs/design-notes.md, "dedupe.beat.ticks".
+A tick must name the same moment in every beat (how, per kind of schedule, is in the design
+notes: docs/design-notes.md, "dedupe.beat.ticks").
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@ call, Celery's ``apply_async`` and ``send_task`` spend much of their time on wha
 for every call of a batch: the task's and the app's settings, read through the app's layered
 configuration, and the producer's context (kombu's part is the batch seam's:
 :mod:`dedupe.producer.publish_seam`). :class:`CallSender` reads the task's and the app's part once,
-and per call does what ``send_task`` does with it:
-
-Design notes: docs/design-notes.md, "dedupe.producer.call_sender".
+and per call does what ``send_task`` does with it (step by step in the design notes:
+docs/design-notes.md, "dedupe.producer.call_sender").
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ call that asks first, or any call on another broker, writes a provisional record
 publish (see :class:`PreparedCall` for the paths). A call refused at the push unsubscribes
 the result Celery subscribed to for it.
 
-The kinds of call:
-
-Design notes: docs/design-notes.md, "dedupe.producer.guard".
+The kinds of call, and the paths, are in the design notes (docs/design-notes.md,
+"dedupe.producer.guard").
 """
 
 from __future__ import annotations

@@ -8,9 +8,7 @@ node by node). Anything that says the layout moved (a MOVED or ASK redirect, TRY
 CLUSTERDOWN, a READONLY replica, a lost connection) sends the call again through redis-py's
 cluster client, which follows the redirects and learns the new layout from the cluster; the
 next calls read their masters from it. What the cluster client leaves to its caller is done
-here too:
-
-Design notes: docs/design-notes.md, "dedupe.store.cluster_runner".
+here too (listed in the design notes: docs/design-notes.md, "dedupe.store.cluster_runner").
 """
 
 from __future__ import annotations

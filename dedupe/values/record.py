@@ -2,9 +2,8 @@
 
 One msgpack array per key, decoded by the Lua scripts with ``cmsgpack``. Hence: no bin or
 ext types (``use_bin_type=False``), no None values, ids as strings (Lua numbers are doubles).
-The state is told by the shape, so no field names and no state field are stored:
-
-Design notes: docs/design-notes.md, "dedupe.values.record".
+The state is told by the shape, so no field names and no state field are stored (the shapes
+are in the design notes: docs/design-notes.md, "dedupe.values.record").
 """
 
 from __future__ import annotations

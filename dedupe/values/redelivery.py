@@ -3,9 +3,8 @@
 A run of an ``acks_late`` task holds an unacknowledged message: if the worker dies (SIGKILL,
 OOM killer, a lost node) the broker gives it back, and the key must stay with it until it runs
 again, or a new call is accepted beside it. The lease (liveness) stays short; the running
-record lives for the redelivery horizon:
-
-Design notes: docs/design-notes.md, "dedupe.values.redelivery".
+record lives for the redelivery horizon, by broker (the table is in the design notes:
+docs/design-notes.md, "dedupe.values.redelivery").
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Worker side, in the process that runs the task: claim the key when a run starts, guard
 it, release it when the run ends.
 
-Where each ending is seen (``after_return`` misses most of them):
-
-Design notes: docs/design-notes.md, "dedupe.worker.execution".
+Each way a run ends is seen where Celery reports it (``after_return`` misses most of them;
+the list is in the design notes: docs/design-notes.md, "dedupe.worker.execution").
 """
 
 from __future__ import annotations
