@@ -1,9 +1,8 @@
 """``dedupe.install(app)``: enable celery-dedupe on an app, and connect the worker's handlers.
 
 Handlers in :mod:`dedupe.worker.execution` (the process that runs the task) and
-:mod:`dedupe.worker.main_process` (the prefork pool's parent):
-
-Design notes: docs/design-notes.md, "dedupe.installer".
+:mod:`dedupe.worker.main_process` (the prefork pool's parent); which signal each serves is in
+the design notes (docs/design-notes.md, "dedupe.installer").
 """
 
 from __future__ import annotations
@@ -42,14 +41,16 @@ def install(app: Celery) -> None:
         dedupe.install(app)
     """
     add_runtime(app)
-    route_through(app)
-    app.on_after_configure.connect(_check_settings, sender=app, weak=False)
+    # Each time Celery reads the settings; now, if it has read them already.
+    app.on_after_configure.connect(_on_configure, sender=app, weak=False)
     if getattr(app, "configured", False):  # (untyped in celery-types)
+        route_through(app)
         DedupeConfig.from_app(app)
     connect()
 
 
-def _check_settings(sender: Celery, **_: Any) -> None:
+def _on_configure(sender: Celery, **_: Any) -> None:
+    route_through(sender)
     # (Celery logs what a signal receiver raises as a traceback: one line says it better.)
     try:
         DedupeConfig.from_app(sender)

@@ -56,19 +56,9 @@ def _with_router(routes: Any) -> tuple[Any, ...]:
 
 
 def route_through(app: Celery) -> None:
-    """Put the router first in ``app``'s routes now if its settings are read, and each time
-    they are (re)read: a router of the settings only, ``config_from_object`` after
-    ``install`` would drop it."""
-    app.on_after_configure.connect(_on_configure, sender=app, weak=False)
-    if getattr(app, "configured", False):  # (untyped in celery-types)
-        _route(app)
-
-
-def _on_configure(sender: Celery, **_: Any) -> None:
-    _route(sender)
-
-
-def _route(app: Celery) -> None:
+    """Put the router first in ``app``'s routes (once), and in the router Celery made of
+    them. Its settings must be read; again each time they are (``config_from_object`` after
+    ``install`` reads routes without it)."""
     routes = _with_router(app.conf.task_routes)
     if routes == app.conf.task_routes:
         return
