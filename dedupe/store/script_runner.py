@@ -170,14 +170,11 @@ class ScriptRunner:
         twice (it pushes a message): tried again only if it was not written, else
         :class:`Unanswered`."""
         command = self._pack(script, keys, args)
-
-        def call() -> Any:
-            return self._call(script, command) if resend else self._call_once(script, command)
-
+        call = self._call if resend else self._call_once
         try:
-            return call()
-        except self._retried as first:
-            return self._retrying(first, call)
+            return call(script, command)
+        except self._retried as first:  # (the retry's closure made only when it is needed)
+            return self._retrying(first, lambda: call(script, command))
 
     def _call_once(self, script: Script, command: bytes) -> Any:
         try:
