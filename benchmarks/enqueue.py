@@ -32,15 +32,15 @@ ROUND_TRIP = "redis-py PING"
 #: publish's time before each. Its ratio less 1.0 is what a round trip adds to a call, the
 #: floor of a duplicate's ratio (a duplicate is one round trip and our CPU).
 FLOOR = "plain apply_async + one polled round trip"
-#: A duplicate of an app that remembers no answer (``dedupe_remember_duplicates=0``): every
-#: duplicate asks Redis, as the first duplicate of a key in a thread always does.
-ASKED = "dedupe duplicate, asked of Redis"
+#: A duplicate of an app that remembers answers (``dedupe_remember_duplicates=1``, off by
+#: default): a thread's repeated duplicate is answered from memory, without a round trip.
+REMEMBERED = "dedupe duplicate, remembered (dedupe_remember_duplicates=1)"
 
 
-def _asked_duplicate(broker: str, **conf: Any) -> tuple[Callable[[int], Any], Celery]:
-    """:data:`ASKED`'s call, a duplicate of a key held in an app of its own, and that app
+def _remembered_duplicate(broker: str, **conf: Any) -> tuple[Callable[[int], Any], Celery]:
+    """:data:`REMEMBERED`'s call, a duplicate of a key held in an app of its own, and that app
     (its queue holds the holder's message)."""
-    app = make_app(broker, dedupe_remember_duplicates=0, **conf)
+    app = make_app(broker, dedupe_remember_duplicates=1, **conf)
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def asked(x: int) -> None: ...
@@ -92,7 +92,7 @@ def run(url: str, rounds: int, calls: int) -> Timings:
             clearer(app, f"{prefix}:*", hold=hold),
         ),
         "dedupe duplicate": (lambda i: unique.apply_async((-1,)), None),
-        ASKED: (_asked_duplicate(url)[0], None),
+        REMEMBERED: (_remembered_duplicate(url)[0], None),
         "dedupe bulk accepted": (
             bulk(lambda i: [(j,) for j in range(i, i + BATCH)]),
             clearer(app, f"{prefix}:*", hold=hold),
@@ -135,18 +135,18 @@ def run_rabbitmq(redis_url: str, amqp_url: str, rounds: int, calls: int) -> Timi
 
     plain.delay(0)  # declares the queue
     clear()
-    asked, asked_app = _asked_duplicate(amqp_url, dedupe_redis_url=redis_url)
+    remembered, remembered_app = _remembered_duplicate(amqp_url, dedupe_redis_url=redis_url)
     variants: dict[str, Variant] = {
         PLAIN: (lambda i: plain.apply_async((i,)), clear),
         "dedupe accepted": (lambda i: unique.apply_async((i,)), clear),
         "dedupe duplicate": (lambda i: unique.apply_async((-1,)), None),
-        ASKED: (asked, None),
+        REMEMBERED: (remembered, None),
         FLOOR: (_then_a_round_trip(redis_url, lambda i: plain.apply_async((i,))), clear),
     }
     try:
         return interleaved(variants, rounds, calls)
     finally:
-        for made in (app, asked_app):
+        for made in (app, remembered_app):
             with made.connection_for_write() as connection:
                 connection.default_channel.queue_delete(made.conf.task_default_queue)
             made.close()

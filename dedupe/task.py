@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from celery import Celery, signals
+from celery.exceptions import Reject, Retry
 from celery.result import AsyncResult
 
 from .errors import ConfigurationError
@@ -18,7 +19,7 @@ from .runs.runtime import installed
 from .values.generics import AnyTask
 from .values.header import HEADER
 from .values.options import CALL_OPTIONS, Until, check_call_names, check_declared
-from .worker.execution import guard, refuse_uninstalled
+from .worker.execution import end_of_body, guard, refuse_uninstalled
 
 __all__ = ["DedupeTask"]
 
@@ -192,6 +193,19 @@ class DedupeTask(AnyTask):
         """The execution guard: skip or defer this run if another run of its key is live."""
         refuse_uninstalled(self, task_id)
         guard(self, task_id)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the task; in a worker, free its key as the body ends, before Celery stores
+        the result: a caller whose ``.get()`` returned may call again at once."""
+        try:
+            value = super().__call__(*args, **kwargs)
+        except (Retry, Reject):
+            raise  # (the key goes with the retry's message, or back to the queue)
+        except Exception:
+            end_of_body(self, failed=True)
+            raise
+        end_of_body(self, failed=False)
+        return value
 
 
 @signals.worker_init.connect

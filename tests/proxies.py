@@ -27,6 +27,10 @@ class RedisProxy:
         """Hand one of the server's writes to the client."""
         sink.sendall(data)
 
+    def forward(self, sink: socket.socket, data: bytes, source: socket.socket) -> None:
+        """Hand one of the client's writes to the server."""
+        sink.sendall(data)
+
     def _accept(self) -> None:
         with contextlib.suppress(OSError):
             while True:
@@ -44,10 +48,31 @@ class RedisProxy:
                 if from_server:
                     self.deliver(sink, data)
                 else:
-                    sink.sendall(data)
+                    self.forward(sink, data, source)
         with contextlib.suppress(OSError):
             sink.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
         for sock in self.sockets:
             sock.close()
+
+
+class CuttingProxy(RedisProxy):
+    """Drops a client's connection, unsent, when it writes a command holding each of
+    ``cut_at`` (once): the server never sees that command, and the client's next read finds
+    the connection closed."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self.cut_at: tuple[bytes, ...] = ()
+        self.cuts = 0
+
+    def forward(self, sink: socket.socket, data: bytes, source: socket.socket) -> None:
+        if self.cut_at and all(part in data for part in self.cut_at):
+            self.cut_at = ()
+            self.cuts += 1
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            return
+        sink.sendall(data)

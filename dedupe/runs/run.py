@@ -109,6 +109,8 @@ class Run:
     #: A continuation of this task id was published during the run: the key goes back to
     #: queued for it when the run ends, ``(ttl, eta)`` of its record.
     handover: tuple[float, float | None] | None = None
+    #: The key was released as the body ended, before the result was stored.
+    released: bool = False
 
     def hand_over_at_end(self, task: Any, keys: CallKeys, ttl: float, eta: float | None) -> bool:
         """Keep the key until this run ends, then hand it to a continuation of its task id

@@ -293,6 +293,9 @@ class ClusterScriptRunner:
             raise slot.error
         return slot.value
 
+    def flush(self) -> None:
+        """Nothing to read: every send waited for its reply."""
+
     def _evalsha(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         client: Any = self._client  # (evalsha's arguments are untyped in redis-py)
         try:

@@ -54,6 +54,10 @@ class ScriptCalls(Protocol):
     def result(self, slot: Reply) -> Any:
         """The reply of a :meth:`send` made with ``reply=True`` (waits for it)."""
 
+    def flush(self) -> None:
+        """Read the replies of this thread's sends now (sent again if the connection was
+        lost): what was sent is applied once this returns."""
+
     def command(self, attempt: Callable[[], _T]) -> _T:
         """``attempt()``: a command of the client itself, under the retries that suit it."""
 

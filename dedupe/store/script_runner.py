@@ -14,12 +14,14 @@ Design notes: docs/design-notes.md, "dedupe.store.script_runner".
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import select
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -48,6 +50,10 @@ _RETRY_POLL_AFTER = 63
 # waits for its reply instead (one round trip, once per idle spell: a release after a run
 # longer than this). Redis's shortest idle timeout is 1 s.
 _TRUSTED_IDLE = 0.5
+#: Seconds between two looks of the sweeper for sends whose replies nobody read: a reply the
+#: sending thread has not read within about twice this (it went on to other work, or ended)
+#: is read by the sweeper, and a send the connection lost is sent again.
+_SWEEP_EVERY = 0.1
 
 _T = TypeVar("_T")
 
@@ -83,7 +89,10 @@ class Reply:
         self.value, self.error, self.done = value, error, True
 
 
-class _Local(threading.local):
+class _Local:
+    """One thread's connection and what is in flight on it. Only its thread uses it, under
+    its ``lock``; the sweeper too, with the lock, once the thread leaves sends unread."""
+
     connection: AbstractConnection | None = None
     sock: socket.socket | None = None
     forks: int = -1
@@ -113,8 +122,11 @@ class _Local(threading.local):
     owed: int = 0
     #: The current call's command was written: its fate is the server's from then on.
     wrote: bool = False
+    #: In the runner's set of connections with sends whose replies are owed.
+    owing: bool = False
 
     def __init__(self, remember_for: float) -> None:
+        self.lock = threading.RLock()
         #: Remembered answers of tracked keys, until Redis says the key changed.
         self.known = RememberedAnswers(remember_for)
         #: Bytes received and not parsed yet (the start of the next reply).
@@ -124,6 +136,20 @@ class _Local(threading.local):
         self.pending: deque[tuple[Script | None, bytes, Reply | None]] = deque()
         #: Calls sent on a connection that was lost before their replies came: send again.
         self.unsent: list[tuple[Script | None, bytes, Reply | None]] = []
+
+
+class _Threads(threading.local):
+    local: _Local | None = None
+
+
+#: Every runner, for the sends that must land before the process exits.
+_runners: weakref.WeakSet[ScriptRunner] = weakref.WeakSet()
+
+
+@atexit.register
+def _land_at_exit() -> None:
+    for runner in list(_runners):
+        runner.land(wait=True)
 
 
 class ScriptRunner:
@@ -156,12 +182,26 @@ class ScriptRunner:
             getattr(self._retry, "_supported_errors", None)
             or (redis.ConnectionError, redis.TimeoutError, TimeoutError)
         )
-        self._local = _Local(remember_for)
+        self._threads = _Threads()
+        #: The connections that owe replies of sends (read by the sweeper, if their thread
+        #: does not), and the fork they belong to.
+        self._owing: set[_Local] = set()
+        self._owing_lock = threading.Lock()
+        self._owing_forks = -1
+        _runners.add(self)
         self._encoding = str(self._pool.connection_kwargs.get("encoding", "utf-8"))
         #: SHAs of scripts the server answered since the last lost connection.
         self._known: set[str] = set()
         #: The constant start of each (script, number of keys, number of args) command.
         self._heads: dict[tuple[str, int, int], bytes] = {}
+
+    @property
+    def _local(self) -> _Local:
+        """This thread's connection (the sweeper's: the one it reads for)."""
+        local = self._threads.local
+        if local is None:
+            local = self._threads.local = _Local(self._remember_for)
+        return local
 
     def __call__(
         self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
@@ -171,10 +211,11 @@ class ScriptRunner:
         :class:`Unanswered`."""
         command = self._pack(script, keys, args)
         call = self._call if resend else self._call_once
-        try:
-            return call(script, command)
-        except self._retried as first:  # (the retry's closure made only when it is needed)
-            return self._retrying(first, lambda: call(script, command))
+        with self._local.lock:
+            try:
+                return call(script, command)
+            except self._retried as first:  # (the retry's closure made only when needed)
+                return self._retrying(first, lambda: call(script, command))
 
     def _call_once(self, script: Script, command: bytes) -> Any:
         try:
@@ -238,6 +279,12 @@ class ScriptRunner:
         connection sends them all again (under the Retry policy), unless ``resend=False``
         (see :meth:`__call__`): the scripts answer a resent command as its first sending did
         while its key still holds what the first wrote."""
+        with self._local.lock:
+            return self._call_many(script, calls, resend)
+
+    def _call_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]], resend: bool
+    ) -> list[Any]:
         replies: list[Any] = []
         if calls and script.sha not in self._known:
             # The first alone loads the script if the server lacks it (NOSCRIPT).
@@ -297,8 +344,9 @@ class ScriptRunner:
         """Run a script without waiting for its reply (read before the next call). With
         ``reply``, the reply is kept: :meth:`result` waits for it, later, on this thread."""
         slot = Reply() if reply else None
+        local = self._local
         # (A send whose reply is kept is read later, and sent again if the connection died.)
-        idle = time.monotonic() - self._local.used_at if slot is None else 0.0
+        idle = time.monotonic() - local.used_at if slot is None else 0.0
         if script.sha not in self._known or idle > _TRUSTED_IDLE:
             value = self(script, keys, args)
             if slot is not None:
@@ -315,10 +363,79 @@ class ScriptRunner:
                 # often in the same recv.
                 self._resend_unsent(sock)
             self._send(sock, command)
-            self._local.pending.append((script, command, slot))
+            local.pending.append((script, command, slot))
 
-        self._tried(send_now)
+        with local.lock:
+            self._tried(send_now)
+        if not local.owing:
+            self._owe(local)
         return slot
+
+    def flush(self) -> None:
+        """Read the replies of this thread's sends now; a lost connection sends them again
+        (under the Retry policy): what was sent is applied once this returns."""
+        local = self._local
+        if local.pending or local.unsent:
+            with local.lock:
+                self._tried(lambda: self._catch_up(self._socket()))
+
+    def land(self, *, wait: bool = False) -> None:
+        """Read the replies every thread owes for its sends, or send them again on a new
+        connection: those of threads that left them unread for a sweep (``wait``: all, as
+        the process exits, waiting for a thread that is in a call)."""
+        if self._owing_forks != _forks:
+            return  # (a forked child: the set holds its parent's connections)
+        with self._owing_lock:
+            owing = list(self._owing)
+        now = time.monotonic()
+        for local in owing:
+            if not wait and now - local.used_at < _SWEEP_EVERY:
+                continue  # (its thread is likely to read them itself, at its next call)
+            if not local.lock.acquire(timeout=1.0 if wait else 0):
+                continue
+            try:
+                if local.pending or local.unsent:
+                    self._land(local)
+                if not (local.pending or local.unsent):
+                    with self._owing_lock:
+                        self._owing.discard(local)
+                        local.owing = False
+            finally:
+                local.lock.release()
+
+    def _land(self, local: _Local) -> None:
+        # Read as that thread: every method here works on the calling thread's connection.
+        threads = self._threads
+        mine, threads.local = threads.local, local
+        try:
+            self._tried(lambda: self._catch_up(self._socket()))
+        except redis.RedisError as exc:  # (the sends stay: the next sweep tries again)
+            logger.warning("sends to the dedup Redis are not landed yet: %r", exc)
+        finally:
+            threads.local = mine
+
+    def _owe(self, local: _Local) -> None:
+        """``local`` has sends whose replies are not read: the sweeper reads them if its
+        thread does not."""
+        with self._owing_lock:
+            if self._owing_forks != _forks:
+                self._owing, self._owing_forks = set(), _forks
+                threading.Thread(
+                    target=self._sweep, args=(_forks,), name="dedupe-sweeper", daemon=True
+                ).start()
+            self._owing.add(local)
+            local.owing = True
+
+    def _sweep(self, forks: int) -> None:
+        runner = weakref.ref(self)
+        del self  # (the sweeper must not keep its runner alive)
+        while forks == _forks:
+            time.sleep(_SWEEP_EVERY)
+            alive = runner()
+            if alive is None:
+                return
+            alive.land()
+            del alive
 
     def result(self, slot: Reply) -> Any:
         """The reply of a :meth:`send` made with ``reply=True`` on this thread (waits for it;
@@ -328,7 +445,8 @@ class ScriptRunner:
             if not slot.done:
                 self._catch_up(self._socket())
 
-        self._tried(read)
+        with self._local.lock:
+            self._tried(read)
         if slot.error is not None:
             raise slot.error
         return slot.value
@@ -360,10 +478,10 @@ class ScriptRunner:
         tracked from then on, else None. :meth:`remember` keeps an answer made of it."""
         command = self._pack(script, keys, args)
         sent_at: list[float | None] = [None]
+        local = self._local
 
         def attempt() -> Any:
             sock = self._socket()  # (a new connection starts tracking here)
-            local = self._local
             if not local.tracking or script.sha not in self._known:
                 sent_at[0] = None
                 return self._call(script, command)
@@ -388,22 +506,27 @@ class ScriptRunner:
                 sent_at[0] = None  # sent again after NOSCRIPT, untracked
             return reply
 
-        return self._tried(attempt), sent_at[0]
+        with local.lock:
+            return self._tried(attempt), sent_at[0]
 
     def remember(self, key: str, until: float, value: Any) -> None:
         """Keep ``value`` as this thread's answer for ``key`` until Redis says the key changed,
         or ``until`` (time.monotonic(); capped at ``remember_for`` from now). Only for a key a
         :meth:`call_tracked` just read, tracked."""
-        if self._local.tracking:
-            self._local.known.keep(key.encode(self._encoding), until, value)
+        local = self._local
+        with local.lock:
+            if local.tracking:
+                local.known.keep(key.encode(self._encoding), until, value)
 
     def note_duplicate(self, key: str) -> None:
         """``key`` was met held (asked untracked): a duplicate of it again within
         ``remember_for`` is worth tracking (:meth:`worth_tracking`)."""
-        if self._local.tracking:
-            self._local.known.keep(
-                key.encode(self._encoding), time.monotonic() + self._remember_for, None
-            )
+        local = self._local
+        with local.lock:
+            if local.tracking:
+                local.known.keep(
+                    key.encode(self._encoding), time.monotonic() + self._remember_for, None
+                )
 
     def worth_tracking(self, key: str) -> bool:
         """Was ``key`` met held (or remembered) in this thread within ``remember_for``? Only
@@ -426,16 +549,19 @@ class ScriptRunner:
         answer = known.answer(key.encode(self._encoding))
         if answer is None:
             return None
-        try:
-            quiet = self._quiet()
-        except redis.RedisError:
-            self._drop_connection()
-            return None
+        with local.lock:
+            try:
+                quiet = self._quiet()
+            except redis.RedisError:
+                self._drop_connection()
+                return None
         return answer if quiet else None
 
     def forget(self, key: str) -> None:
         """Drop this thread's remembered answer for ``key`` (a write of this process's own)."""
-        self._local.known.drop(key.encode(self._encoding))
+        local = self._local
+        with local.lock:
+            local.known.drop(key.encode(self._encoding))
 
     def _quiet(self) -> bool:
         """Has the tracking connection nothing to read, and no reply owed to an earlier send?

@@ -373,7 +373,9 @@ class Store:
     def send_confirm(self, keys: CallKeys, provisional: bytes, queued: bytes, ttl_ms: int) -> None:
         """:meth:`confirm`, without waiting for the reply: the caller has its result already.
         The connection was checked by this call's enqueue a moment ago; the reply is read
-        before this thread's next call, and a lost connection sends the command again."""
+        before this thread's next call, or by the runner's sweeper within a fraction of a
+        second (as the process exits, at the latest), and a lost connection sends the
+        command again."""
         with reraise_unavailable("confirm", keys.call):
             self._run.send(self._confirm, [keys.call], [provisional, queued, ttl_ms])
 
@@ -493,9 +495,16 @@ class Store:
 
     def send_release(self, keys: CallKeys, task_id: str, token: str) -> None:
         """:meth:`release`, without waiting for the reply: the end of a run, whose worker
-        goes on to its next task at once (the reply is read before that thread's next call)."""
+        goes on to its next task at once (the reply is read by :meth:`flush`, or before that
+        thread's next call, or by the sweeper within a fraction of a second)."""
         with reraise_unavailable("release", keys.call):
             self._run.send(self._release, [keys.call, keys.run], [pack_owner(task_id), token])
+
+    def flush(self) -> None:
+        """Land this thread's sends (:meth:`send_release`, :meth:`send_confirm`): their
+        replies read, or the commands sent again on a new connection if the old one died."""
+        with reraise_unavailable("flush", ""):
+            self._run.flush()
 
     def withdraw(self, restoration: Restoration) -> bool:
         """Withdraw what :meth:`restore` wrote for a message that is gone since without

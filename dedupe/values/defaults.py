@@ -62,9 +62,10 @@ ON_REDIS_ERROR: Final = "enqueue"
 #: Microseconds to poll for a Redis reply before sleeping for it (``dedupe_busy_poll_us``).
 BUSY_POLL_US: Final = 100
 #: Seconds a thread answers a repeated duplicate from memory (``dedupe_remember_duplicates``),
-#: at most: Redis tells it the moment the key changes (server-assisted client-side caching),
-#: so this only bounds what a connection cut without a word could leave stale.
-REMEMBER_DUPLICATES: Final = 1.0
+#: at most; off (0) by default: Redis tells the thread when the key changes, but a change
+#: made elsewhere (a worker's release) can be seen by the caller (its result read) a moment
+#: before that word arrives, and the guarantee would cost the round trip memory saves.
+REMEMBER_DUPLICATES: Final = 0.0
 
 # Short timeouts and few retries: a producer must not stall for long when the dedup Redis is
 # down (redis-py's default retries a failing command ten times). Every script is idempotent

@@ -17,6 +17,7 @@ from typing import Any, NoReturn, cast
 
 from celery import Task, states
 from celery._state import get_current_worker_task
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 
 from dedupe.errors import (
@@ -56,6 +57,7 @@ from .deferral import DEFERRALS, SINCE, backoff, deferrals_of, since_of
 
 __all__ = [
     "derived_spec",
+    "end_of_body",
     "guard",
     "on_before_publish",
     "on_postrun",
@@ -465,6 +467,47 @@ _enable_utc = SettingReader("enable_utc")
 # -- the run's end -------------------------------------------------------------------------------
 
 
+def end_of_body(task: Any, *, failed: bool) -> None:
+    """A DedupeTask's body returned, or raised an error that ends its run: free the key now,
+    before Celery stores the result (a caller's ``.get()`` must never return while the key
+    still names this finished run). Not a retry's, a reject's or a handed-over key: those
+    stay for ``task_postrun``, as do runs of other bases (:func:`on_postrun`)."""
+    run = run_of(task.request)
+    runtime = installed(task.app)
+    if (
+        runtime is None
+        or run is None
+        or run.verdict != "claimed"
+        or run.requeued
+        or run.handover is not None
+    ):
+        return
+    if run.lease is not None:
+        runtime.heartbeat.drop(run.lease)
+        run.lease = None
+    run.released = True
+    spec, task_id = run.spec, task.request.id
+    try:
+        if _stores_result(task, task.request, failed):
+            runtime.store.release(spec.keys, task_id, run.token)  # (read before the store)
+        else:
+            runtime.store.send_release(spec.keys, task_id, run.token)  # (landed at postrun)
+    except RedisUnavailable as exc:
+        action = "ended and its key was not freed (its lease frees it)"
+        emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
+    else:
+        emit(RELEASED, task.name, task_id, spec.keys.run)
+
+
+def _stores_result(task: Any, request: Any, failed: bool) -> bool:
+    """May Celery store this run's outcome where a caller reads it? When in doubt, yes."""
+    if isinstance(task.backend, DisabledBackend):
+        return False
+    if not (task.ignore_result and getattr(request, "ignore_result", False)):
+        return True
+    return failed and bool(getattr(task, "store_errors_even_if_ignored", False))
+
+
 def on_postrun(
     sender: Any = None,
     task_id: str = "",
@@ -481,6 +524,9 @@ def on_postrun(
         return
     if run.lease is not None:
         runtime.heartbeat.drop(run.lease)
+    if run.released:
+        _land_release(runtime, task, task_id, run)
+        return
     if run.verdict == "held" or run.requeued:
         # Never touch the holder's record. A continuation (retry, replace) put the key back
         # to queued before its message was published; that message owns it now. (A RETRY
@@ -500,6 +546,7 @@ def on_postrun(
             requeue_key(runtime, spec.keys, spec.ttl, task_id, token, 0.0)
         elif run.verdict == "claimed":
             runtime.store.send_release(spec.keys, task_id, token)
+            runtime.store.flush()  # (before the worker process takes its next task)
             emit(RELEASED, task.name, task_id, spec.keys.run)
         else:
             # The claim's fate is unknown (Redis did not answer in time): it may have landed
@@ -513,6 +560,16 @@ def on_postrun(
     except RedisUnavailable as exc:
         action = "ended and its key was not freed (its lease frees it)"
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
+
+
+def _land_release(runtime: Runtime, task: Any, task_id: str, run: Run) -> None:
+    """The release sent as the body ended is applied before this worker process takes its
+    next task: its reply read, or sent again on a new connection if the old one died."""
+    try:
+        runtime.store.flush()
+    except RedisUnavailable as exc:
+        action = "ended and its key was not freed (its lease frees it)"
+        emit(UNAVAILABLE, task.name, task_id, run.spec.keys.run, action=action, error=exc.cause)
 
 
 def _hand_over(

@@ -1,0 +1,133 @@
+"""A run's end tells the truth at once: its key is free before its result can be read, and a
+release written to a connection that died is sent again, before the worker process takes its
+next task. Real prefork workers and Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import dedupe
+
+from .conftest import RedisFactory
+from .helpers import WorkerProcess, app_with_a_store_of_its_own, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.usefixtures("prefork_worker")
+def test_a_call_made_after_get_returned_is_a_new_call_not_the_finished_run(
+    worker_app: Any, tag: str
+) -> None:
+    duplicates = []
+    for index in range(100):
+        argument = f"{tag}-{index}"
+        first = worker_app.ok.delay(argument)
+        assert first.get(timeout=10) == argument
+        second = worker_app.ok.delay(argument)
+        if second.deduplicated:
+            duplicates.append(index)
+        second.get(timeout=10)
+    assert duplicates == [], f"{len(duplicates)} of 100 calls answered with a finished run"
+
+
+@pytest.mark.usefixtures("prefork_worker")
+def test_a_call_made_after_get_is_new_though_a_slow_postrun_receiver_runs_before_dedupes(
+    worker_app: Any, tag: str
+) -> None:
+    task = worker_app.ok_behind_a_slow_receiver
+    duplicates = []
+    for index in range(10):
+        argument = f"{tag}-{index}"
+        assert task.delay(argument).get(timeout=10) == argument
+        second = task.delay(argument)
+        if second.deduplicated:
+            duplicates.append(index)
+        second.get(timeout=10)
+    assert duplicates == [], f"{len(duplicates)} of 10 calls answered with a finished run"
+
+
+@pytest.mark.usefixtures("prefork_worker")
+def test_a_call_made_after_a_failed_get_is_a_new_call_not_the_finished_run(
+    worker_app: Any, tag: str
+) -> None:
+    duplicates = []
+    for index in range(60):
+        argument = f"{tag}-{index}"
+        with pytest.raises(ValueError, match=argument):
+            worker_app.fail.delay(argument).get(timeout=10)
+        second = worker_app.fail.delay(argument)
+        if second.deduplicated:
+            duplicates.append(index)
+        with pytest.raises(ValueError, match=argument):
+            second.get(timeout=10)
+    assert duplicates == [], f"{len(duplicates)} of 60 calls answered with a finished run"
+
+
+@pytest.fixture
+def own_store_worker(
+    redis_factory: RedisFactory, worker_app: Any, tag: str
+) -> Iterator[tuple[Any, Any]]:
+    """An app of worker_app's tasks whose dedup Redis is a server of the test's own, and a
+    prefork worker (one child) that runs them."""
+    store = redis_factory()
+    queue = f"run-end-{tag}"
+    with app_with_a_store_of_its_own(worker_app, worker_app.BROKER, queue, store) as producer:
+
+        @producer.task(
+            name=worker_app.redelivered.name,
+            bind=True,
+            base=dedupe.DedupeTask,
+            unique=True,
+            acks_late=True,
+            reject_on_worker_lost=True,
+            shared=False,
+        )
+        def redelivered(self: Any, tag: str, seconds: float) -> str: ...
+
+        # A lease long enough that no renewal touches the dedup Redis during the run.
+        env = {"DEDUPE_TEST_QUEUE": queue, "DEDUPE_TEST_STORE": store.url}
+        env["DEDUPE_TEST_LEASE"] = "30"
+        worker = WorkerProcess(producer, env, concurrency=1)
+        worker.start()
+        try:
+            yield redelivered, store
+        finally:
+            worker.stop()
+
+
+@pytest.mark.parametrize("ignore_result", [False, True], ids=["result-stored", "result-ignored"])
+def test_a_release_written_to_a_dropped_connection_is_sent_again_at_the_runs_end(
+    own_store_worker: tuple[Any, Any], worker_app: Any, tag: str, ignore_result: bool
+) -> None:
+    task, store = own_store_worker
+    admin = redis.Redis.from_url(store.url)
+    try:
+        # A run before: the worker process has sent a release already (its script known).
+        assert task.delay(f"{tag}-before", 0).get(timeout=10) == f"{tag}-before"
+        result = task.apply_async((tag, 0.4), ignore_result=ignore_result)
+        wait_for(
+            lambda: (h := dedupe.lookup(task, (tag, 0.4))) is not None and h.state == "running",
+            message="the run started",
+        )
+        # Every client of the dedup Redis is dropped mid-run, as Sentinel does to a demoted
+        # master's clients: the worker's next write goes to a socket the server closed.
+        admin.client_kill_filter(_type="normal", skipme=True)
+        wait_for(
+            lambda: [end for _, _, end in worker_app.runlog(tag).runs() if end],
+            message="the run ended",
+        )
+        # The worker takes no other task: only the run's own end can free its key.
+        wait_for(
+            lambda: dedupe.lookup(task, (tag, 0.4)) is None,
+            timeout=3,
+            message="the key freed by the run's end (not by a next call)",
+        )
+        if not ignore_result:
+            assert result.get(timeout=10) == tag
+    finally:
+        admin.close()
