@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from redis.retry import Retry
 from dedupe.errors import RedisUnavailable
 from dedupe.store.store import PendingPush, Store
 from dedupe.values.keys import CallKeys
-from dedupe.values.record import new_nonce, pack_queued
+from dedupe.values.record import new_nonce, pack_provisional, pack_queued
 
 from .conftest import RedisFactory
 from .proxies import RedisProxy
@@ -133,3 +133,93 @@ def test_an_enqueue_whose_reply_comes_late_is_sent_again_and_answers_as_the_firs
     record = pack_queued("task-enqueue", time.time(), None, new_nonce())
     proxy.late = 1
     assert store.enqueue(keys, record, TTL_MS) is None
+
+
+def _taken_once(direct: redis.Redis, key: str, done: Callable[[bytes | None], bool]) -> Any:
+    """Once ``key``'s value satisfies ``done`` (the first sending applied), another call
+    takes the key: what a command sent again must leave alone. Returns (thread, record)."""
+    record = pack_queued("task-other", time.time(), None, new_nonce())
+
+    def take() -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not done(direct.get(key)):
+            time.sleep(0.002)
+        direct.set(key, record, px=TTL_MS)
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    return thread, record
+
+
+def _warm_all(store: Store) -> None:
+    # (Every script known to the server: a late NOSCRIPT would mean nothing ran at first.)
+    _warm(store)
+    keys = CallKeys.of("late:{t:warm}", separate_run_lock=False)
+    _held(store, keys, "task-warm")
+    store.claim(keys, "task-warm", "tok0", TTL_MS, "host", 1, int(time.time()))
+    store.release(keys, "task-warm", "tok0")
+    store.confirm(keys, b"absent", b"absent", TTL_MS)
+    store.cancel(keys, "task-warm")
+
+
+def _held(store: Store, keys: CallKeys, task_id: str) -> None:
+    store.enqueue(keys, pack_queued(task_id, time.time(), None, new_nonce()), TTL_MS)
+
+
+def test_a_claim_whose_reply_comes_late_is_sent_again_and_holds_one_run(
+    store: Store, proxy: LateProxy, direct: redis.Redis
+) -> None:
+    _warm_all(store)
+    keys = CallKeys.of("late:{t:claim}", separate_run_lock=False)
+    _held(store, keys, "task-claim")
+    proxy.late = 1
+    assert store.claim(keys, "task-claim", "tok1", TTL_MS, "host", 1, int(time.time())) is None
+    holder = store.lookup(keys)
+    assert holder is not None
+    assert (holder.task_id, holder.state) == ("task-claim", "running")
+    assert store.release(keys, "task-claim", "tok1") == 1
+    assert direct.exists(keys.call) == 0
+
+
+def test_a_release_whose_reply_comes_late_is_sent_again_and_spares_the_next_holder(
+    store: Store, proxy: LateProxy, direct: redis.Redis
+) -> None:
+    _warm_all(store)
+    keys = CallKeys.of("late:{t:release}", separate_run_lock=False)
+    _held(store, keys, "task-release")
+    store.claim(keys, "task-release", "tok2", TTL_MS, "host", 1, int(time.time()))
+    taking, other = _taken_once(direct, keys.call, lambda value: value is None)
+    proxy.late = 1
+    store.release(keys, "task-release", "tok2")
+    taking.join()
+    assert direct.get(keys.call) == other
+
+
+def test_a_confirm_whose_reply_comes_late_is_sent_again_and_spares_the_next_holder(
+    store: Store, proxy: LateProxy, direct: redis.Redis
+) -> None:
+    _warm_all(store)
+    keys = CallKeys.of("late:{t:confirm}", separate_run_lock=False)
+    nonce = new_nonce()
+    provisional = pack_provisional("task-confirm", nonce)
+    queued = pack_queued("task-confirm", time.time(), None, nonce)
+    direct.set(keys.call, provisional, px=TTL_MS)
+    # Confirmed, then run and freed, then taken by another call, all before the reply came.
+    taking, other = _taken_once(direct, keys.call, lambda value: value == queued)
+    proxy.late = 1
+    store.confirm(keys, provisional, queued, TTL_MS)
+    taking.join()
+    assert direct.get(keys.call) == other
+
+
+def test_a_cancel_whose_reply_comes_late_is_sent_again_and_spares_the_next_holder(
+    store: Store, proxy: LateProxy, direct: redis.Redis
+) -> None:
+    _warm_all(store)
+    keys = CallKeys.of("late:{t:cancel}", separate_run_lock=False)
+    _held(store, keys, "task-cancel")
+    taking, other = _taken_once(direct, keys.call, lambda value: value is None)
+    proxy.late = 1
+    assert store.cancel(keys, "task-cancel") is False  # (the resend found another's record)
+    taking.join()
+    assert direct.get(keys.call) == other

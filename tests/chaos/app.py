@@ -118,6 +118,56 @@ def started(self: Any, key: int, seconds: float) -> None:
     _run(self, "started", key, seconds)
 
 
+#: The soft time limit of ``interrupted``: it fires in the middle of a call, most of the time.
+SOFT_LIMIT = 0.3
+
+
+@app.task(bind=True, soft_time_limit=SOFT_LIMIT)
+def interrupted(self: Any, seed: int, keys: int) -> None:
+    """Call the guarded tasks over and over until the soft time limit interrupts a call
+    (Celery's SoftTimeLimitExceeded, raised by a signal handler wherever the thread is: in
+    the middle of a dedup call, most likely), then make a few calls more. Every call is
+    written to the evidence as a producer's: those after the interruption must be answered
+    as truly as any."""
+    import random
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from .evidence import Call
+
+    rng = random.Random(seed)
+    tasks = {"finished": finished, "started": started}
+    made: list[str] = []
+    limited = False
+
+    def call() -> None:
+        name, key = rng.choice(list(tasks)), rng.randrange(keys)
+        start = time.time()
+        try:
+            result = tasks[name].apply_async((key, 0.05 + (key % 5) * 0.08))
+        except SoftTimeLimitExceeded:
+            made.append(
+                Call(
+                    name, key, "", False, start, time.time(), "SoftTimeLimitExceeded", os.getpid()
+                ).encode()
+            )
+            raise
+        made.append(
+            Call(
+                name, key, result.id, bool(result.deduplicated), start, time.time(), pid=os.getpid()
+            ).encode()
+        )
+
+    try:
+        while True:
+            call()
+    except SoftTimeLimitExceeded:
+        limited = True
+    for _ in range(5 if limited else 0):
+        call()
+    evidence.rpush(f"{PREFIX}:calls", *made)
+
+
 @app.task(**common)
 def plain_finished(self: Any, key: int, seconds: float) -> None:
     """The same work without dedupe (``--plain``): the run must find duplicates and overlaps."""

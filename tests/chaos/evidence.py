@@ -351,6 +351,24 @@ class Checks:
             ),
         ]
 
+    def wrong_holder_row(self) -> Row:
+        """A duplicate answered with the task id of another key's accepted call: a reply
+        read for another command (a connection out of step)."""
+        owners = {
+            call.task_id: (call.task, call.key)
+            for call in self.e.calls
+            if not call.error and not call.deduplicated and call.task_id
+        }
+        lines = [
+            f"{call.task}[{call.key}] call {self.t(call.start)} answered with {call.task_id}, "
+            f"the call of {owner[0]}[{owner[1]}]; {self.before(call.start)}"
+            for call in self.e.calls
+            if call.deduplicated
+            and (owner := owners.get(call.task_id)) is not None
+            and owner != (call.task, call.key)
+        ]
+        return Row("duplicates answered with another key's task", len(lines), _fail(lines), lines)
+
     def overlap_row(self) -> Row:
         lines = []
         for (task, key), pairs in self.e.overlaps.items():
@@ -446,7 +464,9 @@ class Checks:
                     f"{call.task}[{call.key}] {call.task_id} raised {call.error} at "
                     f"{self.t(call.end)} but ran {self.history(call.task_id)}"
                 )
-        return Row("calls that raised (broker cut)", sum(errors.values()), "info", lines)
+        return Row(
+            "calls that raised (broker cut, soft time limit)", sum(errors.values()), "info", lines
+        )
 
     def warning_row(self) -> Row:
         """Each warning, with the call it was logged in (a producer makes one call at a time)
@@ -546,6 +566,7 @@ class Checks:
                 ],
             ),
             *self.duplicate_rows(),
+            self.wrong_holder_row(),
             self.overlap_row(),
             self.rerun_row(),
             self.deferral_row(),

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from celery import signals
+from celery import Celery, signals
 from kombu import Connection
 
 from dedupe import events
@@ -69,6 +69,11 @@ class Params:
     drain: float = 150.0  # at most this long after the producers end
     restart_window: float = 0.0  # 0: twice the lease
     plain: bool = False
+    #: Times every client of the dedup Redis is dropped at once (CLIENT KILL TYPE normal, as
+    #: Sentinel does to a demoted master's clients; no data lost).
+    client_kills: int = 2
+    #: Tasks sent whose soft time limit fires in the middle of their dedup calls.
+    soft_limits: int = 6
 
     @property
     def window(self) -> float:
@@ -387,6 +392,13 @@ class Scenario:
             events.append((p.restart_at * p.duration, "dedup restart", 0))
         if p.cut_broker:
             events.append((0.6 * p.duration, "broker cut", 0))
+        for i in range(p.client_kills):
+            events.append(
+                ((0.4 + 0.4 * i / max(p.client_kills, 1)) * p.duration, "clients killed", 0)
+            )
+        if not p.plain:
+            for i in range(p.soft_limits):
+                events.append(((i + 0.3) * p.duration / p.soft_limits, "soft limit", i))
         return sorted(events)
 
     def inject(self, kind: str, index: int) -> None:
@@ -403,6 +415,23 @@ class Scenario:
             self.dedup.stop()
             self.dedup.start()
             detail = f"port {self.dedup.port}, data lost"
+        elif kind == "clients killed":
+            client = redis.Redis(port=self.dedup.port, socket_timeout=2)
+            try:
+                killed = client.client_kill_filter(_type="normal", skipme=True)
+            finally:
+                client.close()
+            detail = f"{killed} clients of the dedup Redis dropped"
+        elif kind == "soft limit":
+            # (An app of its own: tests.chaos.app is configured for one broker at import.)
+            sender = Celery("chaos-harness", broker=self.broker.url, set_as_current=False)
+            try:
+                sender.send_task(
+                    "tests.chaos.app.interrupted", (index, self.params.keys), queue=self.queue
+                )
+            finally:
+                sender.close()
+            detail = "a task whose soft time limit interrupts its dedup calls"
         else:
             with self.fleet.lock:
                 before = self._snapshot()
