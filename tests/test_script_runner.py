@@ -23,6 +23,7 @@ from dedupe.values.keys import CallKeys
 from dedupe.values.record import new_nonce, pack_queued
 
 from .conftest import RedisFactory
+from .helpers import wait_for
 
 # -- the reply reader (pure) -------------------------------------------------------------------
 
@@ -150,6 +151,28 @@ def test_sends_in_flight_that_the_server_forgot_each_get_their_own_replies(
     assert runner.result(second) == b"second"
     assert runner.result(third) == b"third"
     assert run(runner, client, ECHO, "after") == b"after"
+
+
+def _sweepers() -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name == "dedupe-sweeper")
+
+
+def test_a_send_left_unread_by_its_thread_is_read_by_the_sweeper_which_then_ends(
+    client: redis.Redis, own_client: redis.Redis
+) -> None:
+    runner = ScriptRunner(client)
+    setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+    runner(setter, ["swept"], ["warm"])  # (the script known: the next send is not waited for)
+
+    def send_and_end() -> None:
+        runner.send(setter, ["swept"], ["sent"])
+
+    thread = threading.Thread(target=send_and_end)
+    thread.start()
+    thread.join()
+    # Landed: the reply read by the sweeper (the thread is gone), and the sweeper gone too.
+    wait_for(lambda: _sweepers() == 0 and not runner._owing, message="the sweeper ended")
+    assert own_client.get("swept") == b"sent"
 
 
 def test_an_error_reply_raises_and_leaves_the_connection_usable(client: redis.Redis) -> None:

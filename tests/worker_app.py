@@ -158,6 +158,34 @@ def soft_limited(self: Any, tag: str) -> None:
     _run(self, tag, 5)
 
 
+@app.task(bind=True, soft_time_limit=0.4)
+def calls_until_soft_limit(self: Any, tag: str) -> dict[str, Any]:
+    """Repeat a duplicate call of ``ok`` until the soft time limit fires (in the middle of a
+    dedup call, nearly always: the loop does nothing else), then make calls whose answers are
+    known: new keys must be accepted, the held call a duplicate of its holder."""
+    held = ok.apply_async((f"{tag}-held",), countdown=2)
+    repeats = 0
+    # (Bounded: a limit that fires inside a log call is swallowed by logging's handleError.)
+    deadline = time.monotonic() + 1.5
+    try:
+        while time.monotonic() < deadline:
+            ok.apply_async((f"{tag}-held",), countdown=2)
+            repeats += 1
+    except SoftTimeLimitExceeded:
+        pass
+    wrong = []
+    for index in range(20):
+        fresh = ok.delay(f"{tag}-after-{index}")
+        if fresh.deduplicated:
+            wrong.append(f"a new call answered as a duplicate of {fresh.id}")
+        again = ok.apply_async((f"{tag}-held",), countdown=2)
+        if again.id != held.id:
+            wrong.append(
+                f"the held call answered with {again.id} (deduplicated={again.deduplicated})"
+            )
+    return {"repeats": repeats, "wrong": wrong}
+
+
 @app.task(
     bind=True, base=dedupe.DedupeTask, unique=True, acks_late=True, reject_on_worker_lost=True
 )

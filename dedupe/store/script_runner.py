@@ -188,6 +188,8 @@ class ScriptRunner:
         self._owing: set[_Local] = set()
         self._owing_lock = threading.Lock()
         self._owing_forks = -1
+        #: A sweeper runs (it ends once nothing is owed; the next send starts another).
+        self._sweeping = False
         _runners.add(self)
         self._encoding = str(self._pool.connection_kwargs.get("encoding", "utf-8"))
         #: SHAs of scripts the server answered since the last lost connection.
@@ -419,23 +421,23 @@ class ScriptRunner:
         thread does not."""
         with self._owing_lock:
             if self._owing_forks != _forks:
-                self._owing, self._owing_forks = set(), _forks
-                threading.Thread(
-                    target=self._sweep, args=(_forks,), name="dedupe-sweeper", daemon=True
-                ).start()
+                self._owing, self._owing_forks, self._sweeping = set(), _forks, False
             self._owing.add(local)
             local.owing = True
+            if not self._sweeping:
+                self._sweeping = True
+                threading.Thread(
+                    target=_sweep, args=(weakref.ref(self),), name="dedupe-sweeper", daemon=True
+                ).start()
 
-    def _sweep(self, forks: int) -> None:
-        runner = weakref.ref(self)
-        del self  # (the sweeper must not keep its runner alive)
-        while forks == _forks:
-            time.sleep(_SWEEP_EVERY)
-            alive = runner()
-            if alive is None:
-                return
-            alive.land()
-            del alive
+    def _swept(self) -> bool:
+        """Is nothing owed any more? Then the sweeper ends (under the lock, so that a send
+        made meanwhile starts the next one)."""
+        with self._owing_lock:
+            if self._owing:
+                return False
+            self._sweeping = False
+            return True
 
     def result(self, slot: Reply) -> Any:
         """The reply of a :meth:`send` made with ``reply=True`` on this thread (waits for it;
@@ -869,6 +871,20 @@ class ScriptRunner:
         if connection is not None:
             disconnect: Any = connection.disconnect  # (untyped in redis-py)
             disconnect()
+
+
+def _sweep(runner: weakref.ref[ScriptRunner]) -> None:
+    """The sweeper: every _SWEEP_EVERY, land what threads left unread, until nothing is owed
+    (it holds its runner weakly: a runner nobody uses is not kept alive by it)."""
+    pause = threading.Event()  # (waits as time.sleep would, whatever patches that)
+    while not pause.wait(_SWEEP_EVERY):
+        alive = runner()
+        if alive is None:
+            return
+        alive.land()
+        if alive._swept():
+            return
+        del alive
 
 
 def _cannot_track(exc: ResponseError) -> bool:
