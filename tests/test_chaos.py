@@ -48,7 +48,8 @@ def test_chaos_short_form_keeps_the_invariants(tmp_path: Path, broker: str) -> N
     print(output)
     assert _failures(rows) == {}, output
     counts = {row["check"]: row["count"] for row in rows}
-    assert counts["faults injected"] == 6  # 4 kills, the restart, the cut: all happened
+    # 4 kills, the restart, the cut, 2 drops of every dedup client, 6 soft time limits
+    assert counts["faults injected"] == 14
 
 
 @pytest.mark.timeout(120)
@@ -64,6 +65,8 @@ def test_chaos_fails_on_plain_celery_tasks(tmp_path: Path) -> None:
         "0",
         "--no-restart-dedup",
         "--no-cut-broker",
+        "--client-kills",
+        "0",
         "--duration",
         "8",
         "--calls",

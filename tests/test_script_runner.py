@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from dedupe.store import script_runner
 from dedupe.store.resp import PushMessage, parse
 from dedupe.store.script_runner import ScriptRunner
 from dedupe.store.store import Store
@@ -153,10 +154,6 @@ def test_sends_in_flight_that_the_server_forgot_each_get_their_own_replies(
     assert run(runner, client, ECHO, "after") == b"after"
 
 
-def _sweepers() -> int:
-    return sum(1 for thread in threading.enumerate() if thread.name == "dedupe-sweeper")
-
-
 def test_a_send_left_unread_by_its_thread_is_read_by_the_sweeper_which_then_ends(
     client: redis.Redis, own_client: redis.Redis
 ) -> None:
@@ -171,8 +168,38 @@ def test_a_send_left_unread_by_its_thread_is_read_by_the_sweeper_which_then_ends
     thread.start()
     thread.join()
     # Landed: the reply read by the sweeper (the thread is gone), and the sweeper gone too.
-    wait_for(lambda: _sweepers() == 0 and not runner._owing, message="the sweeper ended")
+    wait_for(lambda: not (runner._owing or runner._sweeping), message="the sweeper ended")
     assert own_client.get("swept") == b"sent"
+
+
+def test_the_sweeper_gives_up_on_a_redis_out_of_reach_and_ends(
+    redis_factory: RedisFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = redis_factory()
+    client = redis.Redis(
+        port=server.port,
+        socket_timeout=0.2,
+        socket_connect_timeout=0.2,
+        retry=Retry(NoBackoff(), 0),
+    )
+    monkeypatch.setattr(script_runner, "_GIVE_UP_AFTER", 0.5)
+    runner = ScriptRunner(client)
+    setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+
+    def warm_freeze_send() -> None:
+        runner(setter, ["frozen"], ["warm"])  # (this thread's connection fresh: not waited on)
+        server.pause()  # (frozen: the send is written, and no reply ever comes)
+        runner.send(setter, ["frozen"], ["lost"])
+
+    try:
+        thread = threading.Thread(target=warm_freeze_send)
+        thread.start()
+        thread.join()
+        wait_for(lambda: not (runner._owing or runner._sweeping), message="the sweeper ended")
+    finally:
+        server.resume()
+        client.close()
+    assert "given up" in caplog.text
 
 
 def test_an_error_reply_raises_and_leaves_the_connection_usable(client: redis.Redis) -> None:

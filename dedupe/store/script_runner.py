@@ -54,6 +54,10 @@ _TRUSTED_IDLE = 0.5
 #: sending thread has not read within about twice this (it went on to other work, or ended)
 #: is read by the sweeper, and a send the connection lost is sent again.
 _SWEEP_EVERY = 0.1
+#: Seconds the sweeper goes on sending again what a dead connection took, while the dedup
+#: Redis cannot be reached; then it lets them go, with a warning: by then each record's own
+#: ttl or lease decides (a provisional record's 20 s, a run's lease).
+_GIVE_UP_AFTER = 30.0
 
 _T = TypeVar("_T")
 
@@ -124,6 +128,8 @@ class _Local:
     wrote: bool = False
     #: In the runner's set of connections with sends whose replies are owed.
     owing: bool = False
+    #: When the sweeper first failed to land this connection's sends (0: it has not failed).
+    failing_since: float = 0.0
 
     def __init__(self, remember_for: float) -> None:
         self.lock = threading.RLock()
@@ -397,7 +403,7 @@ class ScriptRunner:
                 continue
             try:
                 if local.pending or local.unsent:
-                    self._land(local)
+                    self._land(local, now)
                 if not (local.pending or local.unsent):
                     with self._owing_lock:
                         self._owing.discard(local)
@@ -405,14 +411,29 @@ class ScriptRunner:
             finally:
                 local.lock.release()
 
-    def _land(self, local: _Local) -> None:
+    def _land(self, local: _Local, now: float) -> None:
         # Read as that thread: every method here works on the calling thread's connection.
         threads = self._threads
         mine, threads.local = threads.local, local
         try:
             self._tried(lambda: self._catch_up(self._socket()))
-        except redis.RedisError as exc:  # (the sends stay: the next sweep tries again)
-            logger.warning("sends to the dedup Redis are not landed yet: %r", exc)
+            local.failing_since = 0.0
+        except redis.RedisError as exc:
+            if not local.failing_since:
+                local.failing_since = now
+                logger.warning("writes to the dedup Redis not landed yet, trying on: %r", exc)
+            elif now - local.failing_since > _GIVE_UP_AFTER:
+                dropped = len(local.pending) + len(local.unsent)
+                self._drop_connection()
+                local.unsent.clear()
+                local.failing_since = 0.0
+                logger.warning(
+                    "%d writes to the dedup Redis given up after %g s (their keys' ttl or "
+                    "lease frees them): %r",
+                    dropped,
+                    _GIVE_UP_AFTER,
+                    exc,
+                )
         finally:
             threads.local = mine
 
