@@ -122,11 +122,12 @@ def test_the_async_guard_never_blocks_the_event_loop(
         return max(gaps), ticks_while_paused, results
 
     largest_gap, ticks_while_paused, results = asyncio.run(scenario())
-    # A round trip that blocked the loop would stop the ticker for its whole timeout. Shorter
-    # gaps are the calls' own CPU, which a loaded machine stretches: the bound holds at
-    # several times the load.
+    # A round trip that blocked the loop would stop the ticker for its whole timeout (2 s).
+    # Shorter gaps are the calls' own CPU (200 calls started at once), which a loaded machine
+    # stretches: 0.48 s was seen with two suites side by side; half the timeout holds at
+    # twice that.
     assert ticks_while_paused >= 20
-    assert largest_gap < 0.4
+    assert largest_gap < 1.0
     assert sum(not result.deduplicated for result in results) == 20
     assert queue_length(app) == 20
 

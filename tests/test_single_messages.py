@@ -25,7 +25,7 @@ import dedupe
 from dedupe.producer.call_sender import sender_for
 from dedupe.producer.guard import Call
 
-from .test_bulk_messages import _CLOCK, CASES, Sent, _body, _normalised
+from .test_bulk_messages import _CLOCK, CASES, ROUTED, Sent, _body, _normalised
 
 #: Cases a sender leaves to Celery on RabbitMQ too: send_task routes a delayed call there.
 _DELAYED = {"eta", "countdown"}
@@ -35,7 +35,7 @@ class AmqpSent(Sent):
     """:class:`Sent` for RabbitMQ: the messages are taken off the queues they were routed to
     (the task-sent events go to an exchange nobody reads here: not compared)."""
 
-    QUEUES = ("routed",)
+    QUEUES = (ROUTED,)
 
     def lists(self) -> dict[bytes, list[Any]]:
         made: dict[bytes, list[Any]] = {}

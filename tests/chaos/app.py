@@ -158,8 +158,11 @@ def interrupted(self: Any, seed: int, keys: int) -> None:
             ).encode()
         )
 
+    # (Bounded: a limit that fires inside a log call is swallowed by logging's handleError,
+    # and an endless loop would hold keys past the drain.)
+    deadline = time.monotonic() + 3 * SOFT_LIMIT
     try:
-        while True:
+        while time.monotonic() < deadline:
             call()
     except SoftTimeLimitExceeded:
         limited = True
