@@ -98,27 +98,32 @@ def _never_run(
     faults: list[Fault],
     prerun: dict[str, list[tuple[float, int]]] | None = None,
     keys_left: list[str] | None = None,
+    freed: dict[str, list[tuple[float, int]]] | None = None,
 ) -> Checks:
     """The holder, accepted at 1 s, its body never started; ``prerun``: its deliveries to a
-    child; ``keys_left``: the keys left after the drain."""
+    child; ``keys_left``: the keys left after the drain; ``freed``: when a worker's main
+    process freed its key for a run it lost."""
     return _judged(
         [Call("finished", 4, HOLDER, False, 1.0, 1.0)],
         prerun=prerun or {},
         faults=faults,
         keys_left=keys_left or [],
+        freed=freed or {},
     )
 
 
 def _never_ran(
-    faults: list[Fault], prerun: dict[str, list[tuple[float, int]]] | None = None
-) -> tuple[list[str], list[str]]:
-    """The rows the holder lands in (ours, kombu's)."""
-    ours, kombu = _never_run(faults, prerun).never_ran_rows()
-    return ours.details, kombu.details
+    faults: list[Fault],
+    prerun: dict[str, list[tuple[float, int]]] | None = None,
+    freed: dict[str, list[tuple[float, int]]] | None = None,
+) -> tuple[list[str], list[str], list[str]]:
+    """The rows the holder lands in (ours, kombu's, Celery's)."""
+    ours, kombu, celery = _never_run(faults, prerun, freed=freed).never_ran_rows()
+    return ours.details, kombu.details, celery.details
 
 
 def test_an_accepted_call_that_never_ran_is_a_failure_of_ours() -> None:
-    ours, kombu = _never_ran([Fault("broker cut", 2.0, 5.0, "redis down 3s")])
+    ours, kombu, _ = _never_ran([Fault("broker cut", 2.0, 5.0, "redis down 3s")])
     assert len(ours) == 1
     assert kombu == []
 
@@ -127,7 +132,7 @@ def test_a_message_that_left_the_queue_at_a_broker_cut_and_never_ran_is_kombus_l
     # In the queue just before the cut, in neither the queue nor the unacked hash after it:
     # a worker's BRPOP took it as the server shut down, and kombu never recorded it.
     cut = Fault("broker cut", 2.0, 5.0, "redis down 3s", frozenset({HOLDER}))
-    ours, kombu = _never_ran([cut])
+    ours, kombu, _ = _never_ran([cut])
     assert ours == []
     assert len(kombu) == 1
     assert "before the broker cut" in kombu[0]
@@ -136,7 +141,7 @@ def test_a_message_that_left_the_queue_at_a_broker_cut_and_never_ran_is_kombus_l
 def test_a_message_that_reached_a_child_before_it_left_the_queue_stays_a_failure_of_ours() -> None:
     # Its prerun was written: the worker had it, so what became of it is no transport loss.
     cut = Fault("broker cut", 2.0, 5.0, "redis down 3s", frozenset({HOLDER}))
-    ours, kombu = _never_ran([cut], prerun={HOLDER: [(1.5, 10)]})
+    ours, kombu, _ = _never_ran([cut], prerun={HOLDER: [(1.5, 10)]})
     assert len(ours) == 1
     assert kombu == []
 
@@ -189,3 +194,13 @@ def test_a_run_after_a_lost_run_whose_key_nobody_freed_holds_the_key_until_it_co
     # (A whole-worker kill: no main process freed the key; the message came back unacked.)
     checks = _lost_then_redelivered(duplicate_at=7.52, freed_at=None)
     assert [(a.task_id, b.task_id) for a, b in checks.duplicates()] == [(HOLDER, LATER)]
+
+
+def test_a_message_whose_child_was_killed_before_its_run_began_is_celerys_ack_as_failed() -> None:
+    # The main process freed its key as Celery acked the message as failed (WorkerLostError,
+    # no reject_on_worker_lost): the record went with the message.
+    kill = Fault("child kill", 2.0, 2.0, "child 10 of worker 0")
+    ours, kombu, celery = _never_ran([kill], freed={HOLDER: [(2.01, 5)]})
+    assert ours == []
+    assert kombu == []
+    assert len(celery) == 1

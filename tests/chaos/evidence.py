@@ -431,12 +431,21 @@ class Checks:
         )
 
     def never_ran_rows(self) -> list[Row]:
-        ours, transport = [], []
+        ours, transport, celerys = [], [], []
         for call in self.e.calls:
             if call.error or call.deduplicated or call.task_id in self.starts:
                 continue
             kill = self.lost_by_the_transport(call)
-            if kill is not None:
+            if freed := self.e.freed.get(call.task_id):
+                # Handed to a child killed before the run began: Celery acks an acks_late
+                # message as failed when its child dies (no reject_on_worker_lost), and the
+                # main process freed the key with it. The record went with its message.
+                celerys.append(
+                    f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}: "
+                    f"its child killed before the run began, the message acked as failed and "
+                    f"the key freed at {self.t(freed[0][0])}; {self.before(freed[0][0])}"
+                )
+            elif kill is not None:
                 transport.append(
                     f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}: in "
                     f"the queue before the {kill.kind} at {self.t(kill.start)} ({kill.detail}), "
@@ -448,12 +457,20 @@ class Checks:
                     f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}, "
                     f"never ran{where}; {self.before(call.start)}"
                 )
-        return _ours_and_kombus(
-            "accepted calls that never ran",
-            ours,
-            "kombu: popped before it was unacked, by a killed worker or at a broker cut (lost)",
-            transport,
-        )
+        return [
+            *_ours_and_kombus(
+                "accepted calls that never ran",
+                ours,
+                "kombu: popped before it was unacked, by a killed worker or at a broker cut (lost)",
+                transport,
+            ),
+            Row(
+                "Celery: acked as failed, its child killed before the run began (key freed)",
+                len(celerys),
+                "not ours" if celerys else "ok",
+                celerys,
+            ),
+        ]
 
     def error_row(self, errors: Counter[str]) -> Row:
         """Calls that raised (the broker cut); any whose message ran anyway, by its id."""
