@@ -105,6 +105,23 @@ def app_with_a_store_of_its_own(
         app.close()
 
 
+def producer_stub(producer: Any, worker_task: Any, **options: Any) -> Any:
+    """``worker_task`` (of tests.worker_app) declared on ``producer`` under its own name and
+    signature, a unique DedupeTask with ``options``: what a producer needs to call it (the
+    worker runs its own body)."""
+    import dedupe
+
+    declare = producer.task(
+        name=worker_task.name,
+        bind=True,
+        base=dedupe.DedupeTask,
+        unique=True,
+        shared=False,
+        **options,
+    )
+    return declare(worker_task.run.__func__)
+
+
 def fail_on_keys_left(client: redis.Redis, prefix: str, within: float) -> None:
     """Wait up to ``within`` seconds for the keys of ``prefix`` to go; fail (and delete
     them, for the next test) if any is left."""

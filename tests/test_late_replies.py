@@ -4,6 +4,7 @@ again by the time it is sent): its fate is reported as unknown instead."""
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -162,6 +163,24 @@ def _warm_all(store: Store) -> None:
     store.cancel(keys, "task-warm")
 
 
+def _sent_again_beside(
+    direct: redis.Redis,
+    proxy: LateProxy,
+    key: str,
+    applied: Callable[[bytes | None], bool],
+    send: Callable[[], Any],
+) -> Any:
+    """``send()`` with its reply late, so that it is sent again after another call took the
+    key (once the first sending was ``applied``): its answer; the other call's record must
+    be the key's still."""
+    taking, other = _taken_once(direct, key, applied)
+    proxy.late = 1
+    answer = send()
+    taking.join()
+    assert direct.get(key) == other
+    return answer
+
+
 def _held(store: Store, keys: CallKeys, task_id: str) -> None:
     store.enqueue(keys, pack_queued(task_id, time.time(), None, new_nonce()), TTL_MS)
 
@@ -188,11 +207,8 @@ def test_a_release_whose_reply_comes_late_is_sent_again_and_spares_the_next_hold
     keys = CallKeys.of("late:{t:release}", separate_run_lock=False)
     _held(store, keys, "task-release")
     store.claim(keys, "task-release", "tok2", TTL_MS, "host", 1, int(time.time()))
-    taking, other = _taken_once(direct, keys.call, lambda value: value is None)
-    proxy.late = 1
-    store.release(keys, "task-release", "tok2")
-    taking.join()
-    assert direct.get(keys.call) == other
+    release = functools.partial(store.release, keys, "task-release", "tok2")
+    _sent_again_beside(direct, proxy, keys.call, lambda value: value is None, release)
 
 
 def test_a_confirm_whose_reply_comes_late_is_sent_again_and_spares_the_next_holder(
@@ -205,11 +221,8 @@ def test_a_confirm_whose_reply_comes_late_is_sent_again_and_spares_the_next_hold
     queued = pack_queued("task-confirm", time.time(), None, nonce)
     direct.set(keys.call, provisional, px=TTL_MS)
     # Confirmed, then run and freed, then taken by another call, all before the reply came.
-    taking, other = _taken_once(direct, keys.call, lambda value: value == queued)
-    proxy.late = 1
-    store.confirm(keys, provisional, queued, TTL_MS)
-    taking.join()
-    assert direct.get(keys.call) == other
+    confirm = functools.partial(store.confirm, keys, provisional, queued, TTL_MS)
+    _sent_again_beside(direct, proxy, keys.call, lambda value: value == queued, confirm)
 
 
 def test_a_cancel_whose_reply_comes_late_is_sent_again_and_spares_the_next_holder(
@@ -218,8 +231,8 @@ def test_a_cancel_whose_reply_comes_late_is_sent_again_and_spares_the_next_holde
     _warm_all(store)
     keys = CallKeys.of("late:{t:cancel}", separate_run_lock=False)
     _held(store, keys, "task-cancel")
-    taking, other = _taken_once(direct, keys.call, lambda value: value is None)
-    proxy.late = 1
-    assert store.cancel(keys, "task-cancel") is False  # (the resend found another's record)
-    taking.join()
-    assert direct.get(keys.call) == other
+    cancel = lambda: store.cancel(keys, "task-cancel")  # noqa: E731
+    # (The resend found another's record: nothing deleted.)
+    assert (
+        _sent_again_beside(direct, proxy, keys.call, lambda value: value is None, cancel) is False
+    )

@@ -14,25 +14,38 @@ import redis
 import dedupe
 
 from .conftest import RedisFactory
-from .helpers import WorkerProcess, app_with_a_store_of_its_own, wait_for
+from .helpers import WorkerProcess, app_with_a_store_of_its_own, producer_stub, wait_for
 
 pytestmark = pytest.mark.slow
+
+
+def _answered_with_the_finished_run(task: Any, tag: str, rounds: int, *, fails: bool) -> list[int]:
+    """Call, wait with ``.get()`` for the result (``fails``: the task's error), call again at
+    once: the rounds whose second call was answered with the finished run."""
+
+    def settled(result: Any, argument: str) -> None:
+        if fails:
+            with pytest.raises(ValueError, match=argument):
+                result.get(timeout=10)
+        else:
+            assert result.get(timeout=10) == argument
+
+    duplicates = []
+    for index in range(rounds):
+        argument = f"{tag}-{index}"
+        settled(task.delay(argument), argument)
+        second = task.delay(argument)
+        if second.deduplicated:
+            duplicates.append(index)
+        settled(second, argument)
+    return duplicates
 
 
 @pytest.mark.usefixtures("prefork_worker")
 def test_a_call_made_after_get_returned_is_a_new_call_not_the_finished_run(
     worker_app: Any, tag: str
 ) -> None:
-    duplicates = []
-    for index in range(100):
-        argument = f"{tag}-{index}"
-        first = worker_app.ok.delay(argument)
-        assert first.get(timeout=10) == argument
-        second = worker_app.ok.delay(argument)
-        if second.deduplicated:
-            duplicates.append(index)
-        second.get(timeout=10)
-    assert duplicates == [], f"{len(duplicates)} of 100 calls answered with a finished run"
+    assert _answered_with_the_finished_run(worker_app.ok, tag, 100, fails=False) == []
 
 
 @pytest.mark.usefixtures("prefork_worker")
@@ -40,32 +53,14 @@ def test_a_call_made_after_get_is_new_though_a_slow_postrun_receiver_runs_before
     worker_app: Any, tag: str
 ) -> None:
     task = worker_app.ok_behind_a_slow_receiver
-    duplicates = []
-    for index in range(10):
-        argument = f"{tag}-{index}"
-        assert task.delay(argument).get(timeout=10) == argument
-        second = task.delay(argument)
-        if second.deduplicated:
-            duplicates.append(index)
-        second.get(timeout=10)
-    assert duplicates == [], f"{len(duplicates)} of 10 calls answered with a finished run"
+    assert _answered_with_the_finished_run(task, tag, 10, fails=False) == []
 
 
 @pytest.mark.usefixtures("prefork_worker")
 def test_a_call_made_after_a_failed_get_is_a_new_call_not_the_finished_run(
     worker_app: Any, tag: str
 ) -> None:
-    duplicates = []
-    for index in range(60):
-        argument = f"{tag}-{index}"
-        with pytest.raises(ValueError, match=argument):
-            worker_app.fail.delay(argument).get(timeout=10)
-        second = worker_app.fail.delay(argument)
-        if second.deduplicated:
-            duplicates.append(index)
-        with pytest.raises(ValueError, match=argument):
-            second.get(timeout=10)
-    assert duplicates == [], f"{len(duplicates)} of 60 calls answered with a finished run"
+    assert _answered_with_the_finished_run(worker_app.fail, tag, 60, fails=True) == []
 
 
 @pytest.mark.usefixtures("prefork_worker")
@@ -90,18 +85,9 @@ def own_store_worker(
     store = redis_factory()
     queue = f"run-end-{tag}"
     with app_with_a_store_of_its_own(worker_app, worker_app.BROKER, queue, store) as producer:
-
-        @producer.task(
-            name=worker_app.redelivered.name,
-            bind=True,
-            base=dedupe.DedupeTask,
-            unique=True,
-            acks_late=True,
-            reject_on_worker_lost=True,
-            shared=False,
+        redelivered = producer_stub(
+            producer, worker_app.redelivered, acks_late=True, reject_on_worker_lost=True
         )
-        def redelivered(self: Any, tag: str, seconds: float) -> str: ...
-
         # A lease long enough that no renewal touches the dedup Redis during the run.
         env = {"DEDUPE_TEST_QUEUE": queue, "DEDUPE_TEST_STORE": store.url}
         env["DEDUPE_TEST_LEASE"] = "30"
