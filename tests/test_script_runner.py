@@ -157,8 +157,9 @@ def test_sends_in_flight_that_the_server_forgot_each_get_their_own_replies(
 
 
 def test_a_send_left_unread_by_its_thread_is_read_by_the_sweeper_which_then_ends(
-    client: redis.Redis, own_client: redis.Redis
+    client: redis.Redis, own_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(script_runner, "_SWEEPER_STAYS", 0.2)
     runner = ScriptRunner(client)
     setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
     runner(setter, ["swept"], ["warm"])  # (the script known: the next send is not waited for)
@@ -185,6 +186,7 @@ def test_the_sweeper_gives_up_on_a_redis_out_of_reach_and_ends(
         retry=Retry(NoBackoff(), 0),
     )
     monkeypatch.setattr(script_runner, "_GIVE_UP_AFTER", 0.5)
+    monkeypatch.setattr(script_runner, "_SWEEPER_STAYS", 0.2)
     # (However loaded the machine, the send is one not waited for.)
     monkeypatch.setattr(script_runner, "_TRUSTED_IDLE", 60.0)
     runner = ScriptRunner(client)

@@ -58,6 +58,9 @@ _SWEEP_EVERY = 0.1
 #: Redis cannot be reached; then it lets them go, with a warning: by then each record's own
 #: ttl or lease decides (a provisional record's 20 s, a run's lease).
 _GIVE_UP_AFTER = 30.0
+#: Seconds the sweeper stays once nothing is owed: a thread started per send would cost more
+#: than the send saves (a worker's every run ends with one).
+_SWEEPER_STAYS = 10.0
 
 _T = TypeVar("_T")
 
@@ -194,8 +197,10 @@ class ScriptRunner:
         self._owing: set[_Local] = set()
         self._owing_lock = threading.Lock()
         self._owing_forks = -1
-        #: A sweeper runs (it ends once nothing is owed; the next send starts another).
+        #: A sweeper runs (it ends once nothing was owed for a while; a send starts another).
         self._sweeping = False
+        #: When a connection last came to owe replies (time.monotonic()).
+        self._owed_at = 0.0
         _runners.add(self)
         self._encoding = str(self._pool.connection_kwargs.get("encoding", "utf-8"))
         #: SHAs of scripts the server answered since the last lost connection.
@@ -445,6 +450,7 @@ class ScriptRunner:
                 self._owing, self._owing_forks, self._sweeping = set(), _forks, False
             self._owing.add(local)
             local.owing = True
+            self._owed_at = time.monotonic()
             if not self._sweeping:
                 self._sweeping = True
                 threading.Thread(
@@ -452,10 +458,10 @@ class ScriptRunner:
                 ).start()
 
     def _swept(self) -> bool:
-        """Is nothing owed any more? Then the sweeper ends (under the lock, so that a send
-        made meanwhile starts the next one)."""
+        """Has nothing been owed for a while? Then the sweeper ends (under the lock, so that
+        a send made meanwhile starts the next one)."""
         with self._owing_lock:
-            if self._owing:
+            if self._owing or time.monotonic() - self._owed_at < _SWEEPER_STAYS:
                 return False
             self._sweeping = False
             return True
