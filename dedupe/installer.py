@@ -73,6 +73,7 @@ def connect() -> None:
             (signals.task_revoked, main_process.on_revoked, "revoked"),
             (signals.worker_init, execution.on_worker_init, "init"),
             (signals.worker_ready, execution.on_worker_ready, "ready"),
+            (signals.worker_process_shutdown, execution.on_process_shutdown, "shutdown"),
         )
         for signal, handler, name in connections:
             signal.connect(handler, weak=False, dispatch_uid=f"dedupe.{name}")

@@ -20,7 +20,7 @@ from redis.retry import Retry
 
 from dedupe.store import script_runner
 from dedupe.store.resp import PushMessage, parse
-from dedupe.store.script_runner import ScriptRunner
+from dedupe.store.script_runner import ScriptRunner, land_all
 from dedupe.store.store import Store
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import new_nonce, pack_queued
@@ -208,6 +208,31 @@ def test_the_sweeper_gives_up_on_a_redis_out_of_reach_and_ends(
             server.resume()
             client.close()
     assert "given up" in caplog.text
+
+
+def test_land_all_waits_for_the_replies_a_thread_left_unread_as_a_process_exits(
+    redis_factory: RedisFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a pool process does as it exits (worker_process_shutdown): its sweeper dies with
+    # it (os._exit), so whatever is still unread is read now, waiting for it.
+    server = redis_factory()
+    client = redis.Redis(port=server.port, socket_timeout=2)
+    monkeypatch.setattr(script_runner, "_TRUSTED_IDLE", 60.0)
+    runner = ScriptRunner(client)
+    setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+    runner(setter, ["exiting"], ["warm"])
+    server.pause()  # (the reply will come late: the sweeper cannot have read it)
+    runner.send(setter, ["exiting"], ["landed"])
+    threading.Timer(0.3, server.resume).start()
+    try:
+        land_all()
+        assert not runner._local.pending
+    finally:
+        server.resume()
+        client.close()
+    check = redis.Redis(port=server.port)
+    assert check.get("exiting") == b"landed"
+    check.close()
 
 
 def test_an_error_reply_raises_and_leaves_the_connection_usable(client: redis.Redis) -> None:

@@ -293,7 +293,7 @@ class ClusterScriptRunner:
             raise slot.error
         return slot.value
 
-    def flush(self) -> None:
+    def flush(self, *, wait: bool = True) -> None:
         """Nothing to read: every send waited for its reply."""
 
     def _evalsha(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:

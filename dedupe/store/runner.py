@@ -54,9 +54,10 @@ class ScriptCalls(Protocol):
     def result(self, slot: Reply) -> Any:
         """The reply of a :meth:`send` made with ``reply=True`` (waits for it)."""
 
-    def flush(self) -> None:
+    def flush(self, *, wait: bool = True) -> None:
         """Read the replies of this thread's sends now (sent again if the connection was
-        lost): what was sent is applied once this returns."""
+        lost): what was sent is applied once this returns. ``wait=False``: only replies that
+        have arrived."""
 
     def command(self, attempt: Callable[[], _T]) -> _T:
         """``attempt()``: a command of the client itself, under the retries that suit it."""

@@ -36,7 +36,7 @@ from redis.retry import Retry
 from .remembered import RememberedAnswers
 from .resp import CACHING_YES, TRACKING_ON, PushMessage, pack_command, pack_parts, parse
 
-__all__ = ["Reply", "ScriptRunner", "Unanswered"]
+__all__ = ["Reply", "ScriptRunner", "Unanswered", "land_all"]
 
 logger = logging.getLogger("dedupe.store")
 
@@ -156,7 +156,9 @@ _runners: weakref.WeakSet[ScriptRunner] = weakref.WeakSet()
 
 
 @atexit.register
-def _land_at_exit() -> None:
+def land_all() -> None:
+    """Land every runner's unread sends now, waiting for threads in a call: as the process
+    exits (atexit; a pool process that leaves through ``os._exit`` calls it itself)."""
     for runner in list(_runners):
         runner.land(wait=True)
 
@@ -384,13 +386,18 @@ class ScriptRunner:
             self._owe(local)
         return slot
 
-    def flush(self) -> None:
+    def flush(self, *, wait: bool = True) -> None:
         """Read the replies of this thread's sends now; a lost connection sends them again
-        (under the Retry policy): what was sent is applied once this returns."""
+        (under the Retry policy): what was sent is applied once this returns. ``wait=False``:
+        only if a reply has arrived (or the connection closed); else they are read before
+        this thread's next call, or by the sweeper."""
         local = self._local
-        if local.pending or local.unsent:
-            with local.lock:
-                self._tried(lambda: self._catch_up(self._socket()))
+        if not (local.pending or local.unsent):
+            return
+        with local.lock:
+            if not wait and not local.unsent and not _readable(local.sock):
+                return
+            self._tried(lambda: self._catch_up(self._socket()))
 
     def land(self, *, wait: bool = False) -> None:
         """Read the replies every thread owes for its sends, or send them again on a new
@@ -898,6 +905,17 @@ class ScriptRunner:
         if connection is not None:
             disconnect: Any = connection.disconnect  # (untyped in redis-py)
             disconnect()
+
+
+def _readable(sock: socket.socket | None) -> bool:
+    """Has ``sock`` something to read (or was it closed)? Never waits."""
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):  # (closed meanwhile: the read finds out)
+        return True
+    return bool(readable)
 
 
 def _sweep(runner: weakref.ref[ScriptRunner]) -> None:

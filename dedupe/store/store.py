@@ -500,11 +500,13 @@ class Store:
         with reraise_unavailable("release", keys.call):
             self._run.send(self._release, [keys.call, keys.run], [pack_owner(task_id), token])
 
-    def flush(self) -> None:
+    def flush(self, *, wait: bool = True) -> None:
         """Land this thread's sends (:meth:`send_release`, :meth:`send_confirm`): their
-        replies read, or the commands sent again on a new connection if the old one died."""
+        replies read, or the commands sent again on a new connection if the old one died.
+        ``wait=False``: only what has arrived (the rest before this thread's next call, or
+        by the runner's sweeper)."""
         with reraise_unavailable("flush", ""):
-            self._run.flush()
+            self._run.flush(wait=wait)
 
     def withdraw(self, restoration: Restoration) -> bool:
         """Withdraw what :meth:`restore` wrote for a message that is gone since without

@@ -43,6 +43,7 @@ from dedupe.runs.run import (
 from dedupe.runs.runtime import Runtime, installed, runtime_of
 from dedupe.store.checks import eviction_risk
 from dedupe.store.replies import Requeue
+from dedupe.store.script_runner import land_all
 from dedupe.store.store import Lease
 from dedupe.values.config import SettingReader
 from dedupe.values.header import KeyHeader, is_publishing
@@ -62,6 +63,7 @@ __all__ = [
     "on_before_publish",
     "on_postrun",
     "on_prerun",
+    "on_process_shutdown",
     "on_worker_init",
     "on_worker_ready",
     "refuse_uninstalled",
@@ -546,7 +548,7 @@ def on_postrun(
             requeue_key(runtime, spec.keys, spec.ttl, task_id, token, 0.0)
         elif run.verdict == "claimed":
             runtime.store.send_release(spec.keys, task_id, token)
-            runtime.store.flush()  # (before the worker process takes its next task)
+            runtime.store.flush(wait=False)  # (see _land_release)
             emit(RELEASED, task.name, task_id, spec.keys.run)
         else:
             # The claim's fate is unknown (Redis did not answer in time): it may have landed
@@ -563,13 +565,22 @@ def on_postrun(
 
 
 def _land_release(runtime: Runtime, task: Any, task_id: str, run: Run) -> None:
-    """The release sent as the body ended is applied before this worker process takes its
-    next task: its reply read, or sent again on a new connection if the old one died."""
+    """The release sent as the body ended is landed: its reply read now if it has come, else
+    before this process's next command to Redis (the next run's claim), by the sweeper
+    within a fraction of a second, or as the pool process exits (:func:`on_process_shutdown`);
+    sent again on a new connection if the old one died. (Waiting for it here costs a
+    worker several per cent of its throughput, for what those do anyway.)"""
     try:
-        runtime.store.flush()
+        runtime.store.flush(wait=False)
     except RedisUnavailable as exc:
         action = "ended and its key was not freed (its lease frees it)"
         emit(UNAVAILABLE, task.name, task_id, run.spec.keys.run, action=action, error=exc.cause)
+
+
+def on_process_shutdown(**_: Any) -> None:
+    """``worker_process_shutdown``: a pool process about to exit (``os._exit``: no atexit)
+    lands the releases it sent."""
+    land_all()
 
 
 def _hand_over(
