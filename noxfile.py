@@ -82,6 +82,7 @@ COMPAT_TESTS = [
     "tests/test_loud_failures.py",
     "tests/test_run_end_truth.py",
     "tests/test_confirm_truth.py",
+    "tests/test_tracing.py",
 ]
 
 

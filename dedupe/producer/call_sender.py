@@ -17,6 +17,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import celery
 from celery import Celery
 from celery.app.routes import Router
 from celery.app.task import Task as CeleryTask
@@ -140,7 +141,7 @@ class CallSender:
             as_tuple = True
         else:
             return None
-        if reaches is not CeleryTask.apply_async:
+        if reaches is not CeleryTask.apply_async or not _is_celerys(reaches):
             return None
         if (
             task.__v2_compat__
@@ -290,11 +291,31 @@ def _absent_only(options: Mapping[str, Any]) -> bool:
 
 
 def _sends_through_celery(app: Celery) -> bool:
-    return "send_task" not in vars(app) and type(app).send_task is Celery.send_task
+    return (
+        "send_task" not in vars(app)
+        and type(app).send_task is Celery.send_task
+        and _is_celerys(Celery.send_task)
+    )
 
 
 def _apply_async_of(cls: type, task: Any) -> Any:
     return None if "apply_async" in vars(task) else getattr(cls, "apply_async", None)
+
+
+_CELERY_DIR = os.path.dirname(celery.__file__)
+
+
+def _is_celerys(function: Any) -> bool:
+    """Is ``function`` Celery's own, not wrapped in place (a tracer or an APM agent patches
+    ``Task.apply_async`` and ``Celery.send_task`` on Celery's classes: Sentry, Datadog, New
+    Relic)? A sender would go around the wrapper, and what it adds (trace headers, spans)
+    would be missing from the message: such calls go through Celery."""
+    code = getattr(function, "__code__", None)
+    return (
+        getattr(function, "__wrapped__", None) is None
+        and code is not None
+        and os.path.dirname(code.co_filename).startswith(_CELERY_DIR)
+    )
 
 
 def _is_dedupe_publish(task: Any, publish: Publish) -> bool:

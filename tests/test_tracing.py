@@ -1,0 +1,128 @@
+"""Tracing and APM tools see a deduplicated call as they see a plain one. Each tool runs in a
+process of its own (it patches Celery's classes for good): Sentry's Celery integration wraps
+``Task.apply_async`` and ``Celery.send_task``; OpenTelemetry's instrumentation listens to
+Celery's publish signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from .conftest import RedisFactory
+
+pytest.importorskip("sentry_sdk")
+pytest.importorskip("opentelemetry.instrumentation.celery")
+
+_APP = """
+import json, random, sys
+import redis
+from celery import Celery
+import dedupe
+
+url = sys.argv[1]
+app = Celery("traced", broker=url, set_as_current=False)
+app.conf.update(task_default_queue="traced", dedupe_redis_url=url, dedupe_key_prefix="traced")
+dedupe.install(app)
+
+@app.task(shared=False, base=dedupe.DedupeTask, unique=True, name="traced.job")
+def job(x): ...
+
+@app.task(shared=False, name="traced.plain")
+def plain(x): ...
+
+queue = redis.Redis.from_url(url)
+
+def headers_of_the_message():
+    raw = queue.rpop("traced")
+    return json.loads(raw)["headers"] if raw else None
+"""
+
+_SENTRY = """
+import sentry_sdk
+from sentry_sdk.integrations.celery import CeleryIntegration
+from sentry_sdk.transport import Transport
+
+class Recording(Transport):
+    def capture_envelope(self, envelope): pass
+
+sentry_sdk.init(
+    dsn="http://key@localhost/1", transport=Recording, integrations=[CeleryIntegration()],
+    traces_sample_rate=1.0,
+)
+calls = {
+    "a plain task's delay": lambda: plain.delay(1),
+    "DedupeTask.delay": lambda: job.delay(2),
+    "delay_unique": lambda: job.delay_unique(3),
+    "dedupe.apply_async": lambda: dedupe.apply_async(plain, (4,)),
+    "dedupe.apply_many": lambda: dedupe.apply_many(job, [((5,), {})]),
+}
+found = {}
+with sentry_sdk.start_transaction(name="request") as transaction:
+    for name, call in calls.items():
+        call()
+        headers = headers_of_the_message() or {}
+        trace = headers.get("sentry-trace", "")
+        found[name] = {
+            "sentry-trace": trace.split("-")[0] == transaction.trace_id,
+            "baggage": transaction.trace_id in headers.get("baggage", ""),
+        }
+print(json.dumps(found))
+"""
+
+_OPENTELEMETRY = """
+from opentelemetry import trace
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
+from opentelemetry.instrumentation.celery.utils import CTX_KEY
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+CeleryInstrumentor().instrument()
+rng = random.Random(7)
+for index in range(2000):
+    job.delay(index if rng.random() >= 0.2 else -1)  # (20% of them duplicates of one call)
+ids = {span.attributes.get("messaging.message.id") for span in exporter.get_finished_spans()}
+queued = [json.loads(raw)["headers"]["id"] for raw in queue.lrange("traced", 0, -1)]
+print(json.dumps({
+    "queued": len(queued),
+    "queued without a finished span": sum(task_id not in ids for task_id in queued),
+    "spans left attached to the task": len(getattr(job, CTX_KEY, None) or {}),
+}))
+"""
+
+
+def _run(script: str, url: str) -> Any:
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    source = textwrap.dedent(_APP) + textwrap.dedent(script)
+    done = subprocess.run(
+        [sys.executable, "-c", source, url], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_every_entry_points_message_carries_the_sentry_trace_of_the_caller(
+    redis_factory: RedisFactory,
+) -> None:
+    found = _run(_SENTRY, redis_factory().url)
+    assert found == {name: {"sentry-trace": True, "baggage": True} for name in found}
+    assert len(found) == 5
+
+
+def test_opentelemetry_ends_a_span_for_every_published_call_and_keeps_none_attached(
+    redis_factory: RedisFactory,
+) -> None:
+    found = _run(_OPENTELEMETRY, redis_factory().url)
+    assert found["queued"] > 1500
+    assert found["queued without a finished span"] == 0
+    assert found["spans left attached to the task"] == 0
