@@ -25,6 +25,9 @@ __all__ = ["DedupeTask"]
 
 logger = logging.getLogger("dedupe.worker")
 
+#: A request attribute: the task's body is running on it (a call of itself is a nested one).
+_IN_BODY = "_dedupe_in_body"
+
 #: What a call of a DedupeTask may pass next to Celery's options.
 _CALL_OPTIONS = ("unique", *CALL_OPTIONS)
 
@@ -197,13 +200,23 @@ class DedupeTask(AnyTask):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task; in a worker, free its key as the body ends, before Celery stores
         the result: a caller whose ``.get()`` returned may call again at once."""
+        request = self.request
+        if request.called_directly or getattr(request, _IN_BODY, False):
+            # A direct call, or the task calling itself within its run: Celery's own call.
+            return super().__call__(*args, **kwargs)
+        # Celery's tracer calls a task's body on its own request when the task has no
+        # __call__ (Task.__call__ would push a copy, and what the body sets on
+        # self.request, a chain cut short, would be lost): so does this one.
+        setattr(request, _IN_BODY, True)
         try:
-            value = super().__call__(*args, **kwargs)
+            value = self.run(*args, **kwargs)
         except (Retry, Reject):
             raise  # (the key goes with the retry's message, or back to the queue)
         except Exception:
             end_of_body(self, failed=True)
             raise
+        finally:
+            setattr(request, _IN_BODY, False)
         end_of_body(self, failed=False)
         return value
 

@@ -5,6 +5,7 @@ next task. Real prefork workers and Redis.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,6 +62,22 @@ def test_a_call_made_after_a_failed_get_is_a_new_call_not_the_finished_run(
     worker_app: Any, tag: str
 ) -> None:
     assert _answered_with_the_finished_run(worker_app.fail, tag, 60, fails=True) == []
+
+
+@pytest.mark.usefixtures("prefork_worker")
+def test_a_task_calling_itself_within_its_run_keeps_its_key_until_the_run_ends(
+    worker_app: Any, tag: str
+) -> None:
+    assert worker_app.calls_itself.delay(tag, 1).get(timeout=10) == "running"
+
+
+@pytest.mark.usefixtures("prefork_worker")
+def test_a_chain_its_task_cuts_short_stops_as_with_celery(worker_app: Any, tag: str) -> None:
+    chain = worker_app.cuts_its_chain.si(tag) | worker_app.ok.si(f"{tag}-next")
+    chain.apply_async()
+    wait_for(lambda: [end for *_, end in worker_app.runlog(tag).runs() if end], message="ran")
+    time.sleep(1.0)  # (the next task, were it sent, runs at once on the idle worker)
+    assert worker_app.runlog(f"{tag}-next").runs() == []
 
 
 @pytest.mark.usefixtures("prefork_worker")

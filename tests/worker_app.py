@@ -105,6 +105,23 @@ def ok_behind_a_slow_receiver(self: Any, tag: str) -> str:
 
 
 @app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE)
+def calls_itself(self: Any, tag: str, depth: int) -> str:
+    """Calls its own function within its run (recursion), then says its key's state."""
+    if depth:
+        calls_itself(tag, depth - 1)
+    holder = dedupe.lookup(calls_itself, (tag, depth))
+    return holder.state if holder else "free"
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE)
+def cuts_its_chain(self: Any, tag: str) -> str:
+    """Stops the chain it leads, as Celery's docs show: the next task never runs."""
+    self.request.chain = None
+    _run(self, tag)
+    return tag
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE)
 def fail(self: Any, tag: str) -> None:
     _run(self, tag)
     raise ValueError(tag)

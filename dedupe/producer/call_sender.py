@@ -302,7 +302,7 @@ def _apply_async_of(cls: type, task: Any) -> Any:
     return None if "apply_async" in vars(task) else getattr(cls, "apply_async", None)
 
 
-_CELERY_DIR = os.path.dirname(celery.__file__)
+_CELERY_DIR = os.path.join(os.path.dirname(celery.__file__), "")
 
 
 def _is_celerys(function: Any) -> bool:
@@ -314,7 +314,7 @@ def _is_celerys(function: Any) -> bool:
     return (
         getattr(function, "__wrapped__", None) is None
         and code is not None
-        and os.path.dirname(code.co_filename).startswith(_CELERY_DIR)
+        and code.co_filename.startswith(_CELERY_DIR)
     )
 
 

@@ -123,6 +123,7 @@ class Run:
             self.verdict != "claimed"
             or self.spec.keys != keys
             or self.requeued
+            or self.released  # (the body is over: the key goes to the continuation now)
             or not getattr(task, GUARDS_RUNS, False)
         ):
             return False

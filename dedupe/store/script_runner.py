@@ -72,6 +72,8 @@ _forks = 0
 def _forked() -> None:
     global _forks
     _forks += 1
+    for runner in list(_runners):
+        runner._after_fork()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -464,6 +466,16 @@ class ScriptRunner:
                     target=_sweep, args=(weakref.ref(self),), name="dedupe-sweeper", daemon=True
                 ).start()
 
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's sweeper is not here, and a lock it held at the fork
+        would never be let go. The forking thread's connection is dropped at its next call."""
+        self._owing_lock = threading.Lock()
+        self._owing, self._owing_forks, self._sweeping = set(), _forks, False
+        local = self._threads.local
+        if local is not None:
+            local.lock = threading.RLock()
+            local.owing, local.failing_since = False, 0.0
+
     def _swept(self) -> bool:
         """Has nothing been owed for a while? Then the sweeper ends (under the lock, so that
         a send made meanwhile starts the next one)."""
@@ -582,10 +594,10 @@ class ScriptRunner:
         if local.forks != _forks:
             known.clear()  # the parent's memory, and its socket
             return None
-        answer = known.answer(key.encode(self._encoding))
-        if answer is None:
-            return None
-        with local.lock:
+        with local.lock:  # (the sweeper may read this connection too)
+            answer = known.answer(key.encode(self._encoding))
+            if answer is None:
+                return None
             try:
                 quiet = self._quiet()
             except redis.RedisError:
@@ -926,7 +938,10 @@ def _sweep(runner: weakref.ref[ScriptRunner]) -> None:
         alive = runner()
         if alive is None:
             return
-        alive.land()
+        try:
+            alive.land()
+        except Exception:  # (a bug of ours must not end the sweeping for good)
+            logger.exception("the dedup sweeper failed; it goes on")
         if alive._swept():
             return
         del alive

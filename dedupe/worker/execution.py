@@ -481,6 +481,7 @@ def end_of_body(task: Any, *, failed: bool) -> None:
         or run is None
         or run.verdict != "claimed"
         or run.requeued
+        or run.released
         or run.handover is not None
     ):
         return
