@@ -114,6 +114,16 @@ def _timed(call: Callable[[], Any]) -> tuple[float, BaseException]:
     return time.monotonic() - started, raised.value
 
 
+def _called_on_a_stopped_broker(
+    entry: str, unique: Any, plain: Any, broker: RedisServer
+) -> BaseException:
+    """Call ``entry`` with the broker down: the error, raised within the budget."""
+    broker.stop()
+    took, error = _timed(lambda: ENTRY_POINTS[entry](unique, plain))
+    assert took < BUDGET + MARGIN, f"{entry} blocked {took:.2f} s"
+    return error
+
+
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 def test_a_call_on_a_broker_that_never_answered_raises_within_the_budget(
     tasks: Callable[..., tuple[Any, Any]],
@@ -124,9 +134,7 @@ def test_a_call_on_a_broker_that_never_answered_raises_within_the_budget(
 ) -> None:
     # Celery's retry policy (0.6 s) runs out first: kombu's own error, as a plain call's.
     unique, plain = tasks()
-    broker.stop()
-    took, _ = _timed(lambda: ENTRY_POINTS[entry](unique, plain))
-    assert took < BUDGET + MARGIN, f"{entry} blocked {took:.2f} s"
+    _called_on_a_stopped_broker(entry, unique, plain, broker)
     _no_key_left(entry, unique, redis_client, store_url, broker)
 
 
@@ -139,10 +147,7 @@ def test_a_retry_policy_longer_than_the_budget_is_cut_at_the_budget_with_an_erro
     entry: str,
 ) -> None:
     unique, plain = tasks(task_publish_retry_policy=FOREVER)
-    broker.stop()
-    took, error = _timed(lambda: ENTRY_POINTS[entry](unique, plain))
-    assert took < BUDGET + MARGIN, f"{entry} blocked {took:.2f} s"
-    message = str(error)
+    message = str(_called_on_a_stopped_broker(entry, unique, plain, broker))
     assert f"127.0.0.1:{broker.port}" in message  # which broker
     assert f"dedupe_call_budget={BUDGET}" in message  # which budget
     assert "Connection refused" in message  # why

@@ -197,10 +197,9 @@ class ScriptRunner:
         )
         self._threads = _Threads()
         #: The connections that owe replies of sends (read by the sweeper, if their thread
-        #: does not), and the fork they belong to.
+        #: does not; a forked child starts with none, :meth:`_after_fork`).
         self._owing: set[_Local] = set()
         self._owing_lock = threading.Lock()
-        self._owing_forks = -1
         #: A sweeper runs (it ends once nothing was owed for a while; a send starts another).
         self._sweeping = False
         #: When a connection last came to owe replies (time.monotonic()).
@@ -320,13 +319,7 @@ class ScriptRunner:
     def _pipelined(self, command: bytes, count: int, resend: bool) -> list[Any]:
         """One try of :meth:`call_many`: ``count`` commands written at once, their replies
         read (an error reply in its place)."""
-        local = self._local
-        local.wrote = False
-        sock = self._socket()
-        if local.pending or local.unsent:
-            self._catch_up(sock)
-        local.wrote = True
-        self._send(sock, command, count)
+        sock = self._write(command, count)
         got: list[Any] = []
         try:
             for _ in range(count):
@@ -399,14 +392,17 @@ class ScriptRunner:
         with local.lock:
             if not wait and not local.unsent and not _readable(local.sock):
                 return
-            self._tried(lambda: self._catch_up(self._socket()))
+            self._tried(self._read_owed)
+
+    def _read_owed(self) -> None:
+        """Read the replies this thread's connection owes, sending again on a new one what
+        a lost connection took."""
+        self._catch_up(self._socket())
 
     def land(self, *, wait: bool = False) -> None:
         """Read the replies every thread owes for its sends, or send them again on a new
         connection: those of threads that left them unread for a sweep (``wait``: all, as
         the process exits, waiting for a thread that is in a call)."""
-        if self._owing_forks != _forks:
-            return  # (a forked child: the set holds its parent's connections)
         with self._owing_lock:
             owing = list(self._owing)
         now = time.monotonic()
@@ -430,7 +426,7 @@ class ScriptRunner:
         threads = self._threads
         mine, threads.local = threads.local, local
         try:
-            self._tried(lambda: self._catch_up(self._socket()))
+            self._tried(self._read_owed)
             local.failing_since = 0.0
         except redis.RedisError as exc:
             if not local.failing_since:
@@ -455,8 +451,6 @@ class ScriptRunner:
         """``local`` has sends whose replies are not read: the sweeper reads them if its
         thread does not."""
         with self._owing_lock:
-            if self._owing_forks != _forks:
-                self._owing, self._owing_forks, self._sweeping = set(), _forks, False
             self._owing.add(local)
             local.owing = True
             self._owed_at = time.monotonic()
@@ -470,7 +464,7 @@ class ScriptRunner:
         """In a forked child: the parent's sweeper is not here, and a lock it held at the fork
         would never be let go. The forking thread's connection is dropped at its next call."""
         self._owing_lock = threading.Lock()
-        self._owing, self._owing_forks, self._sweeping = set(), _forks, False
+        self._owing, self._sweeping = set(), False
         local = self._threads.local
         if local is not None:
             local.lock = threading.RLock()
@@ -509,14 +503,20 @@ class ScriptRunner:
         return pack_parts([head], (*keys, *args), self._encoding)
 
     def _call(self, script: Script, command: bytes) -> Any:
+        sock = self._write(command)
+        return self._reply(sock, script, command)
+
+    def _write(self, command: bytes, commands: int = 1) -> socket.socket:
+        """Write ``command`` (``commands`` of them) on this thread's connection, behind what
+        earlier sends owe (read first); the socket its replies come on."""
         local = self._local
         local.wrote = False
         sock = self._socket()
         if local.pending or local.unsent:
             self._catch_up(sock)
-        local.wrote = True
-        self._send(sock, command)
-        return self._reply(sock, script, command)
+        local.wrote = True  # (its fate is the server's from here)
+        self._send(sock, command, commands)
+        return sock
 
     def call_tracked(
         self, script: Script, keys: Sequence[Any], args: Sequence[Any]
@@ -529,14 +529,12 @@ class ScriptRunner:
         local = self._local
 
         def attempt() -> Any:
-            sock = self._socket()  # (a new connection starts tracking here)
+            self._socket()  # (a new connection starts tracking here)
             if not local.tracking or script.sha not in self._known:
                 sent_at[0] = None
                 return self._call(script, command)
-            if local.pending or local.unsent:
-                self._catch_up(sock)
             reloads, sent_at[0] = local.reloads, time.monotonic()
-            self._send(sock, CACHING_YES + command, 2)
+            sock = self._write(CACHING_YES + command, 2)
             try:
                 self._read(sock)  # +OK
             except ResponseError as exc:

@@ -489,17 +489,28 @@ def end_of_body(task: Any, *, failed: bool) -> None:
         runtime.heartbeat.drop(run.lease)
         run.lease = None
     run.released = True
-    spec, task_id = run.spec, task.request.id
+    # With a result to store, the release is read before it; else at task_postrun.
+    wait = _stores_result(task, task.request, failed)
+    _release(runtime, task, task.request.id, run, wait=wait)
+
+
+def _release(runtime: Runtime, task: Any, task_id: str, run: Run, *, wait: bool) -> None:
+    """Free a claimed run's key: its reply read now (``wait``), or sent at once and read
+    when it has come (:func:`_land_release`)."""
+    keys = run.spec.keys
     try:
-        if _stores_result(task, task.request, failed):
-            runtime.store.release(spec.keys, task_id, run.token)  # (read before the store)
+        if wait:
+            runtime.store.release(keys, task_id, run.token)
         else:
-            runtime.store.send_release(spec.keys, task_id, run.token)  # (landed at postrun)
+            runtime.store.send_release(keys, task_id, run.token)
     except RedisUnavailable as exc:
-        action = "ended and its key was not freed (its lease frees it)"
-        emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
+        emit(UNAVAILABLE, task.name, task_id, keys.run, action=_NOT_FREED, error=exc.cause)
     else:
-        emit(RELEASED, task.name, task_id, spec.keys.run)
+        emit(RELEASED, task.name, task_id, keys.run)
+
+
+#: What a run's end did not do, when Redis could not be reached.
+_NOT_FREED = "ended and its key was not freed (its lease frees it)"
 
 
 def _stores_result(task: Any, request: Any, failed: bool) -> bool:
@@ -538,19 +549,20 @@ def on_postrun(
     if run.handover is not None:
         _hand_over(runtime, task, task_id, run, *run.handover)
         return
+    rejected = state == states.REJECTED and getattr(retval, "requeue", False)
+    if run.verdict == "claimed" and not (rejected and task.acks_late):
+        _release(runtime, task, task_id, run, wait=False)
+        _land_release(runtime, task, task_id, run)
+        return
     # A run whose claim failed (Redis was unreachable) holds no run: it speaks for its
     # queued record only, never for a copy of its task id that claimed since.
     token = run.token if run.verdict == "claimed" else NO_RUN
     spec = run.spec
     try:
-        if state == states.REJECTED and getattr(retval, "requeue", False) and task.acks_late:
+        if rejected and task.acks_late:
             # The message goes back to the queue, and the record with it. (Without
             # acks_late the message was acked already: a requeue loses it.)
             requeue_key(runtime, spec.keys, spec.ttl, task_id, token, 0.0)
-        elif run.verdict == "claimed":
-            runtime.store.send_release(spec.keys, task_id, token)
-            runtime.store.flush(wait=False)  # (see _land_release)
-            emit(RELEASED, task.name, task_id, spec.keys.run)
         else:
             # The claim's fate is unknown (Redis did not answer in time): it may have landed
             # after the worker gave up, as a running record of this run's token that no
@@ -561,8 +573,7 @@ def on_postrun(
                 runtime.store.cancel(spec.keys, task_id)
             emit(RELEASED, task.name, task_id, spec.keys.run)
     except RedisUnavailable as exc:
-        action = "ended and its key was not freed (its lease frees it)"
-        emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
+        emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=_NOT_FREED, error=exc.cause)
 
 
 def _land_release(runtime: Runtime, task: Any, task_id: str, run: Run) -> None:
@@ -574,8 +585,8 @@ def _land_release(runtime: Runtime, task: Any, task_id: str, run: Run) -> None:
     try:
         runtime.store.flush(wait=False)
     except RedisUnavailable as exc:
-        action = "ended and its key was not freed (its lease frees it)"
-        emit(UNAVAILABLE, task.name, task_id, run.spec.keys.run, action=action, error=exc.cause)
+        keys = run.spec.keys
+        emit(UNAVAILABLE, task.name, task_id, keys.run, action=_NOT_FREED, error=exc.cause)
 
 
 def on_process_shutdown(**_: Any) -> None:
