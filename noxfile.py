@@ -83,6 +83,8 @@ COMPAT_TESTS = [
     "tests/test_run_end_truth.py",
     "tests/test_confirm_truth.py",
     "tests/test_tracing.py",
+    "tests/test_publish_signals.py",
+    "tests/test_interrupted_calls.py",
 ]
 
 

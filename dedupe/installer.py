@@ -14,6 +14,7 @@ from typing import Any
 from celery import Celery, signals
 
 from .errors import ConfigurationError
+from .producer import publish_signals
 from .producer.plain_calls import route_through
 from .runs.runtime import add_runtime
 from .values.config import DedupeConfig
@@ -69,6 +70,7 @@ def connect() -> None:
             (signals.task_postrun, execution.on_postrun, "postrun"),
             (signals.before_task_publish, execution.on_before_publish, "before_publish"),
             (signals.before_task_publish, main_process.on_before_publish, "parent_publish"),
+            (signals.before_task_publish, publish_signals.on_before_publish, "refusal_pairing"),
             (signals.task_failure, main_process.on_failure, "failure"),
             (signals.task_revoked, main_process.on_revoked, "revoked"),
             (signals.worker_init, execution.on_worker_init, "init"),

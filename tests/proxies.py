@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 
 class RedisProxy:
@@ -75,4 +76,29 @@ class CuttingProxy(RedisProxy):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
             return
+        sink.sendall(data)
+
+
+class HoldingProxy(RedisProxy):
+    """Holds the server's reply to the next command holding each of ``hold_at`` (once) for
+    ``hold_for`` seconds: Redis ran the command at once, its answer comes late."""
+
+    def __init__(self, target_port: int, hold_for: float) -> None:
+        super().__init__(target_port)
+        self.hold_for = hold_for
+        self.hold_at: tuple[bytes, ...] = ()
+        self.held = 0
+        self._late: set[socket.socket] = set()
+
+    def forward(self, sink: socket.socket, data: bytes, source: socket.socket) -> None:
+        if self.hold_at and all(part in data for part in self.hold_at):
+            self.hold_at = ()
+            self._late.add(source)
+        sink.sendall(data)
+
+    def deliver(self, sink: socket.socket, data: bytes) -> None:
+        if sink in self._late:
+            self._late.discard(sink)
+            self.held += 1
+            time.sleep(self.hold_for)
         sink.sendall(data)

@@ -158,29 +158,6 @@ def test_a_duplicate_on_the_one_step_path_pushes_nothing(
     assert redis_client.llen(one_step_app.conf.task_default_queue) == 1
 
 
-def test_a_duplicate_refused_at_the_push_sends_no_after_publish_signal(
-    one_step_app: Celery,
-) -> None:
-    from celery import signals
-
-    @one_step_app.task(shared=False, base=dedupe.DedupeTask, unique=True)
-    def job(x: int) -> int:
-        return x
-
-    sent: list[str] = []
-
-    def after(headers: Any = None, **_: Any) -> None:
-        sent.append(headers["id"])
-
-    signals.after_task_publish.connect(after, weak=False)
-    try:
-        first = job.delay(1)
-        job.delay(1)
-    finally:
-        signals.after_task_publish.disconnect(after)
-    assert sent == [first.id]
-
-
 def test_a_task_of_mostly_duplicates_decides_before_building_its_message(
     one_step_app: Celery, redis_client: redis.Redis
 ) -> None:

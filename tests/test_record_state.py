@@ -12,6 +12,7 @@ ALL = list(RecordState)
 def test_a_provisional_record_stands_where_the_producer_may_cancel_or_confirm_it() -> None:
     assert {state for state in ALL if state.provisional_written} == {
         RecordState.PROVISIONAL,
+        RecordState.ASKED,
         RecordState.UNKNOWN,
         RecordState.AWAITING_CONFIRM,
         RecordState.UNROUTED,
@@ -45,9 +46,14 @@ def test_a_publish_never_takes_back_a_queued_record() -> None:
                 RecordState.QUEUED.to(state)
 
 
-def test_only_a_provisional_record_of_a_message_not_out_or_sent_nowhere_is_freed() -> None:
+def test_only_a_provisional_record_of_a_message_not_out_sent_nowhere_or_unread_is_freed() -> None:
     freed = {state for state in ALL if state is not RecordState.ABSENT and _can(state, "ABSENT")}
-    assert freed == {RecordState.PROVISIONAL, RecordState.AWAITING_CONFIRM, RecordState.UNROUTED}
+    assert freed == {
+        RecordState.PROVISIONAL,
+        RecordState.ASKED,
+        RecordState.AWAITING_CONFIRM,
+        RecordState.UNROUTED,
+    }
 
 
 def _can(state: RecordState, name: str) -> bool:

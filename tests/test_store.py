@@ -600,6 +600,25 @@ def test_cancel_never_deletes_another_tasks_record(store: Store, finished: CallK
     assert record(store, finished.call)["id"] == "B"  # type: ignore[index]
 
 
+def test_an_exact_cancel_deletes_its_own_provisional_record(
+    store: Store, finished: CallKeys
+) -> None:
+    provisional = pack_provisional("A", 7)
+    assert store.enqueue(finished, provisional, TTL_MS) is None
+    assert store.cancel(finished, "A", exactly=provisional) is True
+    assert record(store, finished.call) is None
+
+
+def test_an_exact_cancel_leaves_another_call_of_the_same_task_id_its_record(
+    store: Store, finished: CallKeys
+) -> None:
+    # An interrupted call withdraws what its enqueue may have written: with an explicit task
+    # id, the key may be an earlier call's of that id, beside its message.
+    assert store.enqueue(finished, pack_provisional("A", 1), TTL_MS) is None
+    assert store.cancel(finished, "A", exactly=pack_provisional("A", 2)) is False
+    assert record(store, finished.call)["id"] == "A"  # type: ignore[index]
+
+
 # -- records of Celery's own task ids (UUIDs, stored packed) -----------------------------------
 
 

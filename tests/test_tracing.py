@@ -75,6 +75,47 @@ with sentry_sdk.start_transaction(name="request") as transaction:
 print(json.dumps(found))
 """
 
+_SENTRY_WORKER = """
+import time
+import sentry_sdk
+from sentry_sdk.integrations.celery import CeleryIntegration
+from sentry_sdk.transport import Transport
+
+transactions = []
+
+class Recording(Transport):
+    def capture_envelope(self, envelope):
+        for item in envelope.items:
+            if item.type == "transaction":
+                event = item.payload.json
+                transactions.append((event["transaction"], event["contexts"]["trace"]["trace_id"]))
+
+sentry_sdk.init(
+    dsn="http://key@localhost/1", transport=Recording, integrations=[CeleryIntegration()],
+    traces_sample_rate=1.0,
+)
+# (After init: Celery's worker consumer binds build_tracer, which Sentry patches, at import.)
+from celery.contrib.testing.worker import start_worker
+
+calls = {
+    "a plain task's delay": ("traced.plain", lambda: plain.delay(1)),
+    "DedupeTask.delay": ("traced.job", lambda: job.delay(2)),
+    "delay_unique": ("traced.job", lambda: job.delay_unique(3)),
+    "dedupe.apply_async": ("traced.job", lambda: dedupe.apply_async(job, (4,))),
+    "dedupe.apply_many": ("traced.job", lambda: dedupe.apply_many(job, [((5,), {})])),
+}
+found = {}
+with start_worker(app, pool="solo", perform_ping_check=False):
+    for name, (task_name, call) in calls.items():
+        with sentry_sdk.start_transaction(name=name) as transaction:
+            call()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (task_name, transaction.trace_id) not in transactions:
+            time.sleep(0.05)
+        found[name] = (task_name, transaction.trace_id) in transactions
+print(json.dumps(found))
+"""
+
 _OPENTELEMETRY = """
 from opentelemetry import trace
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
@@ -88,6 +129,8 @@ provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
 CeleryInstrumentor().instrument()
+# (The instrumentation finds a task by its name in the current app's registry.)
+app.set_current()
 rng = random.Random(7)
 for index in range(2000):
     job.delay(index if rng.random() >= 0.2 else -1)  # (20% of them duplicates of one call)
@@ -116,6 +159,14 @@ def test_every_entry_points_message_carries_the_sentry_trace_of_the_caller(
 ) -> None:
     found = _run(_SENTRY, redis_factory().url)
     assert found == {name: {"sentry-trace": True, "baggage": True} for name in found}
+    assert len(found) == 5
+
+
+def test_the_worker_continues_the_sentry_trace_of_every_entry_points_call(
+    redis_factory: RedisFactory,
+) -> None:
+    found = _run(_SENTRY_WORKER, redis_factory().url)
+    assert found == dict.fromkeys(found, True)
     assert len(found) == 5
 
 

@@ -203,6 +203,24 @@ def calls_until_soft_limit(self: Any, tag: str) -> dict[str, Any]:
     return {"repeats": repeats, "wrong": wrong}
 
 
+#: The soft time limit of ``accepted_when_its_limit_fires``; the test holds Redis's answer longer.
+INTERRUPTING_LIMIT = 0.5
+
+
+@app.task(bind=True, soft_time_limit=INTERRUPTING_LIMIT)
+def accepted_when_its_limit_fires(self: Any, tag: str, duplicates: int) -> str:
+    """Make ``duplicates`` duplicate calls of ``ok`` (a task of mostly duplicates decides
+    before it publishes), then a new call of ``ok``, whose answer the test's proxy holds
+    until the soft time limit has interrupted it."""
+    for _ in range(duplicates + 1 if duplicates else 0):
+        ok.delay(f"{tag}-held")  # (it waits for this run: the worker has one child)
+    try:
+        ok.delay(f"{tag}-new")
+    except SoftTimeLimitExceeded:
+        return "interrupted"
+    return "answered"
+
+
 @app.task(
     bind=True, base=dedupe.DedupeTask, unique=True, acks_late=True, reject_on_worker_lost=True
 )

@@ -67,6 +67,9 @@ async def _decide(prepared: PreparedCall) -> DedupeResult:
         except RedisUnavailable as exc:
             prepared.first_write_failed(exc)
             return await asyncio.to_thread(prepared.publish_unrecorded)
+        except BaseException:
+            await asyncio.to_thread(prepared.withdraw_first_write)
+            raise
         duplicate = prepared.first_write_done(outcome)
         if duplicate is not None:
             return duplicate

@@ -162,6 +162,10 @@ def _decide(
         for index in leaders:
             results[index] = prepared[index].publish_unrecorded()
         return []
+    except BaseException:
+        for index in leaders:
+            prepared[index].withdraw_first_write()
+        raise
     accepted = []
     for index, outcome in zip(leaders, outcomes, strict=True):
         duplicate = prepared[index].first_write_done(outcome)

@@ -51,6 +51,7 @@ from .publish_seam import (
     pushing_through,
     within_budget,
 )
+from .publish_signals import end_refused, forget_begun
 from .record_state import RecordState
 from .result import DedupeResult, duplicate_result, mark_result
 
@@ -79,7 +80,12 @@ _CANVAS_OPTIONS = ("chain", "chord", "group_id", "link", "link_error")
 _EXPIRED_TTL = 1.0
 #: Where a call's own provisional record stands, for a cancel or a confirm to act on.
 _CANCELLABLE = frozenset(
-    {RecordState.PROVISIONAL, RecordState.AWAITING_CONFIRM, RecordState.UNROUTED}
+    {
+        RecordState.PROVISIONAL,
+        RecordState.ASKED,
+        RecordState.AWAITING_CONFIRM,
+        RecordState.UNROUTED,
+    }
 )
 _CONFIRMABLE = frozenset({RecordState.PROVISIONAL, RecordState.AWAITING_CONFIRM})
 
@@ -283,6 +289,7 @@ class PreparedCall:
             call.options["headers"] = headers
         with publishing():
             sent = (through or call.publish)(call.args, call.kwargs, call.options)
+        forget_begun()
         if self.kind == "eager":
             return mark_result(sent, deduplicated=False)
         # (No store when none could be made: a Cluster no node of which answered.)
@@ -335,6 +342,7 @@ class PreparedCall:
                 self._decided(decision, published=False)
                 raise
         if refused is not None:
+            end_refused(self.task_id)
             # Celery subscribed to the result of a task id that will never exist.
             forget_result(call.app, self.task_id)
             raise refused
@@ -404,14 +412,26 @@ class PreparedCall:
         plan = self.plan
         if plan.state not in _CANCELLABLE:
             return
+        # (A continuation's record is its task id's: any of it is withdrawn.)
+        exact = plan.state is RecordState.ASKED and self.kind != "continuation"
         try:
-            self.store.cancel(self.keys, self.task_id)
+            self.store.cancel(self.keys, self.task_id, exactly=plan.provisional if exact else None)
         except RedisUnavailable as exc:
             self._unavailable(
                 exc, "was not published and its key stays (its provisional ttl frees it)"
             )
             return
         plan.move(RecordState.ABSENT)
+
+    def withdraw_first_write(self) -> None:
+        """The call was interrupted before it read Redis's answer to its first write (an
+        exception raised by a signal handler: a soft time limit, an alarm): withdraw the
+        provisional record that write may have made, which would otherwise answer every
+        call of the key with a task id that never runs, until the provisional ttl."""
+        plan = self.plan
+        if plan.state is RecordState.ABSENT:
+            plan.move(RecordState.ASKED)
+        self.cancel_record()
 
     def confirm_record(self) -> None:
         """Make the provisional record beside a published message durable (sent without
@@ -585,6 +605,9 @@ def publish_prepared(prepared: PreparedCall) -> DedupeResult:
         except RedisUnavailable as exc:
             prepared.first_write_failed(exc)
             return prepared.publish_unrecorded()
+        except BaseException:
+            prepared.withdraw_first_write()
+            raise
         duplicate = prepared.first_write_done(outcome)
         if duplicate is not None:
             return duplicate

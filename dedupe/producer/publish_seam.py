@@ -370,7 +370,13 @@ def _publish_provisionally(
 ) -> None:
     logger.debug("%s: no one-step publish here, publishing provisionally", plan.task_id)
     if not plan.state.provisional_written:
-        holder = plan.store.enqueue(plan.keys, plan.provisional, plan.provisional_ttl_ms)
+        try:
+            holder = plan.store.enqueue(plan.keys, plan.provisional, plan.provisional_ttl_ms)
+        except RedisUnavailable:
+            raise
+        except BaseException:
+            plan.move(RecordState.ASKED)  # (the publish's failure withdraws it)
+            raise
         if holder is not None and not plan.force:
             raise Refused(holder)
         if holder is None:

@@ -3,6 +3,8 @@
 ================  =============================================================================
 absent            nothing of this call's (no write yet, or the key left to its holder)
 provisional       its provisional record, no message yet
+asked             its first write was sent, Redis's answer never read (an exception came
+                  between): perhaps its provisional record, these very bytes; withdraw them
 unknown           a write failed as unavailable: perhaps provisional; nothing more is written
 sent              publish.lua was sent: the record and the message, or neither; never cancelled
 queued            its queued record beside its message (pushed, confirmed or written after)
@@ -24,6 +26,7 @@ class RecordState(enum.Enum):
 
     ABSENT = "absent"
     PROVISIONAL = "provisional"
+    ASKED = "asked"
     UNKNOWN = "unknown"
     SENT = "sent"
     QUEUED = "queued"
@@ -48,6 +51,7 @@ class RecordState(enum.Enum):
 _PROVISIONAL = frozenset(
     {
         RecordState.PROVISIONAL,
+        RecordState.ASKED,
         RecordState.UNKNOWN,
         RecordState.AWAITING_CONFIRM,
         RecordState.UNROUTED,
@@ -60,6 +64,7 @@ _MOVES: dict[RecordState, frozenset[RecordState]] = {
     RecordState.ABSENT: frozenset(
         {
             RecordState.PROVISIONAL,
+            RecordState.ASKED,
             RecordState.UNKNOWN,
             RecordState.SENT,
             RecordState.QUEUED,
@@ -76,6 +81,7 @@ _MOVES: dict[RecordState, frozenset[RecordState]] = {
             RecordState.UNROUTED,
         }
     ),
+    RecordState.ASKED: frozenset({RecordState.ABSENT}),
     RecordState.UNKNOWN: frozenset(),
     RecordState.SENT: frozenset({RecordState.QUEUED}),
     RecordState.QUEUED: frozenset(),

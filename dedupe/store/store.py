@@ -517,11 +517,13 @@ class Store:
             reply = self._run(self._withdraw, [keys.call], [restoration.record, restoration.queued])
         return bool(reply)
 
-    def cancel(self, keys: CallKeys, task_id: str) -> bool:
-        """Delete this task id's record if it is still queued (never a running one)."""
+    def cancel(self, keys: CallKeys, task_id: str, *, exactly: bytes | None = None) -> bool:
+        """Delete this task id's record if it is still queued (never a running one);
+        ``exactly``: only if the record is these very bytes (a provisional record)."""
         self._forget(keys)
+        owner = pack_owner(task_id)
         with reraise_unavailable("cancel", keys.call):
-            reply = self._run(self._cancel, [keys.call], [pack_owner(task_id)])
+            reply = self._run(self._cancel, [keys.call], [owner, exactly] if exactly else [owner])
         return read_cancel(reply)
 
     def lookup(self, keys: CallKeys) -> Holder | None:
