@@ -85,6 +85,7 @@ COMPAT_TESTS = [
     "tests/test_tracing.py",
     "tests/test_publish_signals.py",
     "tests/test_interrupted_calls.py",
+    "tests/test_compat.py",
 ]
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from celery import Celery, signals
 
+from .compat import warn_missing
 from .errors import ConfigurationError
 from .producer import publish_signals
 from .producer.plain_calls import route_through
@@ -34,13 +35,16 @@ def install(app: Celery) -> None:
     It connects the worker's lifecycle handlers (claim, release, requeue), and checks the
     app's dedupe settings (now if they are read already, else when Celery reads them: a
     mistake raises :class:`~dedupe.ConfigurationError` here, or is logged then and raised at
-    the first call). Configuring the app after this call is fine.
+    the first call). Configuring the app after this call is fine. A private member of
+    Celery, kombu or redis-py that dedupe relies on and this version lacks is named in a
+    warning here: the shortcut that needs it is off (see docs/index.md, versions).
 
     .. code-block:: python
 
         app = Celery("proj", broker="redis://localhost:6379/0")
         dedupe.install(app)
     """
+    warn_missing()
     add_runtime(app)
     # Each time Celery reads the settings; now, if it has read them already.
     app.on_after_configure.connect(_on_configure, sender=app, weak=False)

@@ -3,6 +3,7 @@
 =========  =====================================================================================
 rung       folders (each imports only its own folder, lower rungs and the leaves)
 =========  =====================================================================================
+0          ``compat``: the private members of Celery, kombu and redis-py, checked
 1          ``values``: values and pure functions, no I/O
 2          ``store``: the only code that talks to Redis
 3          ``recovery``: records written back after the dedup Redis lost its data
@@ -28,6 +29,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dedupe"
 
 #: The internal folders, lowest first; folders on one rung never import each other.
 RUNGS: tuple[tuple[str, ...], ...] = (
+    ("compat",),
     ("values",),
     ("store",),
     ("recovery",),

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from celery.beat import PersistentScheduler, Scheduler, SchedulingError
 from celery.exceptions import reraise
 
+from dedupe.compat.celery_private import count_beat_send
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.producer.guard import Call, publish_unique, publisher_for
@@ -160,11 +161,7 @@ class DedupeSchedulerMixin(_SchedulerBase):
         return claimed
 
     def _count_send(self) -> None:
-        # Scheduler.apply_async's own bookkeeping: sync the schedule every few sends.
-        scheduler: Any = self
-        scheduler._tasks_since_sync += 1
-        if scheduler.should_sync():
-            scheduler._do_sync()
+        count_beat_send(self)
 
 
 def entry_options(entry: Any) -> tuple[bool, dict[str, Any]]:

@@ -189,7 +189,7 @@ def _publish_accepted(
     if not accepted:
         return
     runtime = prepared[accepted[0]].runtime
-    if not runtime.broker_is_store or any(prepared[i].path != "decide" for i in accepted):
+    if not runtime.one_step or any(prepared[i].path != "decide" for i in accepted):
         for index in accepted:
             results[index] = prepared[index].publish_with_record()
         return

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from celery import Celery
-from celery._state import get_current_app
 from celery.result import AsyncResult
 
+from dedupe.compat.celery_private import current_app
 from dedupe.values.generics import AnyTask, TaskOrName
 
 __all__ = ["Call", "Publish", "TaskPublish", "publisher_for", "resolve_task"]
@@ -55,7 +55,7 @@ def resolve_task(
 ) -> tuple[AnyTask | None, str, Celery]:
     """(task object or None, task name, app) of a task or a task name."""
     if isinstance(task_or_name, str):
-        app = app or get_current_app()
+        app = app or current_app()
         return app.tasks.get(task_or_name), task_or_name, app
     # @shared_task gives a lazy Proxy: work with the task object behind it.
     unwrap = getattr(task_or_name, "_get_current_object", None)

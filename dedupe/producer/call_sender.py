@@ -24,6 +24,9 @@ from celery.app.task import Task as CeleryTask
 from celery.result import AsyncResult
 from celery.utils.nodenames import anon_nodename
 
+from dedupe.compat import celery_private, kombu_private
+from dedupe.compat.celery_private import exec_options
+
 from .call import Call, Publish, TaskPublish
 from .message_repr import plain_repr
 from .plain_calls import refuse_plain_dedup_options
@@ -86,7 +89,7 @@ class CallSender:
         self._fallback = fallback
         #: DedupeTask's publish hands apply_async a tuple and a dict, whatever it was given.
         self._as_tuple = as_tuple
-        self._preopts: Mapping[str, Any] = task._get_exec_options()
+        self._preopts: Mapping[str, Any] = exec_options(task)
         self._check = getattr(task, "__header__", None) if task.typing else None
         amqp = app.amqp
         router: Any = amqp.router
@@ -130,7 +133,9 @@ class CallSender:
         publish = call.publish
         if task is None:
             return None
-        app = task._get_app()  # apply_async's app: the task's, whatever the call was given
+        if not (celery_private.SENDER and kombu_private.SENDER):
+            return None  # (a member it needs is not there: warned at install)
+        app = celery_private.app_of_task(task)
         if not _sends_through_celery(app) or app.conf.task_always_eager:
             return None
         if isinstance(publish, TaskPublish) and publish.task is task:
@@ -215,13 +220,16 @@ class CallSender:
         if context.inherit_priority and parent is not None:
             options.setdefault("priority", parent.request.delivery_info.get("priority"))
         message = self._create_task_message(
-            task_id, name, args, kwargs, countdown, eta, None, None, expires, 0, None,
-            None, None, self._reply_to, time_limit, soft_time_limit, context.sent_event,
-            context.root_id, context.parent_id, shadow, None,
+            task_id=task_id, name=name, args=args, kwargs=kwargs, countdown=countdown,
+            eta=eta, group_id=None, group_index=None, expires=expires, retries=0,
+            chord=None, callbacks=None, errbacks=None, reply_to=self._reply_to,
+            time_limit=time_limit, soft_time_limit=soft_time_limit,
+            create_sent_event=context.sent_event, root_id=context.root_id,
+            parent_id=context.parent_id, shadow=shadow, chain=None,
             ignore_result=ignore_result, replaced_task_nesting=0, origin=self._origin,
             **self._reprs(args, kwargs, options), **options,
         )  # fmt: skip
-        with producer.connection._reraise_as_library_errors():
+        with kombu_private.library_errors(producer.connection):
             if not ignore_result:
                 self._backend.on_task_call(producer, task_id)
             self._send_task_message(producer, name, message, **options)

@@ -245,7 +245,7 @@ class PreparedCall:
         return self.keys, provisional, self.shape.provisional_ttl_ms
 
     def _path(self, runtime: Runtime) -> Literal["one-step", "decide", "overlap", "confirm"]:
-        one_step = runtime.broker_is_store
+        one_step = runtime.one_step
         # A continuation requeues first (it acts on a record that may be running).
         decide_first = (
             self._decide_first

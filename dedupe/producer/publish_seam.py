@@ -28,6 +28,7 @@ from kombu.exceptions import OperationalError
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
+from dedupe.compat import kombu_private
 from dedupe.errors import RedisUnavailable
 from dedupe.store.replies import Push
 from dedupe.store.script_runner import Reply
@@ -188,19 +189,18 @@ class _Seam:
         return _shadowing(
             self.channel,
             basic_publish=self.basic_publish,
-            _put=self.put,
-            _put_fanout=self.put_fanout,
+            **kombu_private.put_shadows(self.put, self.put_fanout),
         )
 
     def put(self, queue: str, message: Any, **kwargs: Any) -> Any:
         if self.queues is None:
-            return self.kombu._put(self.channel, queue, message, **kwargs)
+            return kombu_private.put(self.channel, queue, message, **kwargs)
         self.queues.append(queue)
         return None
 
     def put_fanout(self, *args: Any, **kwargs: Any) -> Any:
         if self.queues is None:
-            return self.kombu._put_fanout(self.channel, *args, **kwargs)
+            return kombu_private.put_fanout(self.channel, *args, **kwargs)
         self.fanouts.append((args, kwargs))
         return None
 
@@ -274,7 +274,7 @@ class _HeldBack:
             and bool(kwargs.get("routing_key"))
             and not self.producer.exchange.name  # (nor would kombu declare the producer's)
             # (kombu 5.7's Producer.batch() publishes when its block ends)
-            and getattr(getattr(self.producer, "_batch_local", None), "current", None) is None
+            and kombu_private.in_kombu_batch(self.producer) is False
             and self.seam.on_same_server(plan)
         )
 
@@ -325,17 +325,20 @@ def _publish(
         written = plan.state.provisional_written
         plan.move(RecordState.UNROUTED if written else RecordState.DROPPED)
         return None
-    queue_expiry = getattr(channel, "_expires", None) or {}  # x-expires, kombu 5.6.2+
+    queue_expiry = kombu_private.queue_expiries(channel)
     expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
     if fanouts or len(expiries) > 1 or not seam.on_same_server(plan):
         _publish_provisionally(channel, plan, message, queues, fanouts)
         return None
-    pri = channel._get_message_priority(message, reverse=False)
-    prefix = channel.global_keyprefix
-    lists = [prefix + channel._q_for_pri(queue, pri) for queue in queues]
+    pri = kombu_private.message_priority(channel, message)
+    lists = [kombu_private.priority_list(channel, queue, pri) for queue in queues]
     expire_ms = expiries.pop() if expiries else 0
     expiring = (
-        [prefix + channel._q_for_pri(q, step) for q in queues for step in channel.priority_steps]
+        [
+            kombu_private.priority_list(channel, q, step)
+            for q in queues
+            for step in kombu_private.priority_steps(channel)
+        ]
         if expire_ms
         else []
     )
@@ -382,9 +385,9 @@ def _publish_provisionally(
         if holder is None:
             plan.move(RecordState.PROVISIONAL)
     for queue in queues:
-        type(channel)._put(channel, queue, message)
+        kombu_private.put(channel, queue, message)
     for args, kwargs in fanouts:
-        type(channel)._put_fanout(channel, *args, **kwargs)
+        kombu_private.put_fanout(channel, *args, **kwargs)
     if plan.state is RecordState.PROVISIONAL:
         plan.move(RecordState.AWAITING_CONFIRM)
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from celery.backends.asynchronous import AsyncBackendMixin
 from celery.result import AsyncResult
 from vine import promise
 
+from dedupe.compat import celery_private
 from dedupe.errors import DedupeError
 from dedupe.values.generics import AnyAsyncResult
 from dedupe.values.keys import CallKeys
@@ -48,12 +47,14 @@ class DedupeResult(AnyAsyncResult):
     def of_holder(cls, task_id: str, *, backend: Any, app: Any) -> DedupeResult:
         """The result of a holder's task id: what ``AsyncResult(task_id, ...)`` makes, less
         the ``on_ready`` promise, which is made when first used (see below)."""
+        if not celery_private.RESULTS:
+            return cls(task_id, backend=backend, app=app)
         result = cls.__new__(cls)
         result.app = app
         result.id = task_id
         result.backend = backend or app.backend
         result.parent = None
-        vars(result).update(_cache=None, _ignored=False)
+        celery_private.result_without_init(result)
         return result
 
     # A duplicate's result is made by the hundred in a batch, and most are dropped unread;
@@ -64,8 +65,7 @@ class DedupeResult(AnyAsyncResult):
         attributes = self.__dict__
         ready = attributes.get("on_ready")
         if ready is None:
-            celery_result: Any = self  # (_on_fulfilled is untyped in Celery's stubs)
-            ready = attributes["on_ready"] = promise(celery_result._on_fulfilled, weak=True)
+            ready = attributes["on_ready"] = promise(celery_private.on_fulfilled(self), weak=True)
         return ready
 
     @on_ready.setter
@@ -88,7 +88,7 @@ class DedupeResult(AnyAsyncResult):
         return f"<{type(self).__name__}: {self.id} deduplicated={self.deduplicated}>"
 
     def __del__(self) -> None:
-        if not _OLD_PENDING:
+        if not _OLD_PENDING or not celery_private.RESULTS:
             # A duplicate's result whose id nothing waits on has nothing of Celery's to cancel
             # (its __del__ would look for waiters and try to unsubscribe, per dropped
             # duplicate: a batch's main cost after its round trip). Else Celery's way.
@@ -106,7 +106,7 @@ class DedupeResult(AnyAsyncResult):
         backend = self.backend
         if backend is None or _another_waits(self):
             return
-        for waiting in getattr(backend, "_pending_results", None) or ():
+        for waiting in celery_private.pending_results(backend):
             waiting.pop(self.id, None)
         if getattr(backend, "result_consumer", None) is not None:
             _unsubscribe_later.setdefault(backend, []).append(self.id)
@@ -114,12 +114,7 @@ class DedupeResult(AnyAsyncResult):
 
 # Celery 5.7 counts the result objects waiting on an id (its _remove_pending_result takes the
 # result); before, one was tracked per id (it takes the task id).
-_OLD_PENDING = (
-    "task_id"
-    in inspect.signature(
-        getattr(AsyncBackendMixin, "_remove_pending_result", lambda result: None)
-    ).parameters
-)
+_OLD_PENDING = celery_private.removes_pending_by_task_id()
 
 
 # Per result backend (one per app and thread): ids whose results were dropped before
@@ -131,7 +126,7 @@ def _unsubscribe_dropped(backend: Any) -> None:
     dropped = _unsubscribe_later.get(backend)
     while dropped:
         task_id = dropped.pop()
-        if any(task_id in waiting for waiting in backend._pending_results):
+        if any(task_id in waiting for waiting in celery_private.pending_results(backend)):
             continue  # waited on again meanwhile
         try:
             backend.result_consumer.cancel_for(task_id)
@@ -143,14 +138,11 @@ def _waits(result: AsyncResult[Any]) -> bool:
     """Does anything wait on this result's id (this very object, another, or a weak waiter
     the cyclic collector cleared before running this ``__del__``, which leaves its id's
     entry empty)? Then Celery's own ``__del__`` decides what to cancel."""
-    return any(
-        result.id in waiting for waiting in getattr(result.backend, "_pending_results", None) or ()
-    )
+    return any(result.id in waiting for waiting in celery_private.pending_results(result.backend))
 
 
 def _another_waits(result: AsyncResult[Any]) -> bool:
-    pending = getattr(result.backend, "_pending_results", None) or ()
-    for waiting in pending:
+    for waiting in celery_private.pending_results(result.backend):
         other = waiting.get(result.id)
         if other is not None and other is not result:
             return True

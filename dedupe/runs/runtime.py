@@ -17,6 +17,7 @@ from redis.backoff import FullJitterBackoff, NoBackoff
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
+from dedupe.compat import kombu_private
 from dedupe.errors import NotInstalled, RedisUnavailable
 from dedupe.recovery.unacked import RestartWatch
 from dedupe.store.async_store import AsyncStore
@@ -60,6 +61,12 @@ class Runtime:
             cluster = cluster_target(self.config.redis_url) is not None
             self._broker_is_store = not cluster and self._broker_is(self.store)
         return self._broker_is_store
+
+    @property
+    def one_step(self) -> bool:
+        """Can a call's record and message be written in one step (the broker is the store,
+        and kombu's members the one-step publish needs are there)?"""
+        return kombu_private.ONE_STEP and self.broker_is_store
 
     def _broker_is(self, store: Store) -> bool:
         connection = self.app.connection_for_write()  # not connected: names the transport

@@ -32,6 +32,8 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
+from dedupe.compat.redis_private import FAST_CLIENT, backoff_of, retries_of
+
 from .script_runner import Reply, ScriptRunner, Unanswered
 
 __all__ = ["ClusterScriptRunner", "cluster_unreachable"]
@@ -125,8 +127,7 @@ class ClusterScriptRunner:
         self._by_node: dict[str, ScriptRunner] = {}
         self._by_slot: dict[int, ScriptRunner] = {}
         self._retry: Retry = getattr(client, "retry", None) or Retry(NoBackoff(), 0)
-        #: The policy's count (``Retry.get_retries`` is newer than redis-py 5.0).
-        self._retries = int(getattr(self._retry, "_retries", 0))
+        self._retries = retries_of(self._retry)
         # One retry loop (ours, under the budget), not two nested ones: every command of the
         # store on a cluster goes through it (see :meth:`command`).
         client.set_retry(Retry(NoBackoff(), 0))
@@ -202,7 +203,10 @@ class ClusterScriptRunner:
             self._by_slot.clear()  # the cluster client knows the layout now: read it again
 
     def _master(self, key: Any) -> ScriptRunner | None:
-        """The runner of the master that serves ``key``'s slot (None: no master known)."""
+        """The runner of the master that serves ``key``'s slot (None: no master known, or no
+        runner of ours at all: redis-py changed a member it needs)."""
+        if not FAST_CLIENT:
+            return None
         slot = key_slot(key.encode() if isinstance(key, str) else key)
         runner = self._by_slot.get(slot)
         if runner is not None:
@@ -323,7 +327,7 @@ class ClusterScriptRunner:
                 kind = _kind(error)
                 if kind == "connection":
                     failures += 1
-                    backoff: Any = self._retry._backoff  # (the policy's own, untyped)
+                    backoff = backoff_of(self._retry)
                     pause = float(backoff.compute(failures))
                     if failures > self._retries or _past(deadline, pause + self._try_time):
                         raise error

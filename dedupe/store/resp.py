@@ -8,8 +8,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from redis._parsers import BaseParser
 from redis.exceptions import ResponseError
+
+from dedupe.compat.redis_private import response_error
 
 __all__ = ["CACHING_YES", "TRACKING_ON", "PushMessage", "pack_command", "pack_parts", "parse"]
 
@@ -100,9 +101,7 @@ class PushMessage(list[Any]):
 
 
 def _error(message: bytes) -> ResponseError:
-    parse_error: Any = BaseParser.parse_error  # (untyped in redis-py)
-    error: ResponseError = parse_error(message.decode("utf-8", "replace"))
-    return error
+    return response_error(message.decode("utf-8", "replace"))
 
 
 # Replies that are one line: simple string, error, null, boolean, double.

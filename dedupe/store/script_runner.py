@@ -33,6 +33,8 @@ from redis.connection import AbstractConnection
 from redis.exceptions import NoPermissionError, NoScriptError, ReadOnlyError, ResponseError
 from redis.retry import Retry
 
+from dedupe.compat.redis_private import retried_errors, socket_of
+
 from .remembered import RememberedAnswers
 from .resp import CACHING_YES, TRACKING_ON, PushMessage, pack_command, pack_parts, parse
 
@@ -190,11 +192,8 @@ class ScriptRunner:
         self._busy_poll = busy_poll
         self._budget = budget
         self._retry: Retry = retry or client.get_retry() or Retry(NoBackoff(), 0)
-        #: The errors the policy retries (redis-py keeps them private; these are its default).
-        self._retried: tuple[type[BaseException], ...] = tuple(
-            getattr(self._retry, "_supported_errors", None)
-            or (redis.ConnectionError, redis.TimeoutError, TimeoutError)
-        )
+        #: The errors the policy retries.
+        self._retried = retried_errors(self._retry)
         self._threads = _Threads()
         #: The connections that owe replies of sends (read by the sweeper, if their thread
         #: does not; a forked child starts with none, :meth:`_after_fork`).
@@ -845,7 +844,7 @@ class ScriptRunner:
             # No HELLO 3 (Redis before 6, or a proxy): RESP2, and nothing remembered.
             self._refuse_tracking(exc)
             return self._socket()
-        opened: socket.socket | None = getattr(connection, "_sock", None)
+        opened = socket_of(connection)
         if opened is None:
             raise redis.ConnectionError("redis-py gave a connection without a socket")
         local.connection, local.sock, local.buffer, local.owed = connection, opened, b"", 0

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 import redis.cluster
 from redis.commands.core import Script
 
+from dedupe.compat.redis_private import FAST_CLIENT
 from dedupe.errors import RedisCommandError, UnexpectedReply
 from dedupe.values import defaults
 from dedupe.values.keys import CallKeys
@@ -27,6 +28,7 @@ from dedupe.values.record import Holder, pack_owner, pack_queued, pack_restored
 
 from .clients import DedupRedis
 from .cluster_runner import ClusterScriptRunner
+from .plain_runner import PlainScriptRunner
 from .redis_errors import reraise_unavailable
 from .replies import (
     Push,
@@ -174,6 +176,8 @@ class Store:
         self._run: ScriptCalls
         if isinstance(client, redis.cluster.RedisCluster):
             self._run = ClusterScriptRunner(client, busy_poll, budget)
+        elif not FAST_CLIENT:
+            self._run = PlainScriptRunner(client)
         else:
             self._run = ScriptRunner(client, busy_poll, budget, remember_for=remember_duplicates)
         self._enqueue = self._register("enqueue")

@@ -19,6 +19,7 @@ import redis.connection
 from celery import Celery
 from celery.utils.collections import ConfigurationView
 
+from dedupe.compat.celery_private import setting_keys
 from dedupe.errors import ConfigurationError
 
 from . import defaults
@@ -235,12 +236,8 @@ class SettingReader:
         return conf[self._name]  # found nowhere: let Celery answer (or raise) as it would
 
     def _spell(self, conf: ConfigurationView) -> tuple[Any, ...]:
-        # The keys ConfigurationView.__getitem__ tries, in its order (it has no public way to
-        # ask for them); if that changes shape, read the plain way.
-        try:
-            return tuple(conf._key(key) for key in conf._to_keys(self._name))
-        except (AttributeError, TypeError):
-            return ()
+        # The keys ConfigurationView.__getitem__ tries, in its order; none: the plain read.
+        return setting_keys(conf, self._name)
 
 
 #: Every URL scheme the dedup store takes.

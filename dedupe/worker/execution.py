@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from typing import Any, NoReturn, cast
 
 from celery import Task, states
-from celery._state import get_current_worker_task
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Retry
 
+from dedupe.compat.celery_private import current_worker_task
 from dedupe.errors import (
     ConfigurationError,
     DedupeError,
@@ -424,7 +424,7 @@ def on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None
     """
     if is_publishing() or not headers:
         return
-    current = get_current_worker_task()
+    current = current_worker_task()
     header = KeyHeader.read(headers)
     task_id = headers.get("id")
     if current is None or header is None or not task_id or current.request.id != task_id:

@@ -14,10 +14,10 @@ import threading
 import time
 from typing import Any
 
-from celery._state import get_current_app, get_current_worker_task
 from celery.app.task import Task
 from celery.exceptions import TimeLimitExceeded
 
+from dedupe.compat.celery_private import current_app, current_worker_task
 from dedupe.errors import DedupeError, RedisUnavailable
 from dedupe.events import RECLAIMED, UNAVAILABLE, emit
 from dedupe.runs.liveness import lost_run_token, run_is_dead
@@ -47,7 +47,7 @@ def on_failure(
     a hard time limit under acks_late (acks_on_timeout off) requeues the message, and the key
     with it.
     """
-    if sender is None or get_current_worker_task() is not None:
+    if sender is None or current_worker_task() is not None:
         return
     timed_out = isinstance(exception, TimeLimitExceeded)
     requeue = timed_out and _requeued_on_timeout(sender)
@@ -78,11 +78,11 @@ def on_revoked(
 def on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
     """``before_task_publish`` outside any run: ``retry_on_worker_lost`` sends a dead child's
     message again; its key goes back to queued before the message exists."""
-    if is_publishing() or not headers or get_current_worker_task() is not None:
+    if is_publishing() or not headers or current_worker_task() is not None:
         return
     header = KeyHeader.read(headers)
     task_id = headers.get("id")
-    runtime = installed(get_current_app())
+    runtime = installed(current_app())
     if header is None or not task_id or runtime is None:
         return
     try:
