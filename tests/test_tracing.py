@@ -75,6 +75,26 @@ with sentry_sdk.start_transaction(name="request") as transaction:
 print(json.dumps(found))
 """
 
+_SENTRY_LATE = """
+job.delay(1)  # (before Sentry: its sender is made, and kept)
+headers_of_the_message()
+import sentry_sdk
+from sentry_sdk.integrations.celery import CeleryIntegration
+from sentry_sdk.transport import Transport
+
+class Recording(Transport):
+    def capture_envelope(self, envelope): pass
+
+sentry_sdk.init(
+    dsn="http://key@localhost/1", transport=Recording, integrations=[CeleryIntegration()],
+    traces_sample_rate=1.0,
+)
+with sentry_sdk.start_transaction(name="request") as transaction:
+    job.delay(2)
+    headers = headers_of_the_message() or {}
+print(json.dumps(headers.get("sentry-trace", "").split("-")[0] == transaction.trace_id))
+"""
+
 _SENTRY_WORKER = """
 import time
 import sentry_sdk
@@ -160,6 +180,12 @@ def test_every_entry_points_message_carries_the_sentry_trace_of_the_caller(
     found = _run(_SENTRY, redis_factory().url)
     assert found == {name: {"sentry-trace": True, "baggage": True} for name in found}
     assert len(found) == 5
+
+
+def test_a_call_made_after_sentry_was_initialised_late_carries_its_trace(
+    redis_factory: RedisFactory,
+) -> None:
+    assert _run(_SENTRY_LATE, redis_factory().url) is True
 
 
 def test_the_worker_continues_the_sentry_trace_of_every_entry_points_call(

@@ -352,7 +352,7 @@ class _Senders(threading.local):
     id, and the process's origin (a forked child starts without any)."""
 
     def __init__(self) -> None:
-        self.by_task: dict[tuple[int, type, bool], tuple[Any, CallSender | None]] = {}
+        self.by_task: dict[tuple[int, type, bool], tuple[Any, CallSender | None, Any]] = {}
 
 
 _senders = _Senders()
@@ -382,9 +382,12 @@ def sender_for(call: Call, producer: Any) -> CallSender | None:
     key = (id(task), type(call.publish), redis_channel)
     by_task = _senders.by_task
     entry = by_task.get(key)
-    if entry is None or entry[0] is not task:
+    # An agent that wraps apply_async or send_task after the first call (Sentry initialised
+    # late) is seen at the next: the methods the decision was made on are kept with it.
+    methods = (type(task).apply_async, Celery.send_task)
+    if entry is None or entry[0] is not task or entry[2] != methods:
         sender = CallSender._of(call, alike=False, single=True, sends_delays=redis_channel)
-        by_task[key] = entry = (task, sender)
+        by_task[key] = entry = (task, sender, methods)
     return entry[1]
 
 
