@@ -85,9 +85,29 @@ def test_a_resp3_push_message_is_told_apart_from_a_reply() -> None:
     assert list(parsed[0]) == [b"invalidate", [b"k"]]
 
 
-def test_a_reply_of_an_unknown_kind_drops_the_connection() -> None:
+@pytest.mark.parametrize(
+    ("data", "value"),
+    [
+        (
+            b"(3492890328409238509324850943850943825024385\r\n",
+            3492890328409238509324850943850943825024385,
+        ),
+        (b"=8\r\ntxt:Some\r\n", b"Some"),
+        (b"%1\r\n+a\r\n:1\r\n", {b"a": 1}),
+        (b"~2\r\n+a\r\n+b\r\n", [b"a", b"b"]),
+        # Attributes: side information a server may send ahead of the reply itself.
+        (b"|1\r\n+ttl\r\n:3\r\n:1\r\n", 1),
+    ],
+    ids=["big number", "verbatim string", "map", "set", "attributes, then the reply"],
+)
+def test_every_resp3_reply_kind_is_read(data: bytes, value: Any) -> None:
+    assert parse(data, 0) == (value, len(data))
+    assert parse(data[:-1], 0) is None  # (not all arrived)
+
+
+def test_a_reply_of_no_resp_kind_drops_the_connection() -> None:
     with pytest.raises(redis.ConnectionError):
-        parse(b"%1\r\n+a\r\n+b\r\n", 0)
+        parse(b"?1\r\n+a\r\n", 0)
 
 
 # -- against a real Redis ----------------------------------------------------------------------

@@ -68,11 +68,15 @@ def parse(buffer: bytes, start: int) -> tuple[Any, int] | None:
     simple = _SIMPLE.get(kind)
     if simple is not None:
         return simple(line), end
-    if kind == b"$" or kind == b"!":
+    if kind == b"$" or kind == b"!" or kind == b"=":
         return _parse_bulk(buffer, kind, int(line), end)
-    if kind == b"*" or kind == b">":
+    if kind in _AGGREGATES:
         return _parse_aggregate(buffer, kind, int(line), end)
-    # Nothing the scripts answer with: the stream cannot be trusted any more.
+    if kind == b"|":
+        # Attributes (RESP3): side information that precedes a reply; the reply is what counts.
+        attributes = _parse_aggregate(buffer, b"%", int(line), end)
+        return None if attributes is None else parse(buffer, attributes[1])
+    # No RESP kind at all: the stream cannot be trusted any more.
     raise redis.ConnectionError(f"unexpected reply from the dedup Redis: {buffer[:40]!r}")
 
 
@@ -82,17 +86,28 @@ def _parse_bulk(buffer: bytes, kind: bytes, size: int, end: int) -> tuple[Any, i
     if len(buffer) < end + size + 2:
         return None
     data = buffer[end : end + size]
-    return (_error(data) if kind == b"!" else data), end + size + 2
+    if kind == b"!":
+        return _error(data), end + size + 2
+    # (A verbatim string starts with its format: "txt:", "mkd:".)
+    return (data[4:] if kind == b"=" else data), end + size + 2
+
+
+# Aggregate kinds: array, push, set, map (a map's count is of pairs).
+_AGGREGATES = frozenset({b"*", b">", b"~", b"%"})
 
 
 def _parse_aggregate(buffer: bytes, kind: bytes, count: int, end: int) -> tuple[Any, int] | None:
-    items: list[Any] = [] if kind == b"*" else PushMessage()
-    for _ in range(count):
+    if count < 0:
+        return None, end  # (a RESP2 null array)
+    items: list[Any] = PushMessage() if kind == b">" else []
+    for _ in range(count * 2 if kind == b"%" else count):
         parsed = parse(buffer, end)
         if parsed is None:
             return None
         item, end = parsed
         items.append(item)
+    if kind == b"%":
+        return dict(zip(items[::2], items[1::2], strict=True)), end
     return items, end
 
 
@@ -104,11 +119,12 @@ def _error(message: bytes) -> ResponseError:
     return response_error(message.decode("utf-8", "replace"))
 
 
-# Replies that are one line: simple string, error, null, boolean, double.
+# Replies that are one line: simple string, error, null, boolean, double, big number.
 _SIMPLE: dict[bytes, Callable[[bytes], Any]] = {
     b"+": bytes,
     b"-": _error,
     b"_": lambda line: None,
     b"#": lambda line: line == b"t",
     b",": float,
+    b"(": int,
 }
