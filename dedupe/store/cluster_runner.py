@@ -32,6 +32,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
+from .green_pool import script_runner
 from .script_runner import Reply, ScriptRunner, Unanswered
 
 __all__ = ["ClusterScriptRunner", "cluster_unreachable"]
@@ -217,7 +218,7 @@ class ClusterScriptRunner:
             runner = self._by_node.setdefault(
                 node.name,
                 # One try: what fails there goes to the cluster client, under our retries.
-                ScriptRunner(
+                script_runner(
                     client.get_redis_connection(node),
                     self._busy_poll,
                     self._budget,
