@@ -11,10 +11,19 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import derivation, enqueue, report, roundtrips, scale, topologies, worker
+from . import derivation, enqueue, greenlets, report, roundtrips, scale, topologies, worker
 from ._env import redis_url
 
-BENCHES = ("enqueue", "rabbitmq", "topologies", "worker", "derivation", "scale", "roundtrips")
+BENCHES = (
+    "enqueue",
+    "rabbitmq",
+    "topologies",
+    "worker",
+    "derivation",
+    "scale",
+    "roundtrips",
+    "greenlets",
+)
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
 
@@ -45,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["scale"] = scale.run(url, sizes, 300 if args.quick else 1000)
         if "roundtrips" in args.only:
             results["roundtrips"] = roundtrips.run(url)
+        if "greenlets" in args.only:
+            calls = 300 if args.quick else 1000
+            results["greenlets"] = greenlets.run(url, rounds, calls)
     command = "python -m benchmarks " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
     path = report.write(results, command.strip())
     print(path.read_text())

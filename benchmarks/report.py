@@ -10,6 +10,7 @@ from typing import Any
 
 from ._env import Timings
 from .enqueue import FLOOR, PLAIN, ROUND_TRIP
+from .greenlets import KEPT, NEW_GREENLET
 from .scale import HOST
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -24,6 +25,7 @@ TARGETS = {
     "worker throughput": (">=", 0.75),
     "10 small arguments": ("<=", 15.0),
     "memory per live key": ("<=", 200),
+    NEW_GREENLET: ("<=", 1.5),
 }
 
 
@@ -174,7 +176,28 @@ def markdown(results: dict[str, Any], command: str) -> str:
         ]
         lines += [f"| {name} | {top:.2f} | {total:.2f} |" for name, (top, total) in trips.items()]
         lines.append("")
+    lines += _greenlets(results.get("greenlets"))
     return "\n".join(lines)
+
+
+def _greenlets(greenlets: Timings | None) -> list[str]:
+    if not greenlets:
+        return []
+    lines = [
+        "## A call in a new greenlet (gevent, monkey-patched)",
+        "",
+        f"Median of {len(greenlets.samples[KEPT])} interleaved rounds, Store.enqueue of a new "
+        "key; x kept is the median of the ratios within each round.",
+        "",
+        "| variant | us/call | x kept | target |",
+        "|---|---:|---:|---|",
+    ]
+    for name in greenlets.samples:
+        ratio = greenlets.ratio(name, KEPT)
+        lines.append(
+            f"| {name} | {greenlets.median(name):.0f} | {ratio:.2f} | {verdict(name, ratio)} |"
+        )
+    return [*lines, ""]
 
 
 def write(results: dict[str, Any], command: str) -> Path:

@@ -34,6 +34,7 @@ from redis.retry import Retry
 
 from dedupe.compat.redis_private import FAST_CLIENT, backoff_of, retries_of
 
+from .green_pool import script_runner
 from .script_runner import Reply, ScriptRunner, Unanswered
 
 __all__ = ["ClusterScriptRunner", "cluster_unreachable"]
@@ -221,7 +222,7 @@ class ClusterScriptRunner:
             runner = self._by_node.setdefault(
                 node.name,
                 # One try: what fails there goes to the cluster client, under our retries.
-                ScriptRunner(
+                script_runner(
                     client.get_redis_connection(node),
                     self._busy_poll,
                     self._budget,

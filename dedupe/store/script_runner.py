@@ -24,7 +24,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -89,7 +89,11 @@ class Unanswered(redis.RedisError):
 class Reply:
     """The reply of a script sent with ``ScriptRunner.send(..., reply=True)``, once read."""
 
-    __slots__ = ("done", "error", "value")
+    __slots__ = ("done", "error", "on", "value")
+
+    #: The connection the command was sent on, under gevent or eventlet (green_pool.py): the
+    #: reply is read there. (Left unset otherwise: a send on a thread's own costs nothing more.)
+    on: _Local
 
     def __init__(self) -> None:
         self.done = False
@@ -155,6 +159,13 @@ class _Threads(threading.local):
     local: _Local | None = None
 
 
+class _Holder(Protocol):
+    """Where each thread finds its connection (:class:`_Threads`; green_pool.py's for
+    greenlets)."""
+
+    local: _Local | None
+
+
 #: Every runner, for the sends that must land before the process exits.
 _runners: weakref.WeakSet[ScriptRunner] = weakref.WeakSet()
 
@@ -194,7 +205,7 @@ class ScriptRunner:
         self._retry: Retry = retry or client.get_retry() or Retry(NoBackoff(), 0)
         #: The errors the policy retries.
         self._retried = retried_errors(self._retry)
-        self._threads = _Threads()
+        self._threads: _Holder = _Threads()
         #: The connections that owe replies of sends (read by the sweeper, if their thread
         #: does not; a forked child starts with none, :meth:`_after_fork`).
         self._owing: set[_Local] = set()

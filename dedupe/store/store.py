@@ -28,6 +28,7 @@ from dedupe.values.record import Holder, pack_owner, pack_queued, pack_restored
 
 from .clients import DedupRedis
 from .cluster_runner import ClusterScriptRunner
+from .green_pool import script_runner
 from .plain_runner import PlainScriptRunner
 from .redis_errors import reraise_unavailable
 from .replies import (
@@ -51,7 +52,7 @@ from .replies import (
     run_id_of,
 )
 from .runner import ScriptCalls
-from .script_runner import Reply, ScriptRunner
+from .script_runner import Reply
 
 __all__ = [
     "DataLossBarrier",
@@ -179,7 +180,7 @@ class Store:
         elif not FAST_CLIENT:
             self._run = PlainScriptRunner(client)
         else:
-            self._run = ScriptRunner(client, busy_poll, budget, remember_for=remember_duplicates)
+            self._run = script_runner(client, busy_poll, budget, remember_for=remember_duplicates)
         self._enqueue = self._register("enqueue")
         self._enqueue_many = self._register("enqueue_many")
         self._claim = self._register("claim")
