@@ -9,6 +9,7 @@ path); on RabbitMQ the records live in the Redis given (the provisional path).
 
 from __future__ import annotations
 
+import functools
 import select
 import socket
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
-from celery import Celery
+from celery import Celery, Task
 
 import dedupe
 
@@ -35,6 +36,37 @@ FLOOR = "plain apply_async + one polled round trip"
 #: A duplicate of an app that remembers answers (``dedupe_remember_duplicates=1``, off by
 #: default): a thread's repeated duplicate is answered from memory, without a round trip.
 REMEMBERED = "dedupe duplicate, remembered (dedupe_remember_duplicates=1)"
+
+
+#: Calls through Celery's own apply_async, as with a tracing or APM agent that wraps it (Sentry,
+#: Datadog, New Relic): dedupe's single-call sender steps aside for the wrapper. Each is timed
+#: against a plain call through the same wrapper.
+TRACED_PLAIN = "plain apply_async, wrapped (an APM agent's place)"
+TRACED_ACCEPTED = "dedupe accepted, wrapped: Celery's own path"
+
+
+class _Traced(Task):  # type: ignore[misc]
+    """A task whose apply_async is wrapped in place, as an APM agent wraps Celery's."""
+
+    @functools.wraps(Task.apply_async)
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+        return Task.apply_async(self, *args, **kwargs)
+
+
+class _TracedDedupe(dedupe.DedupeTask, _Traced):  # type: ignore[misc]
+    """A DedupeTask whose accepted calls reach the wrapped apply_async."""
+
+
+def _traced(app: Celery) -> tuple[Any, Any]:
+    """A plain task and a unique one of ``app``, each behind the wrapper."""
+
+    @app.task(shared=False, base=_Traced)
+    def traced_plain(x: int) -> None: ...
+
+    @app.task(shared=False, base=_TracedDedupe, unique=True)
+    def traced_unique(x: int) -> None: ...
+
+    return traced_plain, traced_unique
 
 
 def _remembered_duplicate(broker: str, **conf: Any) -> tuple[Callable[[int], Any], Celery]:
@@ -85,8 +117,14 @@ def run(url: str, rounds: int, calls: int) -> Timings:
 
     hold()
     prefix = app.conf.dedupe_key_prefix
+    traced_plain, traced_unique = _traced(app)
     variants: dict[str, Variant] = {
         PLAIN: (lambda i: plain.apply_async((i,)), clearer(app)),
+        TRACED_PLAIN: (lambda i: traced_plain.apply_async((i,)), clearer(app)),
+        TRACED_ACCEPTED: (
+            lambda i: traced_unique.apply_async((i,)),
+            clearer(app, f"{prefix}:*", hold=hold),
+        ),
         "dedupe accepted": (
             lambda i: unique.apply_async((i,)),
             clearer(app, f"{prefix}:*", hold=hold),
@@ -136,8 +174,11 @@ def run_rabbitmq(redis_url: str, amqp_url: str, rounds: int, calls: int) -> Timi
     plain.delay(0)  # declares the queue
     clear()
     remembered, remembered_app = _remembered_duplicate(amqp_url, dedupe_redis_url=redis_url)
+    traced_plain, traced_unique = _traced(app)
     variants: dict[str, Variant] = {
         PLAIN: (lambda i: plain.apply_async((i,)), clear),
+        TRACED_PLAIN: (lambda i: traced_plain.apply_async((i,)), clear),
+        TRACED_ACCEPTED: (lambda i: traced_unique.apply_async((i,)), clear),
         "dedupe accepted": (lambda i: unique.apply_async((i,)), clear),
         "dedupe duplicate": (lambda i: unique.apply_async((-1,)), None),
         REMEMBERED: (remembered, None),
