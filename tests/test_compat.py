@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from dedupe.compat import known_members, missing_members
 from dedupe.store.plain_runner import PlainScriptRunner
@@ -35,11 +37,11 @@ def test_every_private_member_is_there_in_the_installed_versions() -> None:
 def _private_names() -> set[str]:
     """The private attribute names of the members the compat modules list."""
     return {
-        part.rstrip(",")
+        part
         for member in known_members()
-        for part in member.path.replace(" and ", " ").replace("(", " ").split()
-        for part in [part.rpartition(".")[2]]
-        if part.startswith("_") and not part.startswith("__")
+        for word in member.path.replace("(", " ").replace(")", " ").split()
+        for part in [word.removesuffix(",").removesuffix("'s").rpartition(".")[2]]
+        if part.startswith("_")
     }
 
 
@@ -59,7 +61,14 @@ def _uses(path: Path, names: set[str]) -> list[str]:
 
 def test_no_module_outside_compat_touches_a_private_member_of_the_libraries() -> None:
     names = _private_names()
-    assert {"_put", "_q_for_pri", "_get_exec_options", "_sock", "_pending_results"} <= names
+    assert {
+        "_put",
+        "_q_for_pri",
+        "_get_exec_options",
+        "_sock",
+        "__header__",
+        "__v2_compat__",
+    } <= names
     outside = [
         use
         for path in sorted(PACKAGE.rglob("*.py"))
@@ -212,3 +221,16 @@ def test_the_plain_runner_answers_a_deferred_read(plain_store: Store) -> None:
     slot = plain_store.start_enqueue(keys, record, 60_000)
     assert plain_store.enqueue_result(keys, slot, record, 60_000) is None
     assert plain_store.cancel(keys, "a", exactly=record) is True
+
+
+def test_the_plain_runner_leaves_the_clients_retry_policy_as_it_was(
+    redis_factory: RedisFactory,
+) -> None:
+    retry = Retry(NoBackoff(), 3)
+    client = redis.Redis.from_url(redis_factory().url, retry=retry)
+    store = Store(client)
+    store._run = PlainScriptRunner(client)
+    keys = CallKeys.of("plain:job:once", separate_run_lock=False)
+    store.enqueue(keys, pack_provisional("a", 1), 60_000)
+    assert client.get_retry() is retry
+    assert client.connection_pool.connection_kwargs.get("retry") is retry

@@ -42,16 +42,31 @@ def interrupted_worker(
             proxy.close()
 
 
-@pytest.mark.parametrize("duplicates", [0, 8], ids=["pipelined", "decided-first"])
-def test_a_call_its_soft_time_limit_interrupts_leaves_its_key_free(
-    interrupted_worker: tuple[Any, Any, HoldingProxy], worker_app: Any, tag: str, duplicates: int
+def _interrupted(
+    producer: Any, ok: Any, proxy: HoldingProxy, worker_app: Any, tag: str, before: str, **more: Any
 ) -> None:
-    producer, ok, proxy = interrupted_worker
+    """Run ``accepted_when_its_limit_fires`` with Redis's answer to its call held."""
     _, keys = keys_of_call(ok, (f"{tag}-new",), None, None, {})
     proxy.hold_at = (keys.call.encode(),)
-    outcome = producer.send_task(worker_app.accepted_when_its_limit_fires.name, (tag, duplicates))
+    name = worker_app.accepted_when_its_limit_fires.name
+    outcome = producer.send_task(name, (tag, before), more)
     assert outcome.get(timeout=15) == "interrupted"
     assert proxy.held == 1
+
+
+@pytest.mark.parametrize(
+    "before",
+    ["duplicates", "busy", "first"],
+    ids=["decided first", "read at the push", "the process's first enqueue, read at once"],
+)
+def test_a_call_its_soft_time_limit_interrupts_leaves_its_key_free(
+    interrupted_worker: tuple[Any, Any, HoldingProxy], worker_app: Any, tag: str, before: str
+) -> None:
+    producer, ok, proxy = interrupted_worker
+    if before == "first":
+        # The server knows the script (a call of this process's): no NOSCRIPT for the worker.
+        ok.delay(f"{tag}-held")
+    _interrupted(producer, ok, proxy, worker_app, tag, before)
     # Its message was never published: neither may its record be left, answering every call
     # of the key with a task id that never runs until the provisional ttl frees it.
     assert dedupe.lookup(ok, (f"{tag}-new",)) is None
@@ -59,4 +74,19 @@ def test_a_call_its_soft_time_limit_interrupts_leaves_its_key_free(
     assert again.deduplicated is False
     assert again.get(timeout=10) == f"{tag}-new"
     # (The held call runs after it: its key is freed before the worker stops.)
+    wait_for(lambda: dedupe.lookup(ok, (f"{tag}-held",)) is None, message="the held call ran")
+
+
+def test_an_interrupted_call_leaves_an_earlier_calls_record_of_its_task_id_alone(
+    interrupted_worker: tuple[Any, Any, HoldingProxy], worker_app: Any, tag: str
+) -> None:
+    # Deterministic task ids are a dedup idiom: the interrupted call's enqueue met the key
+    # held by the earlier call of the same id, whose message is queued.
+    producer, ok, proxy = interrupted_worker
+    first = ok.apply_async((f"{tag}-new",), task_id=f"{tag}-id", countdown=3)
+    _interrupted(producer, ok, proxy, worker_app, tag, "busy", task_id=f"{tag}-id")
+    holder = dedupe.lookup(ok, (f"{tag}-new",))
+    assert holder is not None
+    assert (holder.task_id, holder.state) == (first.id, "queued")
+    assert first.get(timeout=15) == f"{tag}-new"
     wait_for(lambda: dedupe.lookup(ok, (f"{tag}-held",)) is None, message="the held call ran")

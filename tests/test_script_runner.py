@@ -105,9 +105,14 @@ def test_every_resp3_reply_kind_is_read(data: bytes, value: Any) -> None:
     assert parse(data[:-1], 0) is None  # (not all arrived)
 
 
-def test_a_reply_of_no_resp_kind_drops_the_connection() -> None:
+@pytest.mark.parametrize(
+    "data",
+    [b"?1\r\n+a\r\n", b"$x\r\nab\r\n", b":1.5\r\n", b",nan?\r\n", b"%1\r\n*0\r\n:1\r\n"],
+    ids=["no kind", "a length that is none", "a float for an integer", "no double", "a list key"],
+)
+def test_a_reply_that_cannot_be_read_drops_the_connection(data: bytes) -> None:
     with pytest.raises(redis.ConnectionError):
-        parse(b"?1\r\n+a\r\n", 0)
+        parse(data, 0)
 
 
 # -- against a real Redis ----------------------------------------------------------------------

@@ -95,6 +95,24 @@ with sentry_sdk.start_transaction(name="request") as transaction:
 print(json.dumps(headers.get("sentry-trace", "").split("-")[0] == transaction.trace_id))
 """
 
+_WRAPPED_LATE = """
+import functools
+from celery.app.task import Task
+
+job.delay(1)  # (its sender is made, and kept)
+headers_of_the_message()
+celerys = Task.apply_async
+
+@functools.wraps(celerys)
+def traced(self, args=None, kwargs=None, **options):  # (as an agent wraps Celery's own)
+    options["headers"] = {**(options.get("headers") or {}), "traced-by": "agent"}
+    return celerys(self, args, kwargs, **options)
+
+Task.apply_async = traced
+job.delay(2)
+print(json.dumps((headers_of_the_message() or {}).get("traced-by")))
+"""
+
 _SENTRY_WORKER = """
 import time
 import sentry_sdk
@@ -186,6 +204,12 @@ def test_a_call_made_after_sentry_was_initialised_late_carries_its_trace(
     redis_factory: RedisFactory,
 ) -> None:
     assert _run(_SENTRY_LATE, redis_factory().url) is True
+
+
+def test_a_wrapper_put_on_celerys_apply_async_after_the_first_call_sees_the_next(
+    redis_factory: RedisFactory,
+) -> None:
+    assert _run(_WRAPPED_LATE, redis_factory().url) == "agent"
 
 
 def test_the_worker_continues_the_sentry_trace_of_every_entry_points_call(

@@ -205,17 +205,24 @@ def calls_until_soft_limit(self: Any, tag: str) -> dict[str, Any]:
 
 #: The soft time limit of ``accepted_when_its_limit_fires``; the test holds Redis's answer longer.
 INTERRUPTING_LIMIT = 0.5
+#: The calls ``accepted_when_its_limit_fires`` makes before the one interrupted.
+CALLS_BEFORE = {"duplicates": 9, "busy": 1, "first": 0}
 
 
 @app.task(bind=True, soft_time_limit=INTERRUPTING_LIMIT)
-def accepted_when_its_limit_fires(self: Any, tag: str, duplicates: int) -> str:
-    """Make ``duplicates`` duplicate calls of ``ok`` (a task of mostly duplicates decides
-    before it publishes), then a new call of ``ok``, whose answer the test's proxy holds
-    until the soft time limit has interrupted it."""
-    for _ in range(duplicates + 1 if duplicates else 0):
-        ok.delay(f"{tag}-held")  # (it waits for this run: the worker has one child)
+def accepted_when_its_limit_fires(
+    self: Any, tag: str, before: str, task_id: str | None = None
+) -> str:
+    """A call of ``ok(f"{tag}-new")`` (with ``task_id``, if given) whose answer the test's
+    proxy holds until the soft time limit has interrupted it, made after ``before``:
+    "duplicates" (nine calls of one key: the task decides before it publishes), "busy" (a
+    call just before: the enqueue is sent, and read at the push), "first" (none: the process
+    has not run the enqueue script yet, so it waits for its reply). Those calls run after
+    this one (the worker has one child)."""
+    for _ in range(CALLS_BEFORE[before]):
+        ok.delay(f"{tag}-held")
     try:
-        ok.delay(f"{tag}-new")
+        ok.apply_async((f"{tag}-new",), task_id=task_id)
     except SoftTimeLimitExceeded:
         return "interrupted"
     return "answered"

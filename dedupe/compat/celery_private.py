@@ -1,20 +1,6 @@
 """Celery's private members that dedupe uses (see :mod:`dedupe.compat`).
 
-=================================================  =============================================
-member                                             without it
-=================================================  =============================================
-``_state.get_current_app``                         the current app from ``celery.current_app``
-``_state.get_current_worker_task``                 the run from ``celery.current_task`` (the
-                                                   innermost task, unless called directly)
-``Task._get_exec_options``, ``Task._get_app``,     the single-call sender is off (calls go
-``AMQP.create_task_message``'s keywords            through Celery's ``apply_async``)
-``AsyncResult._on_fulfilled``, ``._cache``,        a duplicate's result is made and dropped the
-``._ignored``; ``AsyncBackendMixin.                way Celery makes and drops any result
-_pending_results``, ``._remove_pending_result``
-``ConfigurationView._key``, ``._to_keys``          a setting is read through ``conf[name]``
-``Scheduler._tasks_since_sync``, ``._do_sync``     the dedup beat syncs its schedule when
-                                                   Celery's tick does, not every few sends
-=================================================  =============================================
+Each member, and what is turned off without it: docs/design-notes.md, "dedupe.compat".
 """
 
 from __future__ import annotations
@@ -66,27 +52,21 @@ def _names_in(function: Any) -> tuple[str, ...]:
 
 _current_app: Any = getattr(_state, "get_current_app", None)
 MEMBERS.need("celery._state.get_current_app", "the current app's lookup", lambda: _current_app)
-_worker_task: Any = getattr(_state, "get_current_worker_task", None)
-MEMBERS.need(
-    "celery._state.get_current_worker_task", "the current run's lookup", lambda: _worker_task
-)
 
 
 def current_app() -> Any:
     """The app Celery would use for a call given none."""
     if _current_app is not None:
         return _current_app()
-    return celery.current_app
+    # (The object behind Celery's proxy: apps are compared and keyed by identity.)
+    return unproxied(celery.current_app)
 
 
 def current_worker_task() -> Any:
-    """The task a worker runs in this thread now (not one called directly inside it)."""
-    if _worker_task is not None:
-        return _worker_task()
-    task: Any = celery.current_task
-    if task is None or task.request.called_directly:
-        return None
-    return task
+    """The task a worker runs in this thread now (not one called directly inside it): the
+    app's public ``current_worker_task``, the same for every app."""
+    app: Any = celery.current_app
+    return app.current_worker_task
 
 
 #: The keywords the single-call sender gives ``create_task_message`` (Celery's ``as_task_v2``).
@@ -120,6 +100,25 @@ SENDER_KEYWORDS = (
 )
 
 
+def _pydantic_dump_known() -> bool:
+    """Where Celery can dump pydantic arguments (5.5+), is the dump where dedupe looks?"""
+    task_from_fun: Any = getattr(celery.Celery, "_task_from_fun", None)
+    takes_pydantic = task_from_fun is not None and (
+        "pydantic" in inspect.signature(task_from_fun).parameters
+    )
+    return not takes_pydantic or "_dump_pydantic_arguments" in vars(Task)
+
+
+def _task_from_fun_sets(name: str) -> bool:
+    """Does ``Celery._task_from_fun`` name ``name`` (a member it sets on each task)?"""
+    task_from_fun: Any = getattr(celery.Celery, "_task_from_fun", None)
+    if task_from_fun is None:
+        return False
+    constants = task_from_fun.__code__.co_consts
+    # (A dict display's keys are one tuple among the constants.)
+    return any(name == c or (isinstance(c, tuple) and name in c) for c in constants)
+
+
 def _takes_sender_keywords() -> bool:
     parameters = inspect.signature(AMQP.as_task_v2).parameters
     return all(name in parameters for name in SENDER_KEYWORDS)
@@ -143,8 +142,36 @@ SENDER: bool = all(
             _SENDER,
             _takes_sender_keywords,
         ),
+        MEMBERS.need(
+            "celery.app.task.Task._dump_pydantic_arguments", _SENDER, _pydantic_dump_known
+        ),
+        MEMBERS.need(
+            "celery.app.task.Task.__v2_compat__", _SENDER, lambda: "__v2_compat__" in vars(Task)
+        ),
+        MEMBERS.need(
+            "celery.app.task.Task.__header__ (set by Celery._task_from_fun)",
+            _SENDER,
+            lambda: _task_from_fun_sets("__header__"),
+        ),
     ]
 )
+
+
+def argument_check(task: Any) -> Any:
+    """The check of a call's arguments against the task's signature (``typing``), or None."""
+    return getattr(task, "__header__", None) if task.typing else None
+
+
+def sent_through_celery_only(task: Any) -> bool:
+    """Must calls of ``task`` go through Celery's own apply_async: a task of Celery's old
+    base, or one whose pydantic arguments Celery dumps?"""
+    return bool(task.__v2_compat__) or getattr(task, "_dump_pydantic_arguments", None) is not None
+
+
+def unproxied(obj: Any) -> Any:
+    """The object behind Celery's lazy proxy (what ``@shared_task`` returns), else ``obj``."""
+    unwrap = getattr(obj, "_get_current_object", None)
+    return unwrap() if callable(unwrap) else obj
 
 
 def exec_options(task: Any) -> Mapping[str, Any]:

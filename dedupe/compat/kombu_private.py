@@ -1,20 +1,6 @@
 """kombu's private members that dedupe uses (see :mod:`dedupe.compat`).
 
-================================================  ==============================================
-member                                            shortcut turned off without it
-================================================  ==============================================
-``redis.Channel._put``, ``_put_fanout``           the one-step publish on a Redis broker that is
-``redis.Channel._q_for_pri``                      the dedup store (a call's record and message
-``virtual.Channel._get_message_priority``         in one script): without it each call writes a
-``redis.Channel.global_keyprefix``                provisional record, publishes through kombu,
-``redis.Channel.priority_steps``                  and confirms the record
-``Connection._reraise_as_library_errors``         the single-call sender (calls go through
-                                                  Celery's ``apply_async``)
-``Producer._batch_local`` (kombu 5.7+)            a batch's publishes skipping kombu's retry
-                                                  wrapper when their push is held back
-================================================  ==============================================
-
-``redis.Channel._expires`` (kombu 5.6.2+, a queue's ``x-expires``) is read where it exists.
+Each member, and what is turned off without it: docs/design-notes.md, "dedupe.compat".
 """
 
 from __future__ import annotations

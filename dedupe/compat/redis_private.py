@@ -1,17 +1,6 @@
 """redis-py's private members that dedupe uses (see :mod:`dedupe.compat`).
 
-==============================================  ===============================================
-member                                          without it
-==============================================  ===============================================
-``Connection._sock``                            the store's own client is off: scripts run
-                                                through redis-py's ``Script`` on the client's
-                                                pool (no busy poll, deferred reads or
-                                                remembered answers)
-``_parsers.BaseParser.parse_error``             error replies are mapped to redis-py's classes
-                                                by a table of dedupe's (the few scripts meet)
-``Retry._supported_errors``, ``._retries``,     the errors, count and backoff of the client's
-``._backoff``                                   policy as redis-py's defaults have them
-==============================================  ===============================================
+Each member, and what is turned off without it: docs/design-notes.md, "dedupe.compat".
 """
 
 from __future__ import annotations

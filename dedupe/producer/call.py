@@ -10,7 +10,7 @@ from typing import Any, TypeAlias
 from celery import Celery
 from celery.result import AsyncResult
 
-from dedupe.compat.celery_private import current_app
+from dedupe.compat.celery_private import current_app, unproxied
 from dedupe.values.generics import AnyTask, TaskOrName
 
 __all__ = ["Call", "Publish", "TaskPublish", "publisher_for", "resolve_task"]
@@ -58,8 +58,7 @@ def resolve_task(
         app = app or current_app()
         return app.tasks.get(task_or_name), task_or_name, app
     # @shared_task gives a lazy Proxy: work with the task object behind it.
-    unwrap = getattr(task_or_name, "_get_current_object", None)
-    task = unwrap() if callable(unwrap) else task_or_name
+    task = unproxied(task_or_name)
     task_app: Celery = app or task.app
     return task, str(task.name), task_app
 

@@ -90,7 +90,7 @@ class CallSender:
         #: DedupeTask's publish hands apply_async a tuple and a dict, whatever it was given.
         self._as_tuple = as_tuple
         self._preopts: Mapping[str, Any] = exec_options(task)
-        self._check = getattr(task, "__header__", None) if task.typing else None
+        self._check = celery_private.argument_check(task)
         amqp = app.amqp
         router: Any = amqp.router
         self._router = router
@@ -149,8 +149,7 @@ class CallSender:
         if reaches is not CeleryTask.apply_async or not _is_celerys(reaches):
             return None
         if (
-            task.__v2_compat__
-            or getattr(task, "_dump_pydantic_arguments", None) is not None
+            celery_private.sent_through_celery_only(task)
             # Celery 5.5+ refuses such a task in apply_async, earlier ones do not.
             or (task.soft_time_limit and task.time_limit)
         ):
@@ -383,8 +382,16 @@ def sender_for(call: Call, producer: Any) -> CallSender | None:
     by_task = _senders.by_task
     entry = by_task.get(key)
     # An agent that wraps apply_async or send_task after the first call (Sentry initialised
-    # late) is seen at the next: the methods the decision was made on are kept with it.
-    methods = (type(task).apply_async, Celery.send_task)
+    # late) is seen at the next: the methods the decision was made on are kept with it
+    # (Celery's own apply_async too: a DedupeTask's is ours, and reaches Celery's).
+    app = task.app
+    methods = (
+        type(task).apply_async,
+        CeleryTask.apply_async,
+        vars(task).get("apply_async"),
+        type(app).send_task,
+        vars(app).get("send_task"),
+    )
     if entry is None or entry[0] is not task or entry[2] != methods:
         sender = CallSender._of(call, alike=False, single=True, sends_delays=redis_channel)
         by_task[key] = entry = (task, sender, methods)

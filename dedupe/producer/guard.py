@@ -288,8 +288,13 @@ class PreparedCall:
             headers[HEADER] = self.header.encode()
             call.options["headers"] = headers
         with publishing():
-            sent = (through or call.publish)(call.args, call.kwargs, call.options)
-        forget_begun()
+            try:
+                sent = (through or call.publish)(call.args, call.kwargs, call.options)
+            except Refused:
+                end_refused(self.task_id)
+                raise
+            finally:
+                forget_begun()
         if self.kind == "eager":
             return mark_result(sent, deduplicated=False)
         # (No store when none could be made: a Cluster no node of which answered.)
@@ -306,7 +311,7 @@ class PreparedCall:
         except BaseException:
             # The message may not exist: free the key so the caller's retry is not refused
             # (never after publish.lua was sent: if it ran, the record has its message).
-            self.cancel_record()
+            self._cancel_after_failure()
             raise
         if self.path in ("overlap", "confirm"):
             self.confirm_record()
@@ -342,7 +347,6 @@ class PreparedCall:
                 self._decided(decision, published=False)
                 raise
         if refused is not None:
-            end_refused(self.task_id)
             # Celery subscribed to the result of a task id that will never exist.
             forget_result(call.app, self.task_id)
             raise refused
@@ -373,6 +377,11 @@ class PreparedCall:
         except RedisUnavailable as exc:
             self.first_write_failed(exc)
             return None
+        except BaseException:
+            # (A script the connection has not run yet, or one idle a while, is sent and read
+            # at once: an interruption there leaves its fate unknown.)
+            self.withdraw_first_write()
+            raise
         return PendingDecision(
             self.store,
             self.keys,
@@ -395,6 +404,12 @@ class PreparedCall:
         if decision is None:
             return
         decided_at_push = decision.decided
+        if decision.decided and not decision.read:
+            # Its read was interrupted (the exception this unwinds from): what the enqueue
+            # wrote, if anything, is withdrawn by its bytes, never by its task id alone.
+            if self.plan.state is RecordState.ABSENT:
+                self.plan.move(RecordState.ASKED)
+            return
         try:
             holder = decision.decide()
         except RedisUnavailable:
@@ -412,8 +427,10 @@ class PreparedCall:
         plan = self.plan
         if plan.state not in _CANCELLABLE:
             return
-        # (A continuation's record is its task id's: any of it is withdrawn.)
-        exact = plan.state is RecordState.ASKED and self.kind != "continuation"
+        # A write whose answer was never read is withdrawn by its very bytes: by its task id
+        # alone, it could take an earlier call's record of that id, or a live run's record
+        # restored under it.
+        exact = plan.state is RecordState.ASKED
         try:
             self.store.cancel(self.keys, self.task_id, exactly=plan.provisional if exact else None)
         except RedisUnavailable as exc:
@@ -431,7 +448,21 @@ class PreparedCall:
         plan = self.plan
         if plan.state is RecordState.ABSENT:
             plan.move(RecordState.ASKED)
-        self.cancel_record()
+        self._cancel_after_failure()
+
+    def _cancel_after_failure(self) -> None:
+        """:meth:`cancel_record` while an exception unwinds the call: that exception is what
+        the caller must see, whatever the cancel meets."""
+        try:
+            self.cancel_record()
+        except Exception as exc:
+            logger.warning(
+                "%s[%s] failed, and its provisional record could not be withdrawn (its "
+                "provisional ttl frees it): %r",
+                self.call.task_name,
+                self.task_id,
+                exc,
+            )
 
     def confirm_record(self) -> None:
         """Make the provisional record beside a published message durable (sent without

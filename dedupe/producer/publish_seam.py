@@ -422,7 +422,10 @@ class PendingDecision:
     #: Called when the answer cannot be had (Redis unreachable): raises to refuse the
     #: publish, or returns to publish without dedup.
     unavailable: Callable[[RedisUnavailable], None]
+    #: Its read began (once: a failed read is not tried again).
     decided: bool = False
+    #: Its read ended: with the verdict, or Redis unavailable (not cut short by an exception).
+    read: bool = False
     holder: Holder | None = None
 
     def decide(self) -> Holder | None:
@@ -434,7 +437,9 @@ class PendingDecision:
                     self.keys, self.reply, self.record, self.ttl_ms
                 )
             except RedisUnavailable as exc:
+                self.read = True
                 self.unavailable(exc)
+            self.read = True
         return self.holder
 
 

@@ -14,14 +14,29 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
-from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
-from redis.retry import Retry
 
 from .script_runner import Reply, Unanswered
 
 __all__ = ["PlainScriptRunner"]
+
+
+def _connection_of(pool: Any) -> Any:
+    """A connection of ``pool`` (redis-py before 5.1 wants a command name for it)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("EVALSHA")
+
+
+def _reply_or_error(connection: Any) -> Any:
+    """The next reply on ``connection``; an error reply as its exception, in its place."""
+    try:
+        return connection.read_response()
+    except ResponseError as error:
+        return error
+
 
 _T = TypeVar("_T")
 
@@ -33,20 +48,16 @@ class PlainScriptRunner:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        # (The same pool: its connections are the client's own, with no retry of ours.)
-        once: Any = redis.Redis(connection_pool=client.connection_pool)
-        once.set_retry(Retry(NoBackoff(), 0))
-        self._once: redis.Redis = once
 
     def __call__(
         self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
     ) -> Any:
         if resend:
             return script(keys=keys, args=args, client=self._client)
-        try:
-            return script(keys=keys, args=args, client=self._once)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise Unanswered(f"no reply to {script.sha[:8]}: {exc}") from exc
+        reply = self._once(script, [(keys, args)])[0]
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
 
     def call_many(
         self,
@@ -55,20 +66,50 @@ class PlainScriptRunner:
         *,
         resend: bool = True,
     ) -> list[Any]:
-        client = self._client if resend else self._once
-        if not client.script_exists(script.sha)[0]:
-            script.sha = client.script_load(script.script)
-        with client.pipeline(transaction=False) as pipe:
+        if not resend:
+            return self._once(script, calls)
+        with self._client.pipeline(transaction=False) as pipe:
             for keys, args in calls:
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
-            try:
-                replies: list[Any] = pipe.execute(raise_on_error=False)
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                if resend:
-                    raise
-                raise Unanswered(f"no reply to {script.sha[:8]}: {exc}") from exc
-        if any(isinstance(reply, NoScriptError) for reply in replies):  # (a SCRIPT FLUSH)
-            return [self(script, keys, args, resend=resend) for keys, args in calls]
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+        return self._loaded_again(script, calls, replies, resend)
+
+    def _once(
+        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+    ) -> list[Any]:
+        """``calls`` of a script that must not run twice: written once, on a connection of
+        the pool's, outside any retry (the client's policy would send them again); a reply
+        lost makes their fate unknown."""
+        pool = self._client.connection_pool
+        connection = _connection_of(pool)
+        try:
+            commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+            connection.send_packed_command(connection.pack_commands(commands))
+            replies = [_reply_or_error(connection) for _ in commands]
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            connection.disconnect()
+            raise Unanswered(f"no reply to {script.sha[:8]}: {exc}") from exc
+        finally:
+            pool.release(connection)
+        return self._loaded_again(script, calls, replies, resend=False)
+
+    def _loaded_again(
+        self,
+        script: Script,
+        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        replies: list[Any],
+        resend: bool,
+    ) -> list[Any]:
+        """``replies`` with each NOSCRIPT (it did not run) answered again once the script is
+        loaded; the others stand (those ran)."""
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if not missing:
+            return replies
+        self._client.script_load(script.script)
+        again = [calls[i] for i in missing]
+        answers = self._once(script, again) if not resend else self.call_many(script, again)
+        for index, answer in zip(missing, answers, strict=True):
+            replies[index] = answer
         return replies
 
     def send(

@@ -57,6 +57,15 @@ CACHING_YES = pack_command(b"CLIENT", b"CACHING", b"YES")
 def parse(buffer: bytes, start: int) -> tuple[Any, int] | None:
     """Parse the RESP2/RESP3 reply at ``buffer[start:]``: (reply, end), or None if it has not
     all arrived. An error reply comes back as the redis-py exception to raise."""
+    try:
+        return _parse(buffer, start)
+    except (ValueError, TypeError) as exc:  # (a length or number that is none, a map key)
+        raise redis.ConnectionError(
+            f"unreadable reply from the dedup Redis ({exc}): {buffer[start : start + 40]!r}"
+        ) from exc
+
+
+def _parse(buffer: bytes, start: int) -> tuple[Any, int] | None:
     line_end = buffer.find(_CRLF, start)
     if line_end < 0:
         return None
@@ -75,7 +84,7 @@ def parse(buffer: bytes, start: int) -> tuple[Any, int] | None:
     if kind == b"|":
         # Attributes (RESP3): side information that precedes a reply; the reply is what counts.
         attributes = _parse_aggregate(buffer, b"%", int(line), end)
-        return None if attributes is None else parse(buffer, attributes[1])
+        return None if attributes is None else _parse(buffer, attributes[1])
     # No RESP kind at all: the stream cannot be trusted any more.
     raise redis.ConnectionError(f"unexpected reply from the dedup Redis: {buffer[:40]!r}")
 
@@ -101,7 +110,7 @@ def _parse_aggregate(buffer: bytes, kind: bytes, count: int, end: int) -> tuple[
         return None, end  # (a RESP2 null array)
     items: list[Any] = PushMessage() if kind == b">" else []
     for _ in range(count * 2 if kind == b"%" else count):
-        parsed = parse(buffer, end)
+        parsed = _parse(buffer, end)
         if parsed is None:
             return None
         item, end = parsed
