@@ -74,6 +74,9 @@ def serve(
 def _lifespan(view: View) -> Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]:
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        # (On before the first request: the first page can show the events that follow.)
+        with contextlib.suppress(*_FAILURES):
+            await run_in_threadpool(view.log.switch_on, SWITCH_TTL)
         beside = [asyncio.create_task(_keep_switch_on(view)), asyncio.create_task(_count(view))]
         try:
             yield
@@ -89,11 +92,11 @@ def _lifespan(view: View) -> Callable[[Starlette], contextlib.AbstractAsyncConte
 
 async def _keep_switch_on(view: View) -> None:
     while True:
+        await asyncio.sleep(min(SWITCH_TTL / 3, CHECK_EVERY * 2))
         try:
             await run_in_threadpool(view.log.switch_on, SWITCH_TTL)
         except _FAILURES as exc:
             logger.warning("web view: cannot turn the event log on: %s", exc)
-        await asyncio.sleep(min(SWITCH_TTL / 3, CHECK_EVERY * 2))
 
 
 async def _count(view: View) -> None:
