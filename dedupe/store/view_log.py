@@ -30,10 +30,11 @@ COUNTED = {"call_accepted": "accepted", "call_deduplicated": "deduplicated"}
 class ViewLog:
     """The web view's keys under one key prefix.
 
-    >>> log = ViewLog(client, "dedupe")  # doctest: +SKIP
-    >>> log.switch_on(30.0)  # doctest: +SKIP
-    >>> log.events("reports", 10)  # doctest: +SKIP
-    [{'event': 'call_accepted', 'task_id': '5b1f...', ...}]
+    .. code-block:: python
+
+        log = ViewLog(client, "dedupe")
+        log.switch_on(30.0)
+        log.events("reports", 10)  # [{'event': 'call_accepted', 'task_id': '5b1f...', ...}]
     """
 
     def __init__(self, client: DedupRedis, prefix: str) -> None:

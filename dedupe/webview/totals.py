@@ -34,10 +34,11 @@ class Count:
 class Totals:
     """The last count of ``app``'s live keys (:meth:`refresh` makes a new one).
 
-    >>> totals = Totals(app)  # doctest: +SKIP
-    >>> totals.refresh()  # doctest: +SKIP
-    >>> totals.last.by_task  # doctest: +SKIP
-    {'reports': {'queued': 3}}
+    .. code-block:: python
+
+        totals = Totals(app)
+        totals.refresh()
+        totals.last.by_task  # {'reports': {'queued': 3}}
     """
 
     def __init__(self, app: Celery) -> None:
