@@ -11,7 +11,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import derivation, enqueue, greenlets, report, roundtrips, scale, topologies, worker
+from . import (
+    derivation,
+    enqueue,
+    greenlets,
+    report,
+    roundtrips,
+    scale,
+    topologies,
+    webview,
+    worker,
+)
 from ._env import redis_url
 
 BENCHES = (
@@ -23,6 +33,7 @@ BENCHES = (
     "scale",
     "roundtrips",
     "greenlets",
+    "webview",
 )
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -57,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "greenlets" in args.only:
             calls = 300 if args.quick else 1000
             results["greenlets"] = greenlets.run(url, rounds, calls)
+        if "webview" in args.only:
+            live = 10_000 if args.quick else 100_000
+            results["webview"] = webview.run(url, live, 20 if args.quick else 50)
     command = "python -m benchmarks " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
     path = report.write(results, command.strip())
     print(path.read_text())

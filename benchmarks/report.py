@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from . import webview
 from ._env import Timings
 from .enqueue import FLOOR, PLAIN, ROUND_TRIP, TRACED_ACCEPTED, TRACED_PLAIN
 from .greenlets import KEPT, NEW_GREENLET
@@ -194,6 +195,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
         lines += [f"| {name} | {top:.2f} | {total:.2f} |" for name, (top, total) in trips.items()]
         lines.append("")
     lines += _greenlets(results.get("greenlets"))
+    if results.get("webview"):
+        lines += webview.summary(results["webview"])
     return "\n".join(lines)
 
 

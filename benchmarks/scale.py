@@ -16,7 +16,7 @@ from dedupe.values.record import pack_queued
 from ._env import Variant, interleaved
 
 # Fills the keyspace with real-looking records, in chunks, inside Redis.
-_FILL = """
+FILL = """
 for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
   redis.call('SET', ARGV[3] .. string.format('%032x', i) .. '}', ARGV[4], 'PX', ARGV[5])
 end
@@ -32,7 +32,7 @@ def run(broker_url: str, sizes: tuple[int, ...], calls: int) -> dict[str, object
     with RedisServer() as store_server:
         client = redis.Redis.from_url(store_server.url)
         store = Store(redis.Redis.from_url(store_server.url))
-        fill = client.register_script(_FILL)
+        fill = client.register_script(FILL)
         record = pack_queued(str(uuid.uuid4()), time.time(), None)
         prefix = "dedupe:{bench.fill:"
         held = call_keys("dedupe", "bench.scale", "f" * 32, separate_run_lock=False)

@@ -7,6 +7,7 @@
     celery -A proj dedupe clear --task NAME --yes        # every key of one task
     celery -A proj dedupe clear --all --yes              # every key under the prefix
     celery -A proj dedupe check                          # ok/warn/FAIL lines; exit 1 on a FAIL
+    celery -A proj dedupe web [--host 127.0.0.1] [--port 9808] [--allow-clear]   # a live web view
 
 Listing scans the keyspace (SCAN, never KEYS): it is for people, not for code paths. Errors
 are one line (exit 1; an unknown task name is a usage error, exit 2), never a traceback.
@@ -15,12 +16,15 @@ are one line (exit 1; an unknown task name is a usage error, exit 2), never a tr
 from __future__ import annotations
 
 import difflib
+import importlib
+import ipaddress
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
+import click.core
 import redis
 import redis.cluster
 from celery import Celery
@@ -365,3 +369,77 @@ def _visibility(app: Celery, runtime: Runtime) -> Verdict:
     if warning:
         return "warn", warning
     return "ok", "the Redis broker gives a dead worker's acks_late messages back within the lease"
+
+
+#: The modules of the ``web`` extra.
+_WEB_EXTRA = ("starlette", "uvicorn")
+
+
+@dedupe.command()
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="DEDUPE_WEB_HOST",
+    help="Address to listen on. One other machines reach must be given here, by --host.",
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True)
+@click.option(
+    "--allow-clear",
+    is_flag=True,
+    help="Offer a clear button per key (behind a token printed at start, and CSRF checks).",
+)
+@click.pass_context
+def web(ctx: click.Context, host: str, port: int, allow_clear: bool) -> None:
+    """Serve a live web view of the keys (pip install 'celery-dedupe[web]')."""
+    if not _is_loopback(host):
+        source = ctx.get_parameter_source("host")
+        if source is not click.core.ParameterSource.COMMANDLINE:
+            # A variable left in an environment must not open the view to the network.
+            raise click.UsageError(
+                f"refusing to listen on {host} (from DEDUPE_WEB_HOST), which other machines "
+                f"reach: give --host {host} on the command line to mean it"
+            )
+    serve = _web_server()
+    app = _app(ctx)
+    runtime = installed(app)
+    assert runtime is not None
+    config = runtime.config
+    if not _is_loopback(host) and config.web_token is None and config.web_basic_auth is None:
+        click.echo(
+            f"warning: listening on {host} without credentials: anyone who reaches the port "
+            f"sees the keys; set dedupe_web_token or dedupe_web_basic_auth",
+            err=True,
+        )
+    serve(app, host=host, port=port, allow_clear=allow_clear, say=click.echo)
+
+
+def _is_loopback(host: str) -> bool:
+    """Does only this machine reach ``host``?
+
+    >>> [_is_loopback(host) for host in ("127.0.0.1", "::1", "localhost", "0.0.0.0")]
+    [True, True, True, False]
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _web_server() -> Callable[..., None]:
+    """The web server's entry point. Imported when the command runs, not with this module:
+    every ``celery`` command (a worker's too) imports this module, and the extra is optional
+    and costs ~30 ms to import."""
+    try:
+        server = importlib.import_module("dedupe.webview.server")
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in _WEB_EXTRA:
+            raise
+        raise click.ClickException(
+            f"celery dedupe web needs {exc.name}, which the web extra installs: "
+            f"pip install 'celery-dedupe[web]'"
+        ) from None
+    serve: Callable[..., None] = server.serve
+    return serve

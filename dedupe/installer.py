@@ -19,6 +19,7 @@ from .producer import publish_signals
 from .producer.plain_calls import route_through
 from .runs.runtime import add_runtime
 from .values.config import DedupeConfig
+from .webview import recorder
 from .worker import execution, main_process
 
 __all__ = ["connect", "install"]
@@ -46,6 +47,7 @@ def install(app: Celery) -> None:
     """
     warn_missing()
     add_runtime(app)
+    recorder.watch(app)
     # Each time Celery reads the settings; now, if it has read them already.
     app.on_after_configure.connect(_on_configure, sender=app, weak=False)
     if getattr(app, "configured", False):  # (untyped in celery-types)
@@ -83,4 +85,6 @@ def connect() -> None:
         )
         for signal, handler, name in connections:
             signal.connect(handler, weak=False, dispatch_uid=f"dedupe.{name}")
+        # (The web view's event log: a clock read per event while no view runs.)
+        recorder.connect()
         _connected = True

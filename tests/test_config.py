@@ -79,6 +79,8 @@ def test_defaults() -> None:
         ("dedupe_redis_options", ["socket_timeout", 1], "mapping"),
         ("dedupe_busy_poll_us", -1, "0 or more"),
         ("dedupe_busy_poll_us", "100", "microseconds"),
+        ("dedupe_web_token", "short", "16 characters"),
+        ("dedupe_web_basic_auth", "admin", "'user:password'"),
     ],
 )
 def test_a_bad_setting_is_a_configuration_error_naming_it(
@@ -88,6 +90,22 @@ def test_a_bad_setting_is_a_configuration_error_naming_it(
         DedupeConfig.from_app(bare_app("redis://cache//", **{setting: value}))
     assert setting in str(caught.value)
     assert hint in str(caught.value)
+
+
+def test_the_web_views_credentials_are_read_from_the_settings() -> None:
+    app = bare_app(
+        "redis://cache//",
+        dedupe_web_token="t" * 16,
+        dedupe_web_basic_auth="admin:s3:cret",
+    )
+    config = DedupeConfig.from_app(app)
+    assert (config.web_token, config.web_basic_auth) == ("t" * 16, ("admin", "s3:cret"))
+
+
+def test_a_bad_basic_auth_setting_never_shows_the_password() -> None:
+    with pytest.raises(dedupe.ConfigurationError) as caught:
+        DedupeConfig.from_app(bare_app("redis://cache//", dedupe_web_basic_auth=":hunter2"))
+    assert "hunter2" not in str(caught.value)
 
 
 def test_decode_responses_in_the_redis_options_is_refused_naming_it() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 RUNNABLE = [
     "dedupe.beat.ticks",
+    "dedupe.cli",
     "dedupe.producer.message_repr",
     "dedupe.runs.inventory",
     "dedupe.values.canonical",
@@ -24,6 +25,8 @@ RUNNABLE = [
     "dedupe.values.record",
     "dedupe.values.timing",
     "dedupe.values.urls",
+    "dedupe.webview.rows",
+    "dedupe.webview.security",
     "dedupe.worker.deferral",
 ]
 PACKAGE = Path(__file__).resolve().parent.parent / "dedupe"

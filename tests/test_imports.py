@@ -9,7 +9,7 @@ rung       folders (each imports only its own folder, lower rungs and the leaves
 3          ``recovery``: records written back after the dedup Redis lost its data
 4          ``runs``: a run's lease, the app's runtime
 5          ``producer`` | ``worker``: side by side, neither imports the other
-top        the modules users import (and ``beat/``, ``demo/``): anything below
+top        the modules users import (and ``beat/``, ``demo/``, ``webview/``): anything below
 =========  =====================================================================================
 
 A top-level module that imports nothing of the package is a leaf (``errors``, ``events``):
@@ -97,7 +97,8 @@ for _module, _imported in GRAPH.items():
 
 
 def folder_of(module: str) -> str | None:
-    """The internal folder a module is in, or None for the top (and ``beat``, ``demo``)."""
+    """The internal folder a module is in, or None for the top (and ``beat``, ``demo``,
+    ``webview``)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else None
 
@@ -204,10 +205,10 @@ def test_the_leaves_are_the_error_tree_and_the_signals() -> None:
 
 def test_every_folder_of_the_package_is_a_rung_or_an_entry_package() -> None:
     folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
-    assert folders - FOLDERS == {"beat", "demo"}
+    assert folders - FOLDERS == {"beat", "demo", "webview"}
 
 
-@pytest.mark.parametrize("folder", ["", *sorted(FOLDERS), "beat", "demo"])
+@pytest.mark.parametrize("folder", ["", *sorted(FOLDERS), "beat", "demo", "webview"])
 def test_no_folder_holds_more_than_sixteen_modules(folder: str) -> None:
     here = PACKAGE / folder
     modules = [

@@ -43,6 +43,16 @@ def test_the_wheel_ships_every_lua_script_and_the_type_marker(wheel: zipfile.Zip
     assert "dedupe/py.typed" in wheel.namelist()
 
 
+def test_the_wheel_ships_the_web_views_pages(wheel: zipfile.ZipFile) -> None:
+    static = ROOT / "dedupe" / "webview" / "static"
+    pages = {path.name for path in static.iterdir()}
+    shipped = {
+        Path(name).name for name in wheel.namelist() if name.startswith("dedupe/webview/static/")
+    }
+    assert {"index.html", "key.html", "view.js"} <= pages
+    assert shipped == pages
+
+
 def test_the_wheel_holds_no_test_server_and_no_chaos_code(wheel: zipfile.ZipFile) -> None:
     found = [
         name

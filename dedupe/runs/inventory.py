@@ -15,7 +15,15 @@ from dedupe.values.record import Holder
 
 from .runtime import runtime_of
 
-__all__ = ["glob_escaped", "live_key_counts", "live_keys", "scan", "task_of_key"]
+__all__ = [
+    "glob_escaped",
+    "live_key_counts",
+    "live_keys",
+    "read_keys",
+    "scan",
+    "scan_page",
+    "task_of_key",
+]
 
 _BATCH = 500
 
@@ -53,23 +61,53 @@ def scan(
 ) -> Iterator[tuple[str, bytes, int]]:
     """Every live key of ``prefix`` (of exactly the task named ``task``, when given): its
     name, value and pttl. Keys that vanish between the SCAN and the GET are passed over."""
-    head = f"{glob_escaped(prefix)}:"
-    pattern = f"{head}{{{glob_escaped(tag_safe(task))}:*" if task is not None else f"{head}*"
     batch: list[bytes] = []
-    for key in client.scan_iter(match=pattern, count=1000):
-        # The pattern's "*" also matches the rest of a longer name ("reports:eu" for
-        # "reports"): only a key that parses back to the very name is the task's.
-        if task is not None and task_of_key(prefix, key.decode()) != task:
+    for key in client.scan_iter(match=_pattern(prefix, task), count=1000):
+        if not _is_of(prefix, task, key):
             continue
         batch.append(key)
         if len(batch) == _BATCH:
-            yield from _read(client, batch)
+            yield from read_keys(client, batch)
             batch = []
     if batch:
-        yield from _read(client, batch)
+        yield from read_keys(client, batch)
 
 
-def _read(client: DedupRedis, keys: list[bytes]) -> Iterator[tuple[str, bytes, int]]:
+def scan_page(
+    client: DedupRedis, prefix: str, task: str | None, cursor: int, size: int
+) -> tuple[int, list[tuple[str, bytes, int]]]:
+    """One page of :func:`scan`: SCAN from ``cursor`` until about ``size`` keys matched or
+    ``10 * size`` were looked at (a rare task's keys may be few and far between), then their
+    values in one round trip. Returns the cursor to go on from (0: the keyspace is done).
+
+    A page costs the same at any size of the keyspace: what a web page may do per request.
+    Not for a Redis Cluster, whose cursor is one per node.
+    """
+    pattern = _pattern(prefix, task)
+    keys: list[bytes] = []
+    looked_at = 0
+    while True:
+        cursor, found = client.scan(cursor=cursor, match=pattern, count=size)
+        looked_at += size
+        keys.extend(key for key in found if isinstance(key, bytes) and _is_of(prefix, task, key))
+        if not cursor or len(keys) >= size or looked_at >= 10 * size:
+            break
+    return cursor, list(read_keys(client, keys)) if keys else []
+
+
+def _pattern(prefix: str, task: str | None) -> str:
+    head = f"{glob_escaped(prefix)}:"
+    return f"{head}{{{glob_escaped(tag_safe(task))}:*" if task is not None else f"{head}*"
+
+
+def _is_of(prefix: str, task: str | None, key: bytes) -> bool:
+    # The pattern's "*" also matches the rest of a longer name ("reports:eu" for "reports"):
+    # only a key that parses back to the very name is the task's.
+    return task is None or task_of_key(prefix, key.decode()) == task
+
+
+def read_keys(client: DedupRedis, keys: list[bytes]) -> Iterator[tuple[str, bytes, int]]:
+    """The value and pttl of each key in one round trip (keys that are gone are passed over)."""
     # Keys of different tasks may sit in different cluster slots: GETs one by one in a
     # pipeline, never an MGET across them.
     with client.pipeline(transaction=False) as pipe:

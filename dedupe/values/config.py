@@ -49,6 +49,10 @@ class DedupeConfig:
     call_budget: float = defaults.CALL_BUDGET
     deferral_cap: float = defaults.DEFERRAL_CAP
     max_deferrals: int = defaults.MAX_DEFERRALS
+    #: The bearer token ``celery dedupe web`` asks of every request (None: none asked).
+    web_token: str | None = None
+    #: ``(user, password)`` that ``celery dedupe web`` asks by basic auth (None: none asked).
+    web_basic_auth: tuple[str, str] | None = None
 
     @classmethod
     def from_app(cls, app: Celery) -> DedupeConfig:
@@ -115,6 +119,8 @@ class DedupeConfig:
                 "dedupe_max_deferrals",
                 _setting(conf, "dedupe_max_deferrals", defaults.MAX_DEFERRALS),
             ),
+            web_token=_web_token(_setting(conf, "dedupe_web_token")),
+            web_basic_auth=_web_basic_auth(_setting(conf, "dedupe_web_basic_auth")),
         )
 
 
@@ -138,6 +144,31 @@ def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"{name} must be a whole number, 1 or more; got {value!r}")
     return value
+
+
+def _web_token(token: Any) -> str | None:
+    if token is None:
+        return None
+    # (A short token is guessed: the view may clear keys.)
+    if not isinstance(token, str) or len(token) < 16 or token != token.strip():
+        raise ConfigurationError(
+            "dedupe_web_token must be a string of 16 characters or more, without spaces "
+            "around it (such as secrets.token_urlsafe()); got "
+            + (f"{len(token)} characters" if isinstance(token, str) else type(token).__name__)
+        )
+    return token
+
+
+def _web_basic_auth(value: Any) -> tuple[str, str] | None:
+    if value is None:
+        return None
+    user, colon, password = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if not (user and colon and password):
+        # (Never the value itself in the message: it holds a password.)
+        raise ConfigurationError(
+            "dedupe_web_basic_auth must be a string 'user:password', both parts non-empty"
+        )
+    return user, password
 
 
 def _seconds_or_never(name: str, seconds: Any) -> float:

@@ -38,6 +38,8 @@ __all__ = [
     "tag_safe",
     "task_name_of_tag",
     "tick_key",
+    "view_keys",
+    "view_task_keys",
     "watch_keys",
 ]
 
@@ -108,6 +110,28 @@ def tick_key(prefix: str, entry_name: str, tick: int) -> str:
     'dedupe:beat:{nightly-report}:20431'
     """
     return f"{prefix}:beat:{{{tag_safe(entry_name)}}}:{tick}"
+
+
+def view_keys(prefix: str) -> tuple[str, str]:
+    """The web view's switch (present while a ``celery dedupe web`` server runs: producers and
+    workers then log their events) and its set of task names with events. Outside
+    ``prefix:``, so that listing the records (SCAN ``prefix:*``) never meets them.
+
+    >>> view_keys("dedupe")
+    ('dedupe/view:on', 'dedupe/view:tasks')
+    """
+    return f"{prefix}/view:on", f"{prefix}/view:tasks"
+
+
+def view_task_keys(prefix: str, task_name: str, minute: int) -> tuple[str, str]:
+    """One task's event stream for the web view and its counts of one minute (one hash
+    tag: one round trip writes both, also on a Redis Cluster).
+
+    >>> view_task_keys("dedupe", "reports", 29000000)
+    ('dedupe/view:{reports}:events', 'dedupe/view:{reports}:minute:29000000')
+    """
+    head = f"{prefix}/view:{{{tag_safe(task_name)}}}"
+    return f"{head}:events", f"{head}:minute:{minute}"
 
 
 def tag_safe(task_name: str) -> str:

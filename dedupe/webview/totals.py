@@ -1,0 +1,59 @@
+"""Live keys by task and state for the web view, counted by a full scan in the server's
+background: a request only reads the last count, so a page costs the same with 100 keys or
+100,000.
+
+The scan is the one ``celery dedupe stats`` makes (:func:`dedupe.runs.inventory.live_key_counts`);
+the next one waits ten times as long as the last took (at least :data:`EVERY` seconds), so
+that the view never keeps Redis scanning more than a tenth of the time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from celery import Celery
+
+from dedupe.runs.inventory import live_key_counts
+
+__all__ = ["EVERY", "Count", "Totals"]
+
+#: The fewest seconds between two counts.
+EVERY = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """One count: keys per task and state, when it was made, how long it took."""
+
+    by_task: dict[str, dict[str, int]] = field(default_factory=dict)
+    at: float | None = None
+    took: float = 0.0
+
+
+class Totals:
+    """The last count of ``app``'s live keys (:meth:`refresh` makes a new one).
+
+    .. code-block:: python
+
+        totals = Totals(app)
+        totals.refresh()
+        totals.last.by_task  # {'reports': {'queued': 3}}
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        #: Replaced whole: a reader never sees half a count.
+        self.last = Count()
+
+    def refresh(self) -> float:
+        """Count again (raises what the scan raises: a Redis that is down); returns the
+        seconds to wait before the next count."""
+        started = time.monotonic()
+        counts = live_key_counts(self.app)
+        by_task: dict[str, dict[str, int]] = {}
+        for (task, state), number in sorted(counts.items()):
+            by_task.setdefault(task, {})[state] = number
+        took = time.monotonic() - started
+        self.last = Count(by_task, time.time(), took)
+        return max(EVERY, 10 * took)

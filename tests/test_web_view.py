@@ -1,0 +1,305 @@
+"""``celery dedupe web``: its JSON API, its clear action and its guards, against a real Redis
+and the server uvicorn runs (the pages themselves, in a browser: test_web_view_browser.py)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
+
+import dedupe
+from dedupe.cli import dedupe as dedupe_cli
+from dedupe.runs.runtime import runtime_of
+from dedupe.store.view_log import ViewLog
+from dedupe.webview import recorder
+
+from .helpers import ServerProcess, wait_for
+from .view_server import served_view
+
+pytest.importorskip("starlette", reason="the web extra: pip install 'celery-dedupe[web]'")
+
+SECRET = "hunter2-account-4711"
+
+
+def unique_tasks(app: Celery) -> tuple[Any, Any]:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, name="reports.refresh")
+    def refresh(account: str) -> str:
+        return account
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, name="mail.send")
+    def send(to: str) -> str:
+        return to
+
+    return refresh, send
+
+
+@pytest.fixture
+def view_app(make_app: Callable[..., Celery]) -> Celery:
+    # No worker consumes its queue: every call stays queued, holding its key.
+    return make_app()
+
+
+def test_the_keys_api_lists_each_held_call_with_its_holder(view_app: Celery) -> None:
+    refresh, _ = unique_tasks(view_app)
+    ids = {refresh.delay(f"account-{n}").id for n in range(3)}
+    with served_view(view_app) as served:
+        keys = served.get("/api/keys").json()["keys"]
+    assert {row["holder"] for row in keys} == ids
+    assert {(row["task"], row["state"]) for row in keys} == {("reports.refresh", "queued")}
+    assert all(0 < row["ttl"] <= 3600 and row["age"] >= 0 for row in keys)
+
+
+def test_the_keys_api_filters_by_task_and_by_state(view_app: Celery) -> None:
+    refresh, send = unique_tasks(view_app)
+    refresh.delay("a")
+    mail = send.delay("b")
+    with served_view(view_app) as served:
+        by_task = served.get("/api/keys", params={"task": "mail.send"}).json()["keys"]
+        running = served.get("/api/keys", params={"state": "running"}).json()["keys"]
+        bad = served.get("/api/keys", params={"state": "stuck"})
+    assert [row["holder"] for row in by_task] == [mail.id]
+    assert running == []
+    assert bad.status_code == 400
+
+
+def test_the_keys_api_reads_a_page_per_request_and_a_cursor_goes_on(view_app: Celery) -> None:
+    refresh, _ = unique_tasks(view_app)
+    ids = {refresh.delay(f"account-{n}").id for n in range(30)}
+    seen: list[str] = []
+    pages = 0
+    with served_view(view_app) as served:
+        cursor = None
+        while cursor != 0:
+            answer = served.get("/api/keys", params={"size": 5, "cursor": cursor or 0}).json()
+            assert len(answer["keys"]) <= 10  # (SCAN's COUNT is a hint: about a page)
+            seen += [row["holder"] for row in answer["keys"]]
+            cursor, pages = answer["cursor"], pages + 1
+    assert set(seen) == ids
+    assert pages > 2
+
+
+def test_the_stats_api_counts_live_keys_by_task_and_state(view_app: Celery) -> None:
+    refresh, send = unique_tasks(view_app)
+    for n in range(3):
+        refresh.delay(n)
+    send.delay("x")
+    with served_view(view_app) as served:
+        stats = wait_for(
+            lambda: (answer := served.get("/api/stats").json())["counted_at"] and answer,
+            message="the first count",
+        )
+    assert stats["totals"] == {"mail.send": {"queued": 1}, "reports.refresh": {"queued": 3}}
+
+
+def test_a_keys_page_shows_its_record_and_the_last_events_of_its_task(view_app: Celery) -> None:
+    refresh, _ = unique_tasks(view_app)
+    with served_view(view_app) as served:
+        first = refresh.delay("eu")
+        refresh.delay("eu")  # a duplicate
+        key = served.get("/api/keys").json()["keys"][0]["key"]
+        answer = served.get("/api/key", params={"name": key}).json()
+    assert answer["row"]["holder"] == first.id
+    assert [event["event"] for event in answer["events"]] == [
+        "call_deduplicated",
+        "call_accepted",
+    ]
+    assert answer["events"][0]["holder"] == first.id
+
+
+def test_the_chart_counts_accepted_and_deduplicated_calls_per_minute(view_app: Celery) -> None:
+    refresh, _ = unique_tasks(view_app)
+    with served_view(view_app) as served:
+        for _ in range(3):
+            refresh.delay("eu")
+        chart = served.get("/api/stats").json()["chart"]["reports.refresh"]
+    assert len(chart) == 10
+    assert sum(minute[1] for minute in chart) == 1
+    assert sum(minute[2] for minute in chart) == 2
+
+
+def test_events_are_logged_only_while_a_view_runs(
+    view_app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recorder, "CHECK_EVERY", 0.0)  # (no process-wide cache to wait out)
+    refresh, _ = unique_tasks(view_app)
+    log = ViewLog(runtime_of(view_app).store.client, view_app.conf.dedupe_key_prefix)
+    refresh.delay("before")
+    with served_view(view_app):
+        refresh.delay("during")
+    refresh.delay("after")
+    assert [event["event"] for event in log.events("reports.refresh", 10)] == ["call_accepted"]
+    assert not log.is_on()
+
+
+def test_no_argument_value_is_shown_anywhere(view_app: Celery) -> None:
+    refresh, _ = unique_tasks(view_app)
+    with served_view(view_app) as served:
+        refresh.delay(SECRET)
+        refresh.delay(SECRET)
+        key = served.get("/api/keys").json()["keys"][0]["key"]
+        answers = [
+            served.get(path).text
+            for path in ("/", "/api/keys", "/api/stats", f"/key?name={key}", f"/api/key?name={key}")
+        ]
+    assert all(SECRET not in text for text in answers)
+
+
+def test_a_redis_that_is_down_is_a_503_that_says_so(
+    make_app: Callable[..., Celery], redis_factory: Any
+) -> None:
+    server = redis_factory()
+    app = make_app(dedupe_redis_url=server.url)
+    with served_view(app) as served:
+        server.stop()
+        answer = served.get("/api/keys")
+        page = served.get("/")
+    assert answer.status_code == 503
+    assert answer.json()["error"].startswith(f"cannot reach the dedup Redis at {server.url}")
+    assert page.status_code == 200  # (the page shows the API's error: see the browser tests)
+
+
+def test_clear_frees_the_key_when_the_holder_shown_still_holds_it(view_app: Celery) -> None:
+    refresh, _ = unique_tasks(view_app)
+    call = refresh.delay("eu")
+    with served_view(view_app, allow_clear=True) as served:
+        key = served.get("/api/keys").json()["keys"][0]["key"]
+        answer = served.clear(key, call.id)
+        left = served.get("/api/keys").json()["keys"]
+    assert (answer.status_code, answer.json()["cleared"]) == (200, True)
+    assert left == []
+
+
+def test_clear_of_a_key_another_call_holds_now_is_refused(view_app: Celery) -> None:
+    refresh, _ = unique_tasks(view_app)
+    refresh.delay("eu")
+    with served_view(view_app, allow_clear=True) as served:
+        key = served.get("/api/keys").json()["keys"][0]["key"]
+        answer = served.clear(key, "the-holder-the-page-showed-before")
+        left = served.get("/api/keys").json()["keys"]
+    assert answer.status_code == 409
+    assert [row["key"] for row in left] == [key]
+
+
+@pytest.mark.parametrize(
+    ("token", "csrf", "reason"),
+    [(False, True, "no clear token"), (True, False, "CSRF"), (False, False, "no clear token")],
+)
+def test_clear_without_the_clear_token_or_the_csrf_token_is_refused(
+    view_app: Celery, token: bool, csrf: bool, reason: str
+) -> None:
+    refresh, _ = unique_tasks(view_app)
+    call = refresh.delay("eu")
+    with served_view(view_app, allow_clear=True) as served:
+        key = served.get("/api/keys").json()["keys"][0]["key"]
+        answer = served.clear(key, call.id, token=token, csrf=csrf)
+        left = served.get("/api/keys").json()["keys"]
+    assert answer.status_code == 403
+    assert reason in answer.json()["error"]
+    assert len(left) == 1
+
+
+def test_clear_from_another_origin_is_refused(view_app: Celery) -> None:
+    refresh, _ = unique_tasks(view_app)
+    call = refresh.delay("eu")
+    with served_view(view_app, allow_clear=True) as served:
+        key = served.get("/api/keys").json()["keys"][0]["key"]
+        guard = served.view.guard
+        answer = httpx.post(
+            served.url + "/api/clear",
+            json={"key": key, "holder": call.id},
+            headers={
+                "Origin": "http://evil.example",
+                "X-Dedupe-Clear-Token": guard.clear_token,
+                "X-CSRF-Token": guard.csrf_token,
+            },
+        )
+    assert answer.status_code == 403
+
+
+def test_clear_is_refused_by_a_server_started_without_allow_clear(view_app: Celery) -> None:
+    refresh, _ = unique_tasks(view_app)
+    call = refresh.delay("eu")
+    with served_view(view_app) as served:
+        key = served.get("/api/keys").json()["keys"][0]["key"]
+        answer = served.clear(key, call.id)
+    assert answer.status_code == 403
+    assert "--allow-clear" in answer.json()["error"]
+
+
+def test_a_bearer_token_setting_keeps_out_requests_without_it(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app(dedupe_web_token="t0ken-of-sixteen-chars")
+    with served_view(app) as served:
+        without = served.get("/api/keys")
+        wrong = served.get("/api/keys", headers={"Authorization": "Bearer nope"})
+        right = served.get("/api/keys", headers={"Authorization": "Bearer t0ken-of-sixteen-chars"})
+    assert (without.status_code, wrong.status_code, right.status_code) == (401, 401, 200)
+
+
+def test_a_basic_auth_setting_lets_in_its_user_and_no_one_else(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app(dedupe_web_basic_auth="ops:s3cret")
+    with served_view(app) as served:
+        without = served.get("/")
+        wrong = served.get("/", auth=("ops", "guess"))
+        right = served.get("/", auth=("ops", "s3cret"))
+    assert without.status_code == 401
+    assert without.headers["WWW-Authenticate"].startswith("Basic")
+    assert (wrong.status_code, right.status_code) == (401, 200)
+
+
+def run_cli(app: Celery, *args: str, **env: str) -> Any:
+    context = CLIContext(app=app, no_color=True, workdir=None, quiet=False)
+    return CliRunner().invoke(dedupe_cli, list(args), obj=context, env=env)
+
+
+def test_a_non_loopback_host_from_the_environment_is_refused(view_app: Celery) -> None:
+    result = run_cli(view_app, "web", DEDUPE_WEB_HOST="0.0.0.0")
+    assert result.exit_code == 2
+    assert "give --host 0.0.0.0 on the command line" in result.output
+
+
+@pytest.mark.slow
+def test_a_non_loopback_host_given_by_host_is_served(redis_url: str) -> None:
+    server = ServerProcess(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.worker_app",
+            "dedupe",
+            "web",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "{port}",
+        ],
+        env={"DEDUPE_TEST_REDIS": redis_url},
+    )
+    server.start("/api/stats")
+    try:
+        assert httpx.get(server.url + "/api/keys").status_code == 200
+        assert "without credentials" in server.tail()
+    finally:
+        server.stop()
+
+
+def test_the_web_command_without_the_extra_says_how_to_install_it(
+    view_app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As if uvicorn were not installed: the server module is imported anew, and fails.
+    for name in ("dedupe.webview.server", "dedupe.webview.app"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    result = run_cli(view_app, "web")
+    assert result.exit_code == 1
+    assert "pip install 'celery-dedupe[web]'" in result.output

@@ -1,0 +1,179 @@
+"""The web view in a real browser: the distribution's headless Chromium, driven by Playwright
+(``apt-get install chromium``; ``pip install playwright``, no browser download). Skipped when
+either is missing, failed under CI=true.
+
+``DEDUPE_SCREENSHOTS=docs/images`` saves the pages these tests see, for the docs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import dedupe
+from dedupe.values.record import HOST
+
+from .conftest import in_process_worker
+from .helpers import require
+from .view_server import Served, served_view
+
+pytest.importorskip("starlette", reason="the web extra: pip install 'celery-dedupe[web]'")
+
+try:
+    from playwright.sync_api import Browser, Page, expect, sync_playwright
+except ImportError:  # pragma: no cover - the test extra is missing
+    sync_playwright = None  # type: ignore[assignment]
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SCREENSHOTS = os.environ.get("DEDUPE_SCREENSHOTS")
+#: How long the page may take to show a change: its refresh (0.5 s here) and a margin.
+SOON = 10_000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    require(sync_playwright is not None, "no Playwright: pip install playwright")
+    require(CHROMIUM is not None, "no Chromium: apt-get install chromium")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 640})
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def snap(page: Page, name: str) -> None:
+    if SCREENSHOTS:
+        Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}.png"), full_page=True)
+
+
+def unique_task(app: Celery, name: str, gate: threading.Event | None = None) -> Any:
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, name=name)
+    def work(account: str) -> None:
+        if gate is not None:
+            gate.wait(30)
+
+    return work
+
+
+@pytest.fixture
+def view_app(make_app: Callable[..., Celery]) -> Celery:
+    return make_app()
+
+
+def rows(page: Page) -> Any:
+    return page.locator("#keys tbody tr")
+
+
+def test_the_page_shows_three_held_calls_with_their_holders(view_app: Celery, page: Page) -> None:
+    work = unique_task(view_app, "reports.refresh")
+    ids = [work.delay(f"account-{n}").id for n in range(3)]
+    with served_view(view_app) as served:
+        page.goto(served.url + "/")
+        expect(rows(page)).to_have_count(3, timeout=SOON)
+        for task_id in ids:
+            row = page.locator(f'#keys tbody tr[data-holder="{task_id}"]')
+            expect(row).to_contain_text("queued")
+            expect(row).to_contain_text("reports.refresh")
+        expect(page.locator('#totals tr[data-task="reports.refresh"]')).to_contain_text("3")
+        snap(page, "web-view-keys")
+
+
+def test_the_filter_narrows_the_rows_and_a_refresh_keeps_it(view_app: Celery, page: Page) -> None:
+    refresh, send = unique_task(view_app, "reports.refresh"), unique_task(view_app, "mail.send")
+    for n in range(2):
+        refresh.delay(n)
+    mail = send.delay("ops@example.com")
+    with served_view(view_app) as served:
+        page.goto(served.url + "/")
+        expect(rows(page)).to_have_count(3, timeout=SOON)
+        page.fill("#task", "mail.send")
+        page.click("#filter button")
+        expect(rows(page)).to_have_count(1, timeout=SOON)
+        expect(rows(page).first).to_have_attribute("data-holder", mail.id)
+        page.reload()
+        expect(page.locator("#task")).to_have_value("mail.send")
+        expect(rows(page)).to_have_count(1, timeout=SOON)
+
+
+def open_with_token(page: Page, served: Served) -> None:
+    page.goto(f"{served.url}/?token={served.view.guard.clear_token}")
+
+
+def test_a_clear_with_the_token_frees_the_key_and_the_list_updates(
+    view_app: Celery, page: Page
+) -> None:
+    work = unique_task(view_app, "reports.refresh")
+    kept, cleared = work.delay("kept").id, work.delay("cleared").id
+    with served_view(view_app, allow_clear=True) as served:
+        open_with_token(page, served)
+        expect(rows(page)).to_have_count(2, timeout=SOON)
+        assert "token" not in page.url  # (taken out of the address bar)
+        with page.expect_response("**/api/clear") as answer:
+            page.locator(f'tr[data-holder="{cleared}"] button.clear').click()
+        assert answer.value.status == 200
+        expect(rows(page)).to_have_count(1, timeout=SOON)
+        expect(rows(page).first).to_have_attribute("data-holder", kept)
+        assert served.get("/api/keys").json()["keys"][0]["holder"] == kept
+
+
+def test_a_clear_without_the_token_is_refused_with_403(view_app: Celery, page: Page) -> None:
+    work = unique_task(view_app, "reports.refresh")
+    held = work.delay("eu").id
+    with served_view(view_app, allow_clear=True) as served:
+        page.goto(served.url + "/")
+        expect(rows(page)).to_have_count(1, timeout=SOON)
+        with page.expect_response("**/api/clear") as answer:
+            page.locator(f'tr[data-holder="{held}"] button.clear').click()
+        assert answer.value.status == 403
+        expect(page.locator("#status")).to_contain_text("not cleared (403)")
+        expect(rows(page)).to_have_count(1)
+        assert served.get("/api/keys").json()["keys"][0]["holder"] == held
+
+
+def test_a_run_ending_removes_its_row_at_the_next_refresh(view_app: Celery, page: Page) -> None:
+    gate = threading.Event()
+    work = unique_task(view_app, "reports.build", gate)
+    with served_view(view_app) as served, in_process_worker(view_app):
+        call = work.delay("eu")
+        page.goto(served.url + "/")
+        row = page.locator(f'#keys tbody tr[data-holder="{call.id}"]')
+        expect(row).to_have_attribute("data-state", "running", timeout=SOON)
+        expect(row).to_contain_text(f"{HOST}:{os.getpid()}")
+        snap(page, "web-view-running")
+        page.click(f'tr[data-holder="{call.id}"] a')
+        expect(page.locator("#record")).to_contain_text(call.id, timeout=SOON)
+        expect(page.locator("#events")).to_contain_text("run_claimed", timeout=SOON)
+        snap(page, "web-view-key")
+        page.go_back()
+        expect(row).to_have_count(1, timeout=SOON)
+        gate.set()
+        call.get(timeout=10)
+        expect(row).to_have_count(0, timeout=SOON)
+
+
+def test_a_redis_that_is_down_gives_a_page_that_says_so(
+    make_app: Callable[..., Celery], redis_factory: Any, page: Page
+) -> None:
+    server = redis_factory()
+    app = make_app(dedupe_redis_url=server.url)
+    with served_view(app) as served:
+        server.stop()
+        page.goto(served.url + "/")
+        expect(page.locator("#status.down")).to_contain_text(
+            f"cannot reach the dedup Redis at {server.url}", timeout=SOON
+        )

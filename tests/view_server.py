@@ -1,0 +1,59 @@
+"""A web view (``celery dedupe web``'s app) served by uvicorn in a thread of the test process,
+on a free port: the tests' Celery app and the served one are the same object."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import uvicorn
+from celery import Celery
+
+from dedupe.webview.app import View
+from dedupe.webview.security import CLEAR_HEADER, CSRF_HEADER
+from dedupe.webview.server import build
+
+from .helpers import free_port, wait_for
+
+
+@dataclass
+class Served:
+    url: str
+    view: View
+
+    def get(self, path: str, **kwargs: object) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=10.0, **kwargs)  # type: ignore[arg-type]
+
+    def clear(
+        self, key: str, holder: str, *, token: bool = True, csrf: bool = True
+    ) -> httpx.Response:
+        headers = {"Origin": self.url}
+        if token:
+            headers[CLEAR_HEADER] = self.view.guard.clear_token
+        if csrf:
+            headers[CSRF_HEADER] = self.view.guard.csrf_token
+        return httpx.post(
+            self.url + "/api/clear", json={"key": key, "holder": holder}, headers=headers
+        )
+
+
+@contextmanager
+def served_view(
+    app: Celery, *, allow_clear: bool = False, refresh: float = 0.5
+) -> Iterator[Served]:
+    view, asgi = build(app, allow_clear=allow_clear, refresh=refresh)
+    port = free_port()
+    config = uvicorn.Config(asgi, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"view-{port}", daemon=True)
+    thread.start()
+    wait_for(lambda: server.started or not thread.is_alive(), message="the web view to start")
+    assert server.started, "the web view did not start"
+    try:
+        yield Served(f"http://127.0.0.1:{port}", view)
+    finally:
+        server.should_exit = True
+        thread.join(15)
