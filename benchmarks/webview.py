@@ -28,7 +28,7 @@ RARE = "bench.rare"
 
 def run(url: str, live_keys: int, requests: int) -> dict[str, Any]:
     """Milliseconds per request of each page's call at ``live_keys`` keys, and the cost of
-    an event with the recorder connected (no view running) against none connected."""
+    an event with the recorder observing (no view running) against no observer."""
     results: dict[str, Any] = {}
     with RedisServer() as server:
         app = make_app(url, dedupe_redis_url=server.url)
@@ -80,30 +80,23 @@ def _served(asgi: Any, requests: int) -> dict[str, list[float]]:
 
 
 def _event_cost(key: str) -> dict[str, float]:
-    """Microseconds per event (emit) with the recorder connected and no view running,
-    against no receiver at all: what the web view costs each call and run while it is off.
+    """Microseconds per event (emit) with the recorder observing and no view running,
+    against no observer at all: what the web view costs each call and run while it is off.
     Interleaved rounds, median."""
 
     def emit() -> None:
         events.emit(events.DEDUPLICATED, "bench.task", "id", key)
 
-    def disconnect() -> None:
-        for name, event in events.EVENTS.items():
-            event.signal.disconnect(dispatch_uid=f"dedupe.webview.{name}")
-        recorder._connected = False
-
-    samples: dict[str, list[float]] = {"no receiver": [], "recorder connected, view off": []}
+    watching = recorder.Recorder()
+    samples: dict[str, list[float]] = {"no observer": [], "recorder observing, view off": []}
     for _ in range(9):
         for name in samples:
-            if name == "no receiver":
-                disconnect()
-            else:
-                recorder.connect()
+            events.set_observer(None if name == "no observer" else watching)
             started = time.perf_counter_ns()
             for _ in range(20_000):
                 emit()
             samples[name].append((time.perf_counter_ns() - started) / 20_000 / 1000)
-    recorder.connect()
+    events.set_observer(watching)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

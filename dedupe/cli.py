@@ -16,7 +16,6 @@ are one line (exit 1; an unknown task name is a usage error, exit 2), never a tr
 from __future__ import annotations
 
 import difflib
-import importlib
 import ipaddress
 import json
 import time
@@ -41,6 +40,16 @@ from .store.redis_errors import redis_errors
 from .values.record import Holder
 from .values.redelivery import is_redis_broker, visibility_gap
 from .values.urls import redacted
+
+# The web view is an optional extra (starlette, uvicorn): without it, the other commands work
+# and `web` says what to install. (Its import costs the process's start ~30 ms, once.)
+_web_serve: Callable[..., None] | None
+try:
+    from .webview.server import serve as _web_serve
+except ModuleNotFoundError as _missing:
+    if (_missing.name or "").partition(".")[0] not in ("starlette", "uvicorn"):
+        raise
+    _web_serve, _web_missing = None, _missing.name
 
 __all__ = ["dedupe"]
 
@@ -371,10 +380,6 @@ def _visibility(app: Celery, runtime: Runtime) -> Verdict:
     return "ok", "the Redis broker gives a dead worker's acks_late messages back within the lease"
 
 
-#: The modules of the ``web`` extra.
-_WEB_EXTRA = ("starlette", "uvicorn")
-
-
 @dedupe.command()
 @click.option(
     "--host",
@@ -429,17 +434,10 @@ def _is_loopback(host: str) -> bool:
 
 
 def _web_server() -> Callable[..., None]:
-    """The web server's entry point. Imported when the command runs, not with this module:
-    every ``celery`` command (a worker's too) imports this module, and the extra is optional
-    and costs ~30 ms to import."""
-    try:
-        server = importlib.import_module("dedupe.webview.server")
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").partition(".")[0] not in _WEB_EXTRA:
-            raise
+    """The web server's entry point, or a clear error where the ``web`` extra is missing."""
+    if _web_serve is None:
         raise click.ClickException(
-            f"celery dedupe web needs {exc.name}, which the web extra installs: "
+            f"celery dedupe web needs {_web_missing}, which the web extra installs: "
             f"pip install 'celery-dedupe[web]'"
-        ) from None
-    serve: Callable[..., None] = server.serve
-    return serve
+        )
+    return _web_serve
