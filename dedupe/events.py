@@ -216,9 +216,10 @@ def emit(
             **details,
         )
     observer = _observers.observer
-    if observer is not None and observer.listening():
+    if observer is not None:
         try:
-            observer.observe(event, task_name, task_id, key, holder, details)
+            if observer.listening():
+                observer.observe(event, task_name, task_id, key, holder, details)
         except Exception:  # (an observer is no reason to fail a call or a run)
             logging.getLogger("dedupe").exception("an observer of %s failed", event.name)
 

@@ -35,6 +35,7 @@ from redis.retry import Retry
 from dedupe.compat.redis_private import FAST_CLIENT, backoff_of, retries_of
 
 from .green_pool import script_runner
+from .runner import RemembersNothing
 from .script_runner import Reply, ScriptRunner, Unanswered
 
 __all__ = ["ClusterScriptRunner", "cluster_unreachable"]
@@ -108,7 +109,7 @@ def _kind(exc: BaseException) -> str | None:
     return None
 
 
-class ClusterScriptRunner:
+class ClusterScriptRunner(RemembersNothing):
     """Calls scripts registered on a cluster ``client`` with EVALSHA: the interface of
     :class:`~dedupe.store.script_runner.ScriptRunner`, on a Redis Cluster. It remembers no
     answer (a thread's tracking would need a connection to every master)."""
@@ -148,29 +149,6 @@ class ClusterScriptRunner:
         """Run a command of the cluster client (``attempt``) under the same retries and
         budget as the scripts."""
         return self._tried(attempt, time.monotonic())
-
-    def call_tracked(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
-    ) -> tuple[Any, float | None]:
-        """A plain call: no key is tracked on a Cluster."""
-        return self(script, keys, args), None
-
-    def worth_tracking(self, key: str) -> bool:
-        """Never: no key is tracked on a Cluster."""
-        return False
-
-    def note_duplicate(self, key: str) -> None:
-        """Nothing to note: no key is tracked on a Cluster."""
-
-    def remember(self, key: str, until: float, value: Any) -> None:
-        """Nothing is remembered on a Cluster."""
-
-    def remembered(self, key: str) -> Any:
-        """Nothing: no answer is remembered on a Cluster."""
-        return None
-
-    def forget(self, key: str) -> None:
-        """Nothing to forget on a Cluster."""
 
     def _call(
         self,

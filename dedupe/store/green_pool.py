@@ -21,6 +21,7 @@ import redis
 from redis.commands.core import Script
 from redis.retry import Retry
 
+from .runner import RemembersNothing
 from .script_runner import Reply, ScriptRunner, _Local
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "GreenScriptRunner", "monkey_patched", "script_runner"]
@@ -98,7 +99,7 @@ class _Pool:
         self.given_back = threading.Condition(threading.Lock())
 
 
-class GreenScriptRunner(ScriptRunner):
+class GreenScriptRunner(RemembersNothing, ScriptRunner):
     """:class:`ScriptRunner` with connections checked out per call instead of kept per thread
     (:func:`script_runner` makes one when threads are greenlets).
 
@@ -219,23 +220,3 @@ class GreenScriptRunner(ScriptRunner):
     def _after_fork(self) -> None:
         super()._after_fork()
         self._green = _Pool(self._green.cap)
-
-    def call_tracked(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
-    ) -> tuple[Any, float | None]:
-        return self(script, keys, args), None
-
-    def worth_tracking(self, key: str) -> bool:
-        return False
-
-    def remembered(self, key: str) -> Any:
-        return None
-
-    def remember(self, key: str, until: float, value: Any) -> None:
-        pass
-
-    def note_duplicate(self, key: str) -> None:
-        pass
-
-    def forget(self, key: str) -> None:
-        pass

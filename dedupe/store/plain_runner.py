@@ -17,6 +17,7 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
 
+from .runner import RemembersNothing
 from .script_runner import Reply, Unanswered
 
 __all__ = ["PlainScriptRunner"]
@@ -41,7 +42,7 @@ def _reply_or_error(connection: Any) -> Any:
 _T = TypeVar("_T")
 
 
-class PlainScriptRunner:
+class PlainScriptRunner(RemembersNothing):
     """:class:`~dedupe.store.runner.ScriptCalls` on redis-py's public client API."""
 
     spans_calls = True
@@ -137,23 +138,3 @@ class PlainScriptRunner:
 
     def command(self, attempt: Callable[[], _T]) -> _T:
         return attempt()
-
-    def call_tracked(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
-    ) -> tuple[Any, float | None]:
-        return self(script, keys, args), None
-
-    def worth_tracking(self, key: str) -> bool:
-        return False
-
-    def note_duplicate(self, key: str) -> None:
-        """Nothing is remembered."""
-
-    def remember(self, key: str, until: float, value: Any) -> None:
-        """Nothing is remembered."""
-
-    def remembered(self, key: str) -> Any:
-        return None
-
-    def forget(self, key: str) -> None:
-        """Nothing is remembered."""

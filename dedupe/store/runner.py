@@ -16,7 +16,7 @@ from redis.commands.core import Script
 
 from .script_runner import Reply
 
-__all__ = ["ScriptCalls"]
+__all__ = ["RemembersNothing", "ScriptCalls"]
 
 _T = TypeVar("_T")
 
@@ -83,3 +83,37 @@ class ScriptCalls(Protocol):
 
     def forget(self, key: str) -> None:
         """Drop this thread's remembered answer for ``key``."""
+
+
+class _RunsScripts(Protocol):
+    def __call__(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+    ) -> Any: ...
+
+
+class RemembersNothing:
+    """The memory part of :class:`ScriptCalls` for a runner that tracks no key (a Cluster's,
+    the pooled one of greenlets, the plain one): a tracked call is a plain call."""
+
+    def call_tracked(
+        self: _RunsScripts, script: Script, keys: Sequence[Any], args: Sequence[Any]
+    ) -> tuple[Any, float | None]:
+        """A plain call: no key is tracked."""
+        return self(script, keys, args), None
+
+    def worth_tracking(self, key: str) -> bool:
+        """Never: no key is tracked."""
+        return False
+
+    def note_duplicate(self, key: str) -> None:
+        """Nothing to note: no key is tracked."""
+
+    def remember(self, key: str, until: float, value: Any) -> None:
+        """Nothing is remembered."""
+
+    def remembered(self, key: str) -> Any:
+        """Nothing: no answer is remembered."""
+        return None
+
+    def forget(self, key: str) -> None:
+        """Nothing to forget."""

@@ -111,11 +111,14 @@ class Recorder:
         for ref in _apps:
             app = ref()
             runtime = installed(app) if app is not None else None
-            if app is None or runtime is None:
+            # (Never the one to make an app's store: an event of a call that could not is
+            # on its way to say so.)
+            store = runtime.existing_store if runtime is not None else None
+            if app is None or runtime is None or store is None:
                 continue
             log = self._logs.get(app)
             if log is None:
-                log = self._logs[app] = ViewLog(runtime.store.client, runtime.config.key_prefix)
+                log = self._logs[app] = ViewLog(store.client, runtime.config.key_prefix)
             views.append((runtime.config.key_prefix, log))
         return views
 
