@@ -19,7 +19,6 @@ from celery import Celery
 
 import dedupe
 from dedupe.values.record import HOST
-from dedupe.webview import recorder
 
 from .conftest import in_process_worker
 from .helpers import require
@@ -80,10 +79,7 @@ def rows(page: Page) -> Any:
     return page.locator("#keys tbody tr")
 
 
-def test_the_page_shows_three_held_calls_with_their_holders(
-    view_app: Celery, page: Page, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(recorder, "CHECK_EVERY", 0.0)  # (its calls are counted at once)
+def test_the_page_shows_three_held_calls_with_their_holders(view_app: Celery, page: Page) -> None:
     work = unique_task(view_app, "reports.refresh")
     with served_view(view_app) as served:
         # (Made while the view runs: the chart counts them, two of them duplicates.)

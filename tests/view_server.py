@@ -12,6 +12,7 @@ import httpx
 import uvicorn
 from celery import Celery
 
+from dedupe.webview import recorder
 from dedupe.webview.app import View
 from dedupe.webview.security import CLEAR_HEADER, CSRF_HEADER
 from dedupe.webview.server import build
@@ -52,8 +53,15 @@ def served_view(
     thread.start()
     wait_for(lambda: server.started or not thread.is_alive(), message="the web view to start")
     assert server.started, "the web view did not start"
+    # This process logs its events from the moment the view runs, as the thread of its
+    # recorder sees (within recorder.CHECK_EVERY; a test does not wait that long).
+    prefix = app.conf.dedupe_key_prefix
+    recorder.look_now()
+    wait_for(lambda: recorder.listening_to(prefix), message="the recorder to see the view")
     try:
         yield Served(f"http://127.0.0.1:{port}", view)
     finally:
         server.should_exit = True
         thread.join(15)
+        recorder.look_now()
+        wait_for(lambda: not recorder.listening_to(prefix), message="the view seen stopped")

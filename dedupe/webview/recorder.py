@@ -1,14 +1,17 @@
 """The events a web view shows, logged by the producers and workers that make them.
 
-``dedupe.install`` makes the recorder :mod:`dedupe.events`' observer. It logs an event only
-while a web view runs (the view's switch key is set), and asks Redis whether one does at
-most every :data:`CHECK_EVERY` seconds per process: with no view running, an event costs a
-clock read (see docs/web-view.md, "Cost").
+``dedupe.install`` makes a :class:`Recorder` the observer of :mod:`dedupe.events`. No Redis
+I/O is ever on a call's or a run's path: a thread of the recorder's asks each app's Redis
+whether a web view runs (every :data:`CHECK_EVERY` seconds, and when an app is installed) and
+writes the events kept meanwhile (every :data:`FLUSH_EVERY` seconds). With no view running an
+event costs an attribute read; with one, a dict and an append (see docs/web-view.md).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import os
 import threading
 import time
 import weakref
@@ -21,60 +24,84 @@ from dedupe.runs.runtime import installed
 from dedupe.store.redis_errors import redis_errors
 from dedupe.store.view_log import ViewLog
 
-__all__ = ["CHECK_EVERY", "Recorder", "connect", "watch"]
+__all__ = [
+    "CHECK_EVERY",
+    "FLUSH_EVERY",
+    "Recorder",
+    "connect",
+    "listening_to",
+    "look_now",
+    "watch",
+]
 
 logger = logging.getLogger("dedupe.webview")
 
-#: Seconds a process trusts its last answer to "does a web view run?".
+#: Seconds between two looks at the apps' switches ("does a web view run?").
 CHECK_EVERY = 5.0
+#: Seconds an event waits, at most, to be written.
+FLUSH_EVERY = 0.2
+#: Events kept for writing, at most (a Redis that is down costs memory no further).
+KEPT_AT_MOST = 10_000
 
 #: The installed apps, newest first: an event is logged under the app whose prefix its key has.
 _apps: list[weakref.ref[Celery]] = []
-_connect_lock = threading.Lock()
-_connected = False
-#: Counts the apps watched: a new one is asked about at its first event, not a period later.
-_watched = 0
+_lock = threading.Lock()
+_recorder: Recorder | None = None
 
 
 def watch(app: Celery) -> None:
     """Log ``app``'s events while a web view runs (``dedupe.install`` calls it)."""
-    global _watched
-    with _connect_lock:
+    with _lock:
         _apps[:] = [ref for ref in _apps if ref() is not None and ref() is not app]
         _apps.insert(0, weakref.ref(app))
-        _watched += 1
+        recorder = _recorder
+    if recorder is not None:
+        recorder.look_again()
 
 
 def connect() -> None:
     """Make a recorder the events' observer, once per process."""
-    global _connected
-    with _connect_lock:
-        if not _connected:
-            events.set_observer(Recorder())
-            _connected = True
+    global _recorder
+    with _lock:
+        if _recorder is None:
+            _recorder = Recorder()
+            events.set_observer(_recorder)
+
+
+def look_now() -> None:
+    """Have this process look at the switches and write what it keeps now (not at its next
+    period): a view just started or stopped."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.listening()
+        recorder.look_again()
+
+
+def listening_to(prefix: str) -> bool:
+    """Does this process log the events of the app with ``prefix`` (a view of it runs)?"""
+    recorder = _recorder
+    return recorder is not None and prefix in recorder.prefixes
 
 
 class Recorder:
-    """:class:`dedupe.events.Observer` logging events in the view's streams of their tasks."""
+    """:class:`dedupe.events.Observer` keeping events for the view's streams of their tasks."""
 
     def __init__(self) -> None:
-        self._on = False
-        self._until = 0.0
-        self._watched = -1
+        #: The key prefixes of the apps a web view runs for (the thread's last look).
+        self.prefixes: frozenset[str] = frozenset()
+        self._kept: collections.deque[tuple[ViewLog, str, dict[str, str], float]] = (
+            collections.deque(maxlen=KEPT_AT_MOST)
+        )
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
         self._logs: weakref.WeakKeyDictionary[Celery, ViewLog] = weakref.WeakKeyDictionary()
-        self._listening: set[str] = set()
+        os.register_at_fork(after_in_child=self._forked)
 
     def listening(self) -> bool:
-        """Does a web view run for any installed app (answered from memory for
-        :data:`CHECK_EVERY` seconds)?"""
-        now = time.monotonic()
-        if now < self._until and self._watched == _watched:
-            return self._on
-        # (Set first: a Redis that is down is asked once per period, not once per event.)
-        self._until, self._watched = now + CHECK_EVERY, _watched
-        self._listening = {prefix for prefix, log in self._views() if _is_on(log)}
-        self._on = bool(self._listening)
-        return self._on
+        """Does a web view run for any installed app (as the thread last saw)?"""
+        if self._thread is None:
+            self._start()
+        return bool(self.prefixes)
 
     def observe(
         self,
@@ -85,9 +112,9 @@ class Recorder:
         holder: Any,
         details: dict[str, Any],
     ) -> None:
-        """Log one event in the view's stream of its task, if a view of its app runs."""
+        """Keep one event for the view's stream of its task, if a view of its app runs."""
         log = next((log for prefix, log in self._views() if key.startswith(prefix + ":")), None)
-        if log is None or log.prefix not in self._listening:
+        if log is None or log.prefix not in self.prefixes:
             return
         fields = {
             "event": event.name,
@@ -100,30 +127,68 @@ class Recorder:
         if holder is not None:
             fields["holder"] = str(holder.task_id)
             fields["holder_state"] = str(holder.state)
-        try:
-            log.record(task_name, fields, time.time())
-        except redis_errors as exc:
-            logger.debug("web view: event of %s not logged: %s", task_name, exc)
+        self._kept.append((log, task_name, fields, time.time()))
+
+    def look_again(self) -> None:
+        """Look at the switches now (an app was installed)."""
+        self._next_look = 0.0
+        self._wake.set()
+
+    _next_look = 0.0
+
+    def _start(self) -> None:
+        with _lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="dedupe-webview-recorder", daemon=True
+                )
+                self._thread.start()
+
+    def _forked(self) -> None:
+        # (A child has none of its parent's threads: it starts its own at its first event.)
+        self._thread, self._kept = None, collections.deque(maxlen=KEPT_AT_MOST)
+        self._wake = threading.Event()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                # (Written first: a look that turns the log off comes after what it kept.)
+                self._write()
+                now = time.monotonic()
+                if now >= self._next_look:
+                    self._next_look = now + CHECK_EVERY
+                    self.prefixes = frozenset(p for p, log in self._views() if _on(log))
+            except Exception:  # (a bug of ours: the recorder goes on, and so do the calls)
+                logger.exception("web view: the recorder failed; it goes on")
+            self._wake.wait(max(0.0, min(FLUSH_EVERY, self._next_look - time.monotonic())))
+            self._wake.clear()
+
+    def _write(self) -> None:
+        while self._kept:
+            log, task_name, fields, at = self._kept.popleft()
+            try:
+                log.record(task_name, fields, at)
+            except redis_errors as exc:
+                logger.debug("web view: an event of %s not logged: %s", task_name, exc)
 
     def _views(self) -> list[tuple[str, ViewLog]]:
-        """(key prefix, view log) of each installed app, newest first."""
+        """(key prefix, view log) of each installed app whose store is made, newest first."""
         views = []
-        for ref in _apps:
+        for ref in list(_apps):
             app = ref()
             runtime = installed(app) if app is not None else None
-            # (Never the one to make an app's store: an event of a call that could not is
-            # on its way to say so.)
+            # (Never the one to make an app's store: a call that could not says so itself.)
             store = runtime.existing_store if runtime is not None else None
             if app is None or runtime is None or store is None:
                 continue
             log = self._logs.get(app)
             if log is None:
                 log = self._logs[app] = ViewLog(store.client, runtime.config.key_prefix)
-            views.append((runtime.config.key_prefix, log))
+            views.append((log.prefix, log))
         return views
 
 
-def _is_on(log: ViewLog) -> bool:
+def _on(log: ViewLog) -> bool:
     try:
         return log.is_on()
     except redis_errors:
