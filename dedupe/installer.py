@@ -47,12 +47,11 @@ def install(app: Celery) -> None:
     """
     warn_missing()
     add_runtime(app)
-    recorder.watch(app)
     # Each time Celery reads the settings; now, if it has read them already.
     app.on_after_configure.connect(_on_configure, sender=app, weak=False)
     if getattr(app, "configured", False):  # (untyped in celery-types)
         route_through(app)
-        DedupeConfig.from_app(app)
+        _configured(app, DedupeConfig.from_app(app))
     connect()
 
 
@@ -60,9 +59,18 @@ def _on_configure(sender: Celery, **_: Any) -> None:
     route_through(sender)
     # (Celery logs what a signal receiver raises as a traceback: one line says it better.)
     try:
-        DedupeConfig.from_app(sender)
+        config = DedupeConfig.from_app(sender)
     except ConfigurationError as exc:
         logger.error("celery-dedupe on app %r: %s", sender.main, exc)
+        return
+    _configured(sender, config)
+
+
+def _configured(app: Celery, config: DedupeConfig) -> None:
+    """What the app's settings turn on: the web view's event log (``dedupe_web_events``)."""
+    if config.web_events:
+        recorder.watch(app)
+        recorder.connect()
 
 
 def connect() -> None:
@@ -85,6 +93,4 @@ def connect() -> None:
         )
         for signal, handler, name in connections:
             signal.connect(handler, weak=False, dispatch_uid=f"dedupe.{name}")
-        # (The web view's event log: a clock read per event while no view runs.)
-        recorder.connect()
         _connected = True

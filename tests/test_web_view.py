@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import dedupe
 from dedupe.cli import dedupe as dedupe_cli
 from dedupe.runs.runtime import runtime_of
 from dedupe.store.view_log import ViewLog
+from dedupe.webview import recorder
 
 from .helpers import ServerProcess, wait_for
 from .view_server import served_view
@@ -43,9 +45,12 @@ def unique_tasks(app: Celery) -> tuple[Any, Any]:
 
 
 @pytest.fixture
-def view_app(make_app: Callable[..., Celery]) -> Celery:
-    # No worker consumes its queue: every call stays queued, holding its key.
-    return make_app()
+def view_app(make_app: Callable[..., Celery]) -> Iterator[Celery]:
+    # No worker consumes its queue: every call stays queued, holding its key. Its events are
+    # kept for the view (the setting is off by default).
+    app = make_app(dedupe_web_events=True)
+    yield app
+    recorder.unwatch(app)  # (no look at its Redis while later tests count commands there)
 
 
 def test_the_keys_api_lists_each_held_call_with_its_holder(view_app: Celery) -> None:
@@ -143,6 +148,19 @@ def test_events_are_logged_only_while_a_view_runs(view_app: Celery) -> None:
     refresh.delay("after")
     assert [event["event"] for event in log.events("reports.refresh", 10)] == ["call_accepted"]
     assert not log.is_on()
+
+
+def test_a_process_keeps_no_events_unless_its_app_sets_dedupe_web_events(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+    refresh, _ = unique_tasks(app)
+    log = ViewLog(runtime_of(app).store.client, app.conf.dedupe_key_prefix)
+    with served_view(app):
+        refresh.delay("during")
+        time.sleep(3 * recorder.FLUSH_EVERY)  # (what a recorder would have written by now)
+    assert log.events("reports.refresh", 10) == []
+    assert not recorder.listening_to(app.conf.dedupe_key_prefix)
 
 
 def test_no_argument_value_is_shown_anywhere(view_app: Celery) -> None:

@@ -19,6 +19,7 @@ from celery import Celery
 
 import dedupe
 from dedupe.values.record import HOST
+from dedupe.webview import recorder
 
 from .conftest import in_process_worker
 from .helpers import require
@@ -71,8 +72,11 @@ def unique_task(app: Celery, name: str, gate: threading.Event | None = None) -> 
 
 
 @pytest.fixture
-def view_app(make_app: Callable[..., Celery]) -> Celery:
-    return make_app()
+def view_app(make_app: Callable[..., Celery]) -> Iterator[Celery]:
+    # (Its events are kept for the view: the setting is off by default.)
+    app = make_app(dedupe_web_events=True)
+    yield app
+    recorder.unwatch(app)  # (no look at its Redis while later tests count commands there)
 
 
 def rows(page: Page) -> Any:

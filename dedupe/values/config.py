@@ -53,6 +53,8 @@ class DedupeConfig:
     web_token: str | None = None
     #: ``(user, password)`` that ``celery dedupe web`` asks by basic auth (None: none asked).
     web_basic_auth: tuple[str, str] | None = None
+    #: Does this process keep its events for a running web view (a thread looks for one)?
+    web_events: bool = False
 
     @classmethod
     def from_app(cls, app: Celery) -> DedupeConfig:
@@ -121,6 +123,7 @@ class DedupeConfig:
             ),
             web_token=_web_token(_setting(conf, "dedupe_web_token")),
             web_basic_auth=_web_basic_auth(_setting(conf, "dedupe_web_basic_auth")),
+            web_events=_flag("dedupe_web_events", _setting(conf, "dedupe_web_events", False)),
         )
 
 
@@ -143,6 +146,17 @@ def positive_seconds(name: str, value: Any) -> float:
 def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"{name} must be a whole number, 1 or more; got {value!r}")
+    return value
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A setting that is True or False.
+
+    >>> _flag("dedupe_web_events", True)
+    True
+    """
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False; got {value!r}")
     return value
 
 

@@ -1,7 +1,8 @@
 """The events a web view shows, logged by the producers and workers that make them.
 
-``dedupe.install`` makes a :class:`Recorder` the observer of :mod:`dedupe.events`. No Redis
-I/O is ever on a call's or a run's path: a thread of the recorder's asks each app's Redis
+Only in a process whose app sets ``dedupe_web_events = True`` (off by default: no thread, no
+cost) does ``dedupe.install`` make a :class:`Recorder` the observer of :mod:`dedupe.events`.
+No Redis I/O is ever on a call's or a run's path: a thread of the recorder's asks each app's Redis
 whether a web view runs (every :data:`CHECK_EVERY` seconds, and when an app is installed) and
 writes the events kept meanwhile (every :data:`FLUSH_EVERY` seconds). With no view running an
 event costs an attribute read; with one, a dict and an append (see docs/web-view.md).
@@ -21,7 +22,6 @@ from celery import Celery
 
 from dedupe import events
 from dedupe.runs.runtime import installed
-from dedupe.store.redis_errors import redis_errors
 from dedupe.store.view_log import ViewLog
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "connect",
     "listening_to",
     "look_now",
+    "unwatch",
     "watch",
 ]
 
@@ -57,6 +58,12 @@ def watch(app: Celery) -> None:
         recorder = _recorder
     if recorder is not None:
         recorder.look_again()
+
+
+def unwatch(app: Celery) -> None:
+    """Keep no more of ``app``'s events (an app closed before its process ends)."""
+    with _lock:
+        _apps[:] = [ref for ref in _apps if ref() is not None and ref() is not app]
 
 
 def connect() -> None:
@@ -168,8 +175,8 @@ class Recorder:
             log, task_name, fields, at = self._kept.popleft()
             try:
                 log.record(task_name, fields, at)
-            except redis_errors as exc:
-                logger.debug("web view: an event of %s not logged: %s", task_name, exc)
+            except Exception as exc:  # (redis-py's errors, a Cluster's among them)
+                logger.debug("web view: an event of %s not logged: %r", task_name, exc)
 
     def _views(self) -> list[tuple[str, ViewLog]]:
         """(key prefix, view log) of each installed app whose store is made, newest first."""
@@ -191,5 +198,6 @@ class Recorder:
 def _on(log: ViewLog) -> bool:
     try:
         return log.is_on()
-    except redis_errors:
+    except Exception as exc:  # (an app's Redis out of reach, a Cluster's too: not viewed)
+        logger.debug("web view: cannot ask %s whether a view runs: %r", log.prefix, exc)
         return False

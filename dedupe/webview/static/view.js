@@ -221,7 +221,8 @@ async function refreshKey() {
     actions.replaceChildren();
     if (row && allowClear) actions.append(clearButton(row, refreshKey));
     document.getElementById("log").textContent = data.view_log
-      ? "Events are logged while a web view runs (the last 200 per task, 15 minutes)."
+      ? "Events are logged by the processes whose app sets dedupe_web_events = True, while a "
+        + "web view runs (the last 200 per task, 15 minutes)."
       : "The event log is off.";
     document.querySelector("#events tbody").replaceChildren(...data.events.map((event) => {
       const tr = el("tr", null, event.key === name ? { class: "this-key" } : {});
