@@ -72,9 +72,11 @@ def unique_task(app: Celery, name: str, gate: threading.Event | None = None) -> 
 
 
 @pytest.fixture
-def view_app(make_app: Callable[..., Celery]) -> Iterator[Celery]:
+def view_app(make_app: Callable[..., Celery], redis_factory: Any) -> Iterator[Celery]:
     # (Its events are kept for the view: the setting is off by default.)
-    app = make_app(dedupe_web_events=True)
+    # (A Redis of its own: the suite's shared one holds other tests' keys by the thousand,
+    # and a page reads only the first keys of a long list.)
+    app = make_app(dedupe_redis_url=redis_factory().url, dedupe_web_events=True)
     yield app
     recorder.unwatch(app)  # (no look at its Redis while later tests count commands there)
 
