@@ -133,8 +133,9 @@ def compat_newest(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (lint and format) over everything, mypy --strict over dedupe/."""
-    session.install("-e", ".[lint]")
+    """ruff (lint and format) over everything, mypy --strict over dedupe/ (the web view's
+    modules too: the web extra is installed for them)."""
+    session.install("-e", ".[lint,web]")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
