@@ -101,12 +101,11 @@ SENDER_KEYWORDS = (
 
 
 def _pydantic_dump_known() -> bool:
-    """Where Celery can dump pydantic arguments (5.5+), is the dump where dedupe looks?"""
-    task_from_fun: Any = getattr(celery.Celery, "_task_from_fun", None)
-    takes_pydantic = task_from_fun is not None and (
-        "pydantic" in inspect.signature(task_from_fun).parameters
-    )
-    return not takes_pydantic or "_dump_pydantic_arguments" in vars(Task)
+    """Where Celery's apply_async dumps pydantic arguments (5.7+), is the dump where dedupe
+    looks? (5.5 and 5.6 take pydantic tasks but dump nothing at the call.)"""
+    names = inspect.unwrap(Task.apply_async).__code__.co_names
+    dumps = any("pydantic" in name for name in names)
+    return not dumps or "_dump_pydantic_arguments" in names
 
 
 def _task_from_fun_sets(name: str) -> bool:
