@@ -157,6 +157,28 @@ def test_the_key_of_a_message_kombu_lost_is_shown_apart_and_any_other_key_left_f
     assert (kombu.verdict, kombu.details) == ("not ours", [left[0]])
 
 
+def test_a_call_answered_with_a_message_kombu_lost_is_shown_apart_and_any_other_lost_fails() -> (
+    None
+):
+    # The holder's message left the queue at the cut and never ran: every call of its key
+    # answered with it is kombu's loss; a call answered with a task that simply never ran,
+    # ours.
+    cut = Fault("broker cut", 2.0, 5.0, "redis down 3s", frozenset({HOLDER}))
+    checks = _judged(
+        [
+            Call("started", 1, HOLDER, False, 1.0, 1.0),
+            Call("started", 1, HOLDER, True, 1.5, 1.5),
+            Call("started", 2, LATER, False, 1.0, 1.0),
+        ],
+        faults=[cut],
+    )
+    ours, kombu = checks.lost_rows()
+    assert ours.verdict == "FAIL"
+    assert [line.split(" ")[0] for line in ours.details] == ["started[2]"]
+    assert kombu.verdict == "not ours"
+    assert len(kombu.details) == 2
+
+
 def _lost_then_redelivered(duplicate_at: float, freed_at: float | None) -> Checks:
     """The holder (``finished``, accepted at 1 s) ran at 2 s in a child killed at 2.5 s, and
     again from 7.6 s to 7.8 s; its worker's main process freed its key at ``freed_at``

@@ -380,29 +380,32 @@ class Checks:
                 )
         return Row("overlapping runs of one key", len(lines), _fail(lines), lines)
 
-    def lost_row(self) -> Row:
-        """until=started: every call (accepted or not) has a run of its key starting after it."""
+    def lost_rows(self) -> list[Row]:
+        """until=started: every call (accepted or not) has a run of its key starting after it,
+        but for a call answered with a message kombu lost (its record names a task id whose
+        message is gone: the transport's loss, shown apart)."""
         starts: dict[int, list[float]] = {
             key: sorted(start for _, start, _ in runs)
             for (task, key), runs in self.e.runs.items()
             if task == "started"
         }
-        lines = []
+        lost = {call.task_id for call in self.e.calls if self.lost_by_the_transport(call)}
+        ours, transport = [], []
         for call in self.e.calls:
             if call.task != "started" or call.error:
                 continue
             later = starts.get(call.key, [])
             if bisect.bisect_right(later, call.start) == len(later):
-                lines.append(
+                (transport if call.task_id in lost else ours).append(
                     f"started[{call.key}] call {self.t(call.start)} answered with "
                     f"{call.task_id} (deduplicated={call.deduplicated}): no run started after "
                     f"it; {self.before(call.start)}"
                 )
-        return Row(
+        return _ours_and_kombus(
             "lost calls (until=started: no run starting after the call)",
-            len(lines),
-            _fail(lines),
-            lines,
+            ours,
+            "kombu: calls answered with a message it lost (below)",
+            transport,
         )
 
     def lost_by_the_transport(self, call: Call) -> Fault | None:
@@ -589,7 +592,7 @@ class Checks:
             self.deferral_row(),
             self.warning_row(),
             *self.keys_left_rows(),
-            self.lost_row(),
+            *self.lost_rows(),
             *self.never_ran_rows(),
             Row(
                 "kombu: worker stopped consuming after failed acks (restarted)",
