@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -40,6 +42,23 @@ def require(condition: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"{reason} (CI=true: a missing server is a failure)")
     pytest.skip(reason)
+
+
+def run_script(source: str, *argv: str, timeout: float = 120) -> Any:
+    """Run ``source`` (dedented) in a Python process of its own, with this checkout's package
+    and ``argv``: the JSON its last line of output prints. For what cannot be undone in the
+    test process (a tool that patches Celery for good, monkey-patching, a library broken on
+    purpose)."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(source), *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def wait_for(

@@ -6,10 +6,6 @@ own (a broken library cannot be mended in place)."""
 from __future__ import annotations
 
 import ast
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -26,6 +22,7 @@ from dedupe.values.keys import CallKeys
 from dedupe.values.record import pack_provisional
 
 from .conftest import RedisFactory
+from .helpers import run_script
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dedupe"
 
@@ -115,18 +112,9 @@ print(json.dumps({
 
 
 def _broken(url: str, breaking: str, call: str = "job.delay(1)") -> dict[str, Any]:
-    source = textwrap.dedent(breaking) + _BROKEN.replace("CALL", call)
-    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
-    done = subprocess.run(
-        [sys.executable, "-c", source, url],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=PACKAGE.parent,
-        timeout=60,
+    found: dict[str, Any] = run_script(
+        textwrap.dedent(breaking) + _BROKEN.replace("CALL", call), url, timeout=60
     )
-    assert done.returncode == 0, done.stderr
-    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return found
 
 

@@ -7,16 +7,13 @@ Monkey-patching cannot be undone, so each test runs its script in a process of i
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
 import pytest
 
 from .conftest import RedisFactory
+from .helpers import run_script
 
 pytest.importorskip("gevent")
 
@@ -55,13 +52,7 @@ def each_in_a_greenlet(call, args):
 
 
 def _run(script: str, url: str) -> Any:
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    source = textwrap.dedent(_PRELUDE) + textwrap.dedent(script)
-    done = subprocess.run(
-        [sys.executable, "-c", source, url], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_script(textwrap.dedent(_PRELUDE) + textwrap.dedent(script), url)
 
 
 def test_calls_each_in_a_new_greenlet_share_at_most_the_default_cap_of_connections(

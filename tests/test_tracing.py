@@ -5,16 +5,13 @@ Celery's publish signals."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from typing import Any
 
 import pytest
 
 from .conftest import RedisFactory
+from .helpers import run_script
 
 pytest.importorskip("sentry_sdk")
 pytest.importorskip("opentelemetry.instrumentation.celery")
@@ -183,13 +180,7 @@ print(json.dumps({
 
 
 def _run(script: str, url: str) -> Any:
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    source = textwrap.dedent(_APP) + textwrap.dedent(script)
-    done = subprocess.run(
-        [sys.executable, "-c", source, url], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_script(textwrap.dedent(_APP) + textwrap.dedent(script), url)
 
 
 def test_every_entry_points_message_carries_the_sentry_trace_of_the_caller(
