@@ -127,9 +127,9 @@ def _round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sends = [0]
     send = ScriptRunner._send
 
-    def counting(runner: ScriptRunner, sock: Any, command: bytes, commands: int = 1) -> None:
+    def counting(runner: ScriptRunner, command: bytes, commands: int = 1) -> None:
         sends[0] += 1
-        send(runner, sock, command, commands)
+        send(runner, command, commands)
 
     monkeypatch.setattr(ScriptRunner, "_send", counting)
     return sends

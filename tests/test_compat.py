@@ -10,16 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import pytest
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
 from dedupe.compat import known_members, missing_members
-from dedupe.store.plain_runner import PlainScriptRunner
-from dedupe.store.store import Store
-from dedupe.values.keys import CallKeys
-from dedupe.values.record import pack_provisional
 
 from .conftest import RedisFactory
 from .helpers import run_script
@@ -62,7 +53,7 @@ def test_no_module_outside_compat_touches_a_private_member_of_the_libraries() ->
         "_put",
         "_q_for_pri",
         "_get_exec_options",
-        "_sock",
+        "_parser",
         "__header__",
         "__v2_compat__",
     } <= names
@@ -90,7 +81,9 @@ import dedupe
 from dedupe import events
 
 app = Celery("broken", broker=url, set_as_current=True)
-app.conf.update(task_default_queue="broken", dedupe_redis_url=url, dedupe_key_prefix="broken")
+app.conf.update(
+    task_default_queue="broken", dedupe_redis_url=url, dedupe_key_prefix="broken", SETTINGS
+)
 dedupe.install(app)
 
 @app.task(shared=False, base=dedupe.DedupeTask, unique=True, name="broken.job")
@@ -111,10 +104,11 @@ print(json.dumps({
 """
 
 
-def _broken(url: str, breaking: str, call: str = "job.delay(1)") -> dict[str, Any]:
-    found: dict[str, Any] = run_script(
-        textwrap.dedent(breaking) + _BROKEN.replace("CALL", call), url, timeout=60
-    )
+def _broken(
+    url: str, breaking: str, call: str = "job.delay(1)", settings: str = ""
+) -> dict[str, Any]:
+    script = _BROKEN.replace("CALL", call).replace("SETTINGS", settings)
+    found: dict[str, Any] = run_script(textwrap.dedent(breaking) + script, url, timeout=60)
     return found
 
 
@@ -162,63 +156,24 @@ def test_a_celery_member_gone_is_named_and_calls_find_the_current_app_the_public
     _deduplicated_on_the_plain_path(found)
 
 
-def test_a_redis_py_member_gone_is_named_and_error_replies_are_still_told_apart(
+def test_a_redis_py_member_gone_is_named_and_duplicates_are_asked_of_redis(
     redis_factory: RedisFactory,
 ) -> None:
     server = redis_factory()
     found = _broken(
         server.url,
         """
-        import sys
-        import redis._parsers
-        del redis._parsers.BaseParser  # (no longer exported by a later redis-py, say)
-        import redis as _redis
-        _redis.Redis.from_url(sys.argv[1]).script_flush()
+        from redis._parsers import _RESP3Parser, _HiredisParser
+        for parser in (_RESP3Parser, _HiredisParser):  # (renamed in a later redis-py, say)
+            for kind in parser.__mro__:
+                for name in ("set_invalidation_push_handler", "set_push_handler"):
+                    if name in vars(kind):
+                        delattr(kind, name)
         """,
+        call="job.delay(1)",
+        settings="dedupe_remember_duplicates=5.0",
     )
     assert len(found["warnings"]) == 1
-    assert "redis._parsers.BaseParser.parse_error" in found["warnings"][0]
-    # (Every script's first EVALSHA met NOSCRIPT, and was loaded: the error told apart.)
+    assert "redis.connection.AbstractConnection._parser's push handler" in found["warnings"][0]
+    assert "remembered duplicates" in found["warnings"][0]
     _deduplicated_on_the_plain_path(found)
-
-
-@pytest.fixture
-def plain_store(redis_factory: RedisFactory) -> Store:
-    client = redis.Redis.from_url(redis_factory().url)
-    store = Store(client)
-    store._run = PlainScriptRunner(client)
-    return store
-
-
-def test_the_plain_runner_decides_calls_as_the_stores_own_client_does(plain_store: Store) -> None:
-    keys = CallKeys.of("plain:job:1", separate_run_lock=False)
-    assert plain_store.enqueue(keys, pack_provisional("a", 1), 60_000) is None
-    holder = plain_store.enqueue(keys, pack_provisional("b", 2), 60_000)
-    assert holder is not None
-    assert holder.task_id == "a"
-    others = [CallKeys.of(f"plain:job:{n}", separate_run_lock=False) for n in (2, 3, 2)]
-    answers = plain_store.enqueue_many(
-        [(k, pack_provisional(f"t{n}", 3), 60_000) for n, k in enumerate(others)]
-    )
-    assert [answer.task_id if answer else None for answer in answers] == [None, None, "t0"]
-
-
-def test_the_plain_runner_answers_a_deferred_read(plain_store: Store) -> None:
-    keys = CallKeys.of("plain:job:deferred", separate_run_lock=False)
-    record = pack_provisional("a", 1)
-    slot = plain_store.start_enqueue(keys, record, 60_000)
-    assert plain_store.enqueue_result(keys, slot, record, 60_000) is None
-    assert plain_store.cancel(keys, "a", exactly=record) is True
-
-
-def test_the_plain_runner_leaves_the_clients_retry_policy_as_it_was(
-    redis_factory: RedisFactory,
-) -> None:
-    retry = Retry(NoBackoff(), 3)
-    client = redis.Redis.from_url(redis_factory().url, retry=retry)
-    store = Store(client)
-    store._run = PlainScriptRunner(client)
-    keys = CallKeys.of("plain:job:once", separate_run_lock=False)
-    store.enqueue(keys, pack_provisional("a", 1), 60_000)
-    assert client.get_retry() is retry
-    assert client.connection_pool.connection_kwargs.get("retry") is retry

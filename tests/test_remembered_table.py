@@ -4,16 +4,16 @@ tests/test_remembered_duplicates.py's)."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
 from dedupe.store import remembered
 from dedupe.store.remembered import RememberedAnswers
-from dedupe.store.resp import PushMessage
 
 
-def _invalidate(*names: bytes | None) -> PushMessage:
-    return PushMessage([b"invalidate", None if names == (None,) else list(names)])
+def _invalidate(*names: bytes | None) -> list[Any]:
+    return [b"invalidate", None if names == (None,) else list(names)]
 
 
 def test_an_answer_is_given_until_its_time_is_up() -> None:
@@ -58,7 +58,7 @@ def test_a_flush_drops_every_answer() -> None:
 def test_a_push_that_is_no_invalidation_drops_nothing() -> None:
     table = RememberedAnswers(remember_for=60.0)
     table.keep(b"a", time.monotonic() + 60.0, "A")
-    table.hear(PushMessage([b"message", b"channel", b"a"]))
+    table.hear([b"message", b"channel", b"a"])
     assert table.answer(b"a") == "A"
 
 

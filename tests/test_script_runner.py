@@ -1,4 +1,5 @@
-"""The script runner: its own RESP reader and socket path must answer as redis-py's would."""
+"""The script runner: calls on a redis-py connection of each thread's own, answered as redis-py's
+own client would answer them."""
 
 from __future__ import annotations
 
@@ -16,13 +17,11 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import given
-from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dedupe.store import script_runner
-from dedupe.store.resp import PushMessage, parse
+from dedupe.store import deferred
+from dedupe.store.green_pool import GreenScriptRunner
 from dedupe.store.script_runner import ScriptRunner, land_all
 from dedupe.store.store import Store
 from dedupe.values.keys import CallKeys
@@ -31,88 +30,55 @@ from dedupe.values.record import new_nonce, pack_queued
 from .conftest import RedisFactory
 from .helpers import wait_for
 
-# -- the reply reader (pure) -------------------------------------------------------------------
-
-replies = st.recursive(
-    st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.binary(max_size=40)),
-    lambda inner: st.lists(inner, max_size=4),
-    max_leaves=12,
-)
+# -- replies redis-py cannot read ---------------------------------------------------------------
 
 
-def resp2(reply: Any) -> bytes:
-    if reply is None:
-        return b"$-1\r\n"
-    if isinstance(reply, int):
-        return b":%d\r\n" % reply
-    if isinstance(reply, bytes):
-        return b"$%d\r\n%s\r\n" % (len(reply), reply)
-    return b"*%d\r\n" % len(reply) + b"".join(resp2(item) for item in reply)
+class GarblingServer:
+    """Answers every command +OK, and a script with bytes that are no reply at all: a server,
+    proxy or cut stream gone out of step."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn = self.listener.accept()[0]
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _answer(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                count = data.count(b"*")  # (commands in the chunk: enough for a handshake)
+                if b"EVALSHA" in data:
+                    conn.sendall(b"?1\r\n+a\r\n")
+                elif b"HELLO" in data:  # (redis-py 8 speaks RESP3 unless told otherwise)
+                    conn.sendall(b"%1\r\n+proto\r\n:3\r\n")
+                else:
+                    conn.sendall(b"+OK\r\n" * count)
+
+    def close(self) -> None:
+        self.listener.close()
 
 
-@given(replies)
-def test_a_whole_reply_is_read_back_as_sent(reply: Any) -> None:
-    encoded = resp2(reply)
-    assert parse(encoded + b":1\r\n", 0) == (reply, len(encoded))
-
-
-@given(replies, st.data())
-def test_a_reply_cut_short_anywhere_waits_for_the_rest(reply: Any, data: st.DataObject) -> None:
-    encoded = resp2(reply)
-    cut = data.draw(st.integers(0, len(encoded) - 1))
-    assert parse(encoded[:cut], 0) is None
-
-
-def test_an_error_reply_becomes_redis_pys_exception_for_it() -> None:
-    parsed = parse(b"-READONLY You can't write against a read only replica.\r\n", 0)
-    assert parsed is not None
-    assert isinstance(parsed[0], redis.ReadOnlyError)
-
-
-def test_resp3_replies_are_read() -> None:
-    assert parse(b"_\r\n", 0) == (None, 3)
-    assert parse(b"#t\r\n", 0) == (True, 4)
-    assert parse(b",1.5\r\n", 0) == (1.5, 6)
-    error = parse(b"!9\r\nERR oops!\r\n", 0)
-    assert error is not None
-    assert isinstance(error[0], redis.ResponseError)
-
-
-def test_a_resp3_push_message_is_told_apart_from_a_reply() -> None:
-    parsed = parse(b">2\r\n$10\r\ninvalidate\r\n*1\r\n$1\r\nk\r\n", 0)
-    assert parsed is not None
-    assert isinstance(parsed[0], PushMessage)
-    assert list(parsed[0]) == [b"invalidate", [b"k"]]
-
-
-@pytest.mark.parametrize(
-    ("data", "value"),
-    [
-        (
-            b"(3492890328409238509324850943850943825024385\r\n",
-            3492890328409238509324850943850943825024385,
-        ),
-        (b"=8\r\ntxt:Some\r\n", b"Some"),
-        (b"%1\r\n+a\r\n:1\r\n", {b"a": 1}),
-        (b"~2\r\n+a\r\n+b\r\n", [b"a", b"b"]),
-        # Attributes: side information a server may send ahead of the reply itself.
-        (b"|1\r\n+ttl\r\n:3\r\n:1\r\n", 1),
-    ],
-    ids=["big number", "verbatim string", "map", "set", "attributes, then the reply"],
-)
-def test_every_resp3_reply_kind_is_read(data: bytes, value: Any) -> None:
-    assert parse(data, 0) == (value, len(data))
-    assert parse(data[:-1], 0) is None  # (not all arrived)
-
-
-@pytest.mark.parametrize(
-    "data",
-    [b"?1\r\n+a\r\n", b"$x\r\nab\r\n", b":1.5\r\n", b",nan?\r\n", b"%1\r\n*0\r\n:1\r\n"],
-    ids=["no kind", "a length that is none", "a float for an integer", "no double", "a list key"],
-)
-def test_a_reply_that_cannot_be_read_drops_the_connection(data: bytes) -> None:
-    with pytest.raises(redis.ConnectionError):
-        parse(data, 0)
+def test_a_reply_that_cannot_be_read_drops_the_connection_under_the_retry_policy() -> None:
+    server = GarblingServer()
+    client = redis.Redis.from_url(server.url, retry=Retry(NoBackoff(), 1))
+    runner = ScriptRunner(client)
+    try:
+        with pytest.raises(redis.ConnectionError, match="unreadable reply"):
+            runner(client.register_script(ECHO), [], ["x"])
+        assert server.accepted == 2  # (tried again on a new connection, once)
+        assert runner._local.connection is None
+    finally:
+        server.close()
 
 
 # -- against a real Redis ----------------------------------------------------------------------
@@ -187,7 +153,7 @@ def test_sends_in_flight_that_the_server_forgot_each_get_their_own_replies(
 def test_a_send_left_unread_by_its_thread_is_read_by_the_sweeper_which_then_ends(
     client: redis.Redis, own_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(script_runner, "_SWEEPER_STAYS", 0.2)
+    monkeypatch.setattr(deferred, "_SWEEPER_STAYS", 0.2)
     runner = ScriptRunner(client)
     setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
     runner(setter, ["swept"], ["warm"])  # (the script known: the next send is not waited for)
@@ -213,10 +179,10 @@ def test_the_sweeper_gives_up_on_a_redis_out_of_reach_and_ends(
         socket_connect_timeout=0.2,
         retry=Retry(NoBackoff(), 0),
     )
-    monkeypatch.setattr(script_runner, "_GIVE_UP_AFTER", 0.5)
-    monkeypatch.setattr(script_runner, "_SWEEPER_STAYS", 0.2)
+    monkeypatch.setattr(deferred, "_GIVE_UP_AFTER", 0.5)
+    monkeypatch.setattr(deferred, "_SWEEPER_STAYS", 0.2)
     # (However loaded the machine, the send is one not waited for.)
-    monkeypatch.setattr(script_runner, "_TRUSTED_IDLE", 60.0)
+    monkeypatch.setattr(deferred, "_TRUSTED_IDLE", 60.0)
     runner = ScriptRunner(client)
     setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
 
@@ -245,7 +211,7 @@ def test_land_all_waits_for_the_replies_a_thread_left_unread_as_a_process_exits(
     # it (os._exit), so whatever is still unread is read now, waiting for it.
     server = redis_factory()
     client = redis.Redis(port=server.port, socket_timeout=2)
-    monkeypatch.setattr(script_runner, "_TRUSTED_IDLE", 60.0)
+    monkeypatch.setattr(deferred, "_TRUSTED_IDLE", 60.0)
     runner = ScriptRunner(client)
     setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
     runner(setter, ["exiting"], ["warm"])
@@ -477,17 +443,12 @@ def test_replies_that_outlast_the_budget_make_a_thread_poll_less_often(
 def test_no_budget_means_no_polling(client: redis.Redis) -> None:
     runner = ScriptRunner(client, busy_poll=0)
     assert run(runner, client, ECHO, "asleep") == b"asleep"
-    assert runner._local.poll is None
+    assert runner._local.poll is False
 
 
-def test_a_socket_of_gevent_eventlet_or_tls_is_never_polled(client: redis.Redis) -> None:
-    class GreenSocket(socket.socket):  # what gevent and eventlet put in socket's place
-        pass
-
-    runner = ScriptRunner(client, busy_poll=100e-6)
-    with GreenSocket() as green, socket.socket() as plain:
-        assert runner._poller(green) is None
-        assert runner._poller(plain) is not None
+def test_a_greenlet_never_spins_on_its_connection_for_a_reply(client: redis.Redis) -> None:
+    # (A busy poll in a greenlet keeps every other greenlet of its thread from running.)
+    assert GreenScriptRunner(client, busy_poll=100e-6)._busy_poll == 0
 
 
 # -- an exchange interrupted by an exception (a signal handler's) ------------------------------

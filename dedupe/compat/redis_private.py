@@ -5,75 +5,55 @@ Each member, and what is turned off without it: docs/design-notes.md, "dedupe.co
 
 from __future__ import annotations
 
-import socket
+from collections.abc import Callable
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import (
-    NoPermissionError,
-    NoScriptError,
-    ReadOnlyError,
-    ResponseError,
-)
 from redis.retry import Retry
 
 from .members import Members
 
 __all__ = [
-    "FAST_CLIENT",
+    "HEARS_PUSHES",
     "MEMBERS",
     "backoff_of",
-    "response_error",
+    "hear_pushes",
     "retried_errors",
     "retries_of",
-    "socket_of",
 ]
 
 MEMBERS = Members("redis-py")
 _Connection: Any = redis.Connection  # (untyped in redis-py)
+# Where a connection's parser takes the handler of invalidation pushes: redis-py 5.1 and newer
+# name it for invalidations, 5.0 for every push.
+_PUSH_HANDLER_SETTERS = ("set_invalidation_push_handler", "set_push_handler")
 
-FAST_CLIENT: bool = MEMBERS.need(
-    "redis.connection.AbstractConnection._sock",
-    "the store's own client",
-    lambda: "_sock" in vars(_Connection(host="127.0.0.1")),
+
+def _push_setter(connection: Any) -> Any:
+    parser = getattr(connection, "_parser", None)
+    for name in _PUSH_HANDLER_SETTERS:
+        setter = getattr(parser, name, None)
+        if callable(setter):
+            return setter
+    return None
+
+
+HEARS_PUSHES: bool = MEMBERS.need(
+    "redis.connection.AbstractConnection._parser's push handler",
+    "remembered duplicates (every duplicate is asked of Redis)",
+    lambda: _push_setter(_Connection(host="127.0.0.1", protocol=3)),
 )
 
 
-def socket_of(connection: Any) -> socket.socket | None:
-    """The socket of a connection redis-py has connected (handshake done)."""
-    sock: socket.socket | None = getattr(connection, "_sock", None)
-    return sock
-
-
-try:
-    from redis._parsers import BaseParser
-
-    _parse_error: Any = BaseParser.parse_error  # (untyped in redis-py)
-except (ImportError, AttributeError):
-    _parse_error = None
-MEMBERS.need(
-    "redis._parsers.BaseParser.parse_error",
-    "redis-py's table of error replies",
-    lambda: _parse_error,
-)
-
-# The error replies the scripts and their handshake can meet, by their first word.
-_ERRORS: dict[str, type[ResponseError]] = {
-    "NOSCRIPT": NoScriptError,
-    "READONLY": ReadOnlyError,
-    "NOPERM": NoPermissionError,
-}
-
-
-def response_error(message: str) -> ResponseError:
-    """The redis-py exception of an error reply (``message`` without its ``-``)."""
-    if _parse_error is not None:
-        error: ResponseError = _parse_error(message)
-        return error
-    code, _, rest = message.partition(" ")
-    kind = _ERRORS.get(code)
-    return kind(rest) if kind is not None else ResponseError(message)
+def hear_pushes(connection: Any, hear: Callable[[Any], None]) -> bool:
+    """Have ``hear`` called with each invalidation pushed on ``connection`` (between replies);
+    False where redis-py gives no way to (then nothing may be tracked on it)."""
+    setter = _push_setter(connection) if HEARS_PUSHES else None
+    if setter is None:
+        return False
+    setter(hear)
+    return True
 
 
 _RETRY = "the client's retry policy as it is"

@@ -32,7 +32,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from dedupe.compat.redis_private import FAST_CLIENT, backoff_of, retries_of
+from dedupe.compat.redis_private import backoff_of, retries_of
 
 from .green_pool import script_runner
 from .runner import RemembersNothing
@@ -184,8 +184,6 @@ class ClusterScriptRunner(RemembersNothing):
     def _master(self, key: Any) -> ScriptRunner | None:
         """The runner of the master that serves ``key``'s slot (None: no master known, or no
         runner of ours at all: redis-py changed a member it needs)."""
-        if not FAST_CLIENT:
-            return None
         slot = key_slot(key.encode() if isinstance(key, str) else key)
         runner = self._by_slot.get(slot)
         if runner is not None:

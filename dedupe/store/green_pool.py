@@ -4,7 +4,7 @@ connections, each checked out for a call and given back after it.
 Patched, ``threading.local`` is per greenlet, and a ``-P gevent`` worker or a gevent web
 server runs every task or request in a new greenlet: a connection per "thread" became a
 connection, and its handshake, per call (12.9 times the cost of a call on a kept connection),
-with no cap on how many. A connection's state (``_Local``: its socket, the replies owed on
+with no cap on how many. A connection's state (``ConnectionState``: its socket, the replies owed on
 it, its lock) moves with the connection, so every invariant of the per-thread runner holds
 per connection: whoever uses a connection next reads what it owes first, under its lock;
 the sweeper lands what nobody read.
@@ -21,8 +21,9 @@ import redis
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from .runner import RemembersNothing
-from .script_runner import Reply, ScriptRunner, _Local
+from .connection_state import ConnectionState
+from .script_runner import Reply, ScriptRunner
+from .tracking import TrackingScriptRunner
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "GreenScriptRunner", "monkey_patched", "script_runner"]
 
@@ -53,9 +54,13 @@ def script_runner(
     remember_for: float = 0.0,
 ) -> ScriptRunner:
     """A :class:`ScriptRunner` of ``client`` (its arguments), whose connections are shared by
-    the calls of every greenlet where threads are greenlets."""
-    kind = GreenScriptRunner if monkey_patched() else ScriptRunner
-    return kind(client, busy_poll, budget, retry, remember_for)
+    the calls of every greenlet where threads are greenlets; one that remembers answers
+    where ``remember_for`` asks it to and threads are threads."""
+    if monkey_patched():
+        return GreenScriptRunner(client, busy_poll, budget, retry)
+    if remember_for > 0:
+        return TrackingScriptRunner(client, busy_poll, budget, retry, remember_for)
+    return ScriptRunner(client, busy_poll, budget, retry)
 
 
 def _cap(pool: Any) -> int:
@@ -74,14 +79,14 @@ class _Held:
     __slots__ = ("by_ident",)
 
     def __init__(self) -> None:
-        self.by_ident: dict[int, _Local] = {}
+        self.by_ident: dict[int, ConnectionState] = {}
 
     @property
-    def local(self) -> _Local | None:
+    def local(self) -> ConnectionState | None:
         return self.by_ident.get(threading.get_ident())
 
     @local.setter
-    def local(self, local: _Local | None) -> None:
+    def local(self, local: ConnectionState | None) -> None:
         if local is None:
             self.by_ident.pop(threading.get_ident(), None)
         else:
@@ -95,26 +100,27 @@ class _Pool:
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.made = 0
-        self.free: list[_Local] = []  # (the last given back is taken first: its socket is warm)
+        self.free: list[
+            ConnectionState
+        ] = []  # (the last given back is taken first: its socket is warm)
         self.given_back = threading.Condition(threading.Lock())
 
 
-class GreenScriptRunner(RemembersNothing, ScriptRunner):
+class GreenScriptRunner(ScriptRunner):
     """:class:`ScriptRunner` with connections checked out per call instead of kept per thread
     (:func:`script_runner` makes one when threads are greenlets).
 
-    Nothing is remembered (``remember_for`` is ignored): the runner tracks keys only on a
-    plain stdlib socket, whose pushes it can poll for without blocking, never on a
-    cooperative one."""
+    Nothing is remembered, and a reply is never polled for: a greenlet that spins on its
+    connection keeps every other greenlet of its thread from running."""
 
     def __init__(self, client: redis.Redis, *args: Any, **kwargs: Any) -> None:
         super().__init__(client, *args, **kwargs)
-        self._remember_for = 0.0  # (RESP2: no HELLO 3 for pushes that would never be read)
+        self._busy_poll = 0.0
         self._threads = _Held()
         self._green = _Pool(_cap(self._pool))
 
     @property
-    def _local(self) -> _Local:
+    def _local(self) -> ConnectionState:
         local = self._threads.local
         if local is None:  # (a bug of ours: it would open a connection outside the pool)
             raise RuntimeError("a dedup connection used outside a check-out")
@@ -135,13 +141,13 @@ class GreenScriptRunner(RemembersNothing, ScriptRunner):
             threads.local = None
             self._give_back(pool, local)
 
-    def _take(self, pool: _Pool) -> _Local:
+    def _take(self, pool: _Pool) -> ConnectionState:
         with pool.given_back:
             if pool.free:
                 return pool.free.pop()
             if pool.made < pool.cap:
                 pool.made += 1
-                return _Local(self._remember_for)
+                return ConnectionState(self._remember_for)
             # All in use: wait for one rather than open more, within the call's budget.
             if not pool.given_back.wait_for(lambda: pool.free, self._budget or None):
                 raise redis.ConnectionError(
@@ -150,14 +156,14 @@ class GreenScriptRunner(RemembersNothing, ScriptRunner):
                 )
             return pool.free.pop()
 
-    def _give_back(self, pool: _Pool, local: _Local) -> None:
+    def _give_back(self, pool: _Pool, local: ConnectionState) -> None:
         if pool is not self._green:
             return  # (a forked child's: its parent's connection)
         with pool.given_back:
             pool.free.append(local)
             pool.given_back.notify()
 
-    def _on(self, local: _Local, call: Callable[[], _T]) -> _T:
+    def _on(self, local: ConnectionState, call: Callable[[], _T]) -> _T:
         """``call()`` on ``local`` (out of the pool or not: its lock, taken by ``call``, keeps
         its use one greenlet's at a time)."""
         threads = self._threads

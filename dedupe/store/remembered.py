@@ -9,9 +9,8 @@ runner's; this table only keeps and drops.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
-
-from .resp import PushMessage
 
 __all__ = ["MOST_REMEMBERED", "RememberedAnswers"]
 
@@ -65,8 +64,9 @@ class RememberedAnswers:
     def clear(self) -> None:
         self._entries.clear()
 
-    def hear(self, push: PushMessage) -> None:
-        """Drop what an invalidation names (all of it: a FLUSHDB or FLUSHALL)."""
+    def hear(self, push: Sequence[Any]) -> None:
+        """Drop what an invalidation push names (all of it: a FLUSHDB or FLUSHALL); other
+        pushes are not ours to hear."""
         if len(push) >= 2 and push[0] == b"invalidate":
             names = push[1]
             if names is None:

@@ -20,7 +20,6 @@ from typing import Any, Protocol, TypeVar
 import redis.cluster
 from redis.commands.core import Script
 
-from dedupe.compat.redis_private import FAST_CLIENT
 from dedupe.errors import RedisCommandError, UnexpectedReply
 from dedupe.values import defaults
 from dedupe.values.keys import CallKeys
@@ -29,7 +28,6 @@ from dedupe.values.record import Holder, pack_owner, pack_queued, pack_restored
 from .clients import DedupRedis
 from .cluster_runner import ClusterScriptRunner
 from .green_pool import script_runner
-from .plain_runner import PlainScriptRunner
 from .redis_errors import reraise_unavailable
 from .replies import (
     Push,
@@ -177,8 +175,6 @@ class Store:
         self._run: ScriptCalls
         if isinstance(client, redis.cluster.RedisCluster):
             self._run = ClusterScriptRunner(client, busy_poll, budget)
-        elif not FAST_CLIENT:
-            self._run = PlainScriptRunner(client)
         else:
             self._run = script_runner(client, busy_poll, budget, remember_for=remember_duplicates)
         self._enqueue = self._register("enqueue")
