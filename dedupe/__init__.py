@@ -18,6 +18,7 @@ from __future__ import annotations
 from . import events
 from .errors import (
     AlreadyQueued,
+    ArgumentsTooLarge,
     ConfigurationError,
     DedupeError,
     KeyDerivationError,
@@ -38,6 +39,7 @@ from .web import response_for
 
 __all__ = [
     "AlreadyQueued",
+    "ArgumentsTooLarge",
     "ConfigurationError",
     "DedupeError",
     "DedupeResult",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AlreadyQueued",
+    "ArgumentsTooLarge",
     "ConfigurationError",
     "DedupeError",
     "KeyDerivationError",
@@ -45,6 +46,21 @@ class KeyDerivationError(DedupeError, TypeError):
         self.reason = reason
         where = f"argument {argument!r}" if argument is not None else "its arguments"
         super().__init__(f"cannot derive a dedup key for task {task_name!r}: {where}: {reason}")
+
+
+class ArgumentsTooLarge(DedupeError, ValueError):
+    """A debounced or replacing call's arguments, serialised, exceed what may be kept in
+    Redis (:data:`dedupe.values.defaults.LATEST_ARGS_MAX`); nothing was written or sent."""
+
+    def __init__(self, task_name: str, size: int, limit: int) -> None:
+        self.task_name = task_name
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"task {task_name!r}: its arguments serialise to {size:,} bytes, more than the "
+            f"{limit:,} a debounced or replacing call may keep in Redis; pass a reference "
+            f"(an id, a path) instead of the data"
+        )
 
 
 class AlreadyQueued(DedupeError):

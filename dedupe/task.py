@@ -15,6 +15,7 @@ from .producer.aio import apublish_unique
 from .producer.bulk import aapply_many, apply_many
 from .producer.guard import Call, publish_unique
 from .producer.result import DedupeResult, mark_result
+from .runs.run import run_of
 from .runs.runtime import installed
 from .values.generics import AnyTask
 from .values.header import HEADER
@@ -65,8 +66,18 @@ class DedupeTask(AnyTask):
     unique_until: ClassVar[Until | None] = None
     #: Seconds a run holds its key between heartbeats. Default: ``dedupe_default_lease`` (60).
     unique_lease: ClassVar[float | None] = None
-    #: ``"return"`` the holder's result, or ``"raise"`` :class:`~dedupe.AlreadyQueued`.
-    on_duplicate: ClassVar[Literal["return", "raise"] | None] = None
+    #: ``"return"`` the holder's result, ``"raise"`` :class:`~dedupe.AlreadyQueued`, or
+    #: ``"replace"``: the holder's result, and while the holder is still queued its run takes
+    #: this call's arguments (latest wins; with ``unique_until="started"`` calls made during a
+    #: run leave one follow-up run, with the last call's arguments).
+    on_duplicate: ClassVar[Literal["return", "raise", "replace"] | None] = None
+    #: Seconds of quiet: calls of one key collapse into one run that starts this long after
+    #: the last of them, with its arguments; every call gets the same task id.
+    #: ``@app.task(base=DedupeTask, unique=True, debounce=5)``.
+    debounce: ClassVar[float | None] = None
+    #: With ``debounce``: the run starts at the latest this long after the burst's first
+    #: call, however long the calls go on (at least ``debounce``).
+    debounce_max_wait: ClassVar[float | None] = None
     #: When a run finds another run of its key live: ``"skip"`` it (its result is stored as
     #: REVOKED, naming the holder: ``.get()`` raises ``TaskRevokedError``) or ``"retry"`` it
     #: later. Canvas members, messages the producer accepted and ``unique_until`` "started"
@@ -208,6 +219,9 @@ class DedupeTask(AnyTask):
         # __call__ (Task.__call__ would push a copy, and what the body sets on
         # self.request, a chain cut short, would be lost): so does this one.
         setattr(request, _IN_BODY, True)
+        run = run_of(request)
+        if run is not None and run.arguments is not None:
+            args, kwargs = tuple(run.arguments[0]), run.arguments[1]  # (the latest call's)
         try:
             value = self.run(*args, **kwargs)
         except (Retry, Reject):

@@ -352,3 +352,54 @@ def retries_and_goes_on(self: Any, tag: str, seconds: float) -> None:
         self.retry(countdown=0, throw=False)
         time.sleep(seconds)
     log.ended(self.request.id)
+
+
+def _ran_with(task: Any, tag: str, value: Any, seconds: float) -> Any:
+    _events.rpush(f"values:{tag}", f"{task.request.id} {value}")
+    _run(task, tag, seconds)
+    return value
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_on=("tag",), debounce=1)
+def debounced(self: Any, tag: str, value: Any, seconds: float = 0.0) -> Any:
+    """Debounced per tag: a burst of calls runs once, with the last call's value."""
+    return _ran_with(self, tag, value, seconds)
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    unique_on=("tag",),
+    debounce=1,
+    debounce_max_wait=3,
+)
+def debounced_capped(self: Any, tag: str, value: Any, seconds: float = 0.0) -> Any:
+    """Debounced per tag, and run at least every 3 s of an endless burst."""
+    return _ran_with(self, tag, value, seconds)
+
+
+@app.task(
+    bind=True, base=dedupe.DedupeTask, unique=True, unique_on=("tag",), on_duplicate="replace"
+)
+def replaced(self: Any, tag: str, value: Any, seconds: float = 0.0) -> Any:
+    """A duplicate made while the call is queued replaces its value."""
+    return _ran_with(self, tag, value, seconds)
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    unique_on=("tag",),
+    on_duplicate="replace",
+    unique_until="started",
+)
+def replaced_after_run(self: Any, tag: str, value: Any, seconds: float = 0.0) -> Any:
+    """Calls made during a run leave one follow-up run, with the last call's value."""
+    return _ran_with(self, tag, value, seconds)
+
+
+def values_run(tag: str) -> list[tuple[str, str]]:
+    """(task id, value) of each run of a ``_ran_with`` task, in start order."""
+    return [tuple(raw.decode().split(" ", 1)) for raw in _events.lrange(f"values:{tag}", 0, -1)]  # type: ignore[misc]

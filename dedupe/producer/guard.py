@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from celery import Celery
 
-from dedupe.errors import AlreadyQueued, RedisUnavailable
+from dedupe.errors import AlreadyQueued, ArgumentsTooLarge, ConfigurationError, RedisUnavailable
 from dedupe.events import ACCEPTED, DEDUPLICATED, UNAVAILABLE, emit
 from dedupe.runs.liveness import lost_run_token
 from dedupe.runs.run import NO_RUN, Run, run_of
@@ -34,8 +34,9 @@ from dedupe.store.store import Store
 from dedupe.values import defaults
 from dedupe.values.config import SettingReader
 from dedupe.values.generics import TaskOrName
-from dedupe.values.header import HEADER, KeyHeader, publishing
+from dedupe.values.header import HEADER, LATEST, KeyHeader, publishing
 from dedupe.values.keys import CallKeys, keys_for
+from dedupe.values.latest import pack_arguments
 from dedupe.values.options import UniqueOptions, options_for, pop_call_options
 from dedupe.values.record import Holder, new_nonce, pack_provisional
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
@@ -181,6 +182,12 @@ class PreparedCall:
         self.keys = header.keys
         ttl = header.ttl if header.ttl is not None else unique.ttl
         now = time.time()
+        #: A debounced or replacing call's arguments, serialised, which its duplicates
+        #: leave for the holder's run (None: any other call).
+        self.latest: bytes | None = None
+        if unique.latest is not None and continuation is None and not _in_canvas(options):
+            self.latest = _latest_arguments(call, unique, options)
+            self._decide_first = True  # (a duplicate leaves its arguments: enqueue_latest.lua)
         countdown, eta = options.get("countdown"), options.get("eta")
         delay = (
             delay_seconds(countdown, eta, now, enable_utc=_enable_utc(app))
@@ -258,6 +265,11 @@ class PreparedCall:
         return "confirm" if decide_first or self.kind == "canvas" else "overlap"
 
     @property
+    def enqueued_at(self) -> float:
+        """When the call was made (the producer's clock), as its record says."""
+        return self._enqueued_at
+
+    @property
     def store(self) -> Store:
         return self.runtime.store
 
@@ -286,6 +298,10 @@ class PreparedCall:
         if self.kind != "eager":
             headers = dict(call.options.get("headers") or {})
             headers[HEADER] = self.header.encode()
+            if self.latest is not None:
+                unique = self.shape.unique
+                assert unique is not None
+                headers[LATEST] = unique.latest  # (its run takes the latest arguments)
             call.options["headers"] = headers
         with publishing():
             try:
@@ -614,7 +630,7 @@ def publish_prepared(prepared: PreparedCall) -> DedupeResult:
     """:func:`publish_unique` of a call prepared already."""
     if prepared.kind == "eager":
         return prepared.publish()
-    if prepared.kind == "enqueue":
+    if prepared.kind == "enqueue" and prepared.latest is None:
         # (Nothing is remembered before the store exists: never make it here, unguarded.)
         store = prepared.runtime.existing_store
         holder = store.remembered(prepared.keys) if store is not None else None
@@ -628,6 +644,19 @@ def publish_prepared(prepared: PreparedCall) -> DedupeResult:
                 if token is None:
                     token = lost_run_token(store, prepared.keys)
                 outcome: Holder | Requeue | None = store.requeue(*prepared.requeue_arguments(token))
+            elif prepared.latest is not None:
+                keys, provisional, ttl_ms = prepared.enqueue_arguments()
+                unique = prepared.shape.unique
+                assert unique is not None
+                outcome = store.enqueue_latest(
+                    keys,
+                    provisional,
+                    ttl_ms,
+                    prepared.latest,
+                    prepared.enqueued_at,
+                    unique.debounce,
+                    unique.debounce_max_wait,
+                )
             else:
                 # A task of mostly duplicates: the duplicate's answer is remembered.
                 outcome = store.enqueue(
@@ -704,6 +733,37 @@ def _token_of(
     if run is None or run.hand_over_at_end(continuation.task, keys, ttl, eta):
         return NO_RUN  # (the run's end hands its key over: worker.on_postrun)
     return run.hand_over(keys, runtime.heartbeat)
+
+
+def _latest_arguments(call: Call, unique: UniqueOptions, options: dict[str, Any]) -> bytes:
+    """The serialised arguments of a debounced or replacing call (and, debounced, its
+    message's countdown: the quiet period); refuses what cannot be done."""
+    name = call.task_name
+    if not getattr(call.task, "_dedupe_guards_runs", False):
+        raise ConfigurationError(
+            f"task {name!r}: {_latest_option(unique)} needs a task declared with "
+            f"base=dedupe.DedupeTask: its run must take the latest call's arguments"
+        )
+    if unique.debounce is not None:
+        if options.get("countdown") or options.get("eta"):
+            raise ConfigurationError(
+                f"task {name!r}: debounce decides when the run starts; drop countdown/eta "
+                f"from the call (or drop debounce)"
+            )
+        options["countdown"] = unique.debounce
+    serializer = (
+        options.get("serializer")
+        or getattr(call.task, "serializer", None)
+        or call.app.conf.task_serializer
+    )
+    body = pack_arguments(call.args, call.kwargs, serializer)
+    if len(body) > defaults.LATEST_ARGS_MAX:
+        raise ArgumentsTooLarge(name, len(body), defaults.LATEST_ARGS_MAX)
+    return body
+
+
+def _latest_option(unique: UniqueOptions) -> str:
+    return "debounce" if unique.debounce is not None else 'on_duplicate="replace"'
 
 
 def _in_canvas(options: Mapping[str, Any]) -> bool:

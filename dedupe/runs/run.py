@@ -16,6 +16,7 @@ from celery import Celery
 from dedupe.store.store import Lease
 from dedupe.values.config import DedupeConfig
 from dedupe.values.keys import CallKeys
+from dedupe.values.latest import Latest
 from dedupe.values.options import UniqueOptions, Until, options_for, until_of
 from dedupe.values.record import Holder
 
@@ -99,9 +100,15 @@ class Run:
 
     spec: RunSpec
     token: str
-    verdict: Literal["claimed", "held", "error"]
+    #: ``early``: a debounced message that came before its burst's deadline; it claims
+    #: nothing and is sent again for the deadline (:attr:`latest` says when, and with what).
+    verdict: Literal["claimed", "held", "error", "early"]
     holder: Holder | None = None
     lease: Lease | None = None
+    #: What the call's duplicates left for this run (debounce, replace), if anything.
+    latest: Latest | None = None
+    #: The arguments the run takes in place of its message's: the latest call's.
+    arguments: tuple[list[Any], dict[str, Any]] | None = None
     #: A continuation (retry, replace) put this key back to queued: its message owns it.
     #: A continuation to another key (new arguments, another task) leaves it False, and
     #: the run's own key is released at the end.

@@ -23,6 +23,7 @@ from redis.commands.core import Script
 from dedupe.errors import RedisCommandError, UnexpectedReply
 from dedupe.values import defaults
 from dedupe.values.keys import CallKeys
+from dedupe.values.latest import Latest
 from dedupe.values.record import Holder, pack_owner, pack_queued, pack_restored
 
 from .clients import DedupRedis
@@ -189,6 +190,8 @@ class Store:
         self._withdraw = self._register("withdraw")
         self._publish = self._register("publish")
         self._confirm = self._register("confirm")
+        self._enqueue_latest = self._register("enqueue_latest")
+        self._take_latest = self._register("take_latest")
 
     def _register(self, name: str) -> Script:
         script: Script = self.client.register_script(script_text(name))
@@ -236,6 +239,43 @@ class Store:
             with reraise_unavailable("enqueue", keys.call):
                 reply = self._run(self._enqueue, [keys.call], [record, ttl_ms])
         return read_enqueue(keys.call, reply)
+
+    def enqueue_latest(
+        self,
+        keys: CallKeys,
+        record: bytes,
+        ttl_ms: int,
+        arguments: bytes,
+        now: float,
+        debounce: float | None,
+        max_wait: float | None,
+    ) -> Holder | None:
+        """:meth:`enqueue` for a debounced or replacing call: a duplicate of a holder that
+        has not started leaves ``arguments`` (and, debounced, a deadline ``debounce`` seconds
+        from ``now``, capped at ``max_wait`` after the burst's first call) for its run. One
+        round trip; never remembered (each duplicate has arguments to leave)."""
+        barrier = self._barrier()
+        marked = [keys.call, keys.latest]
+        if barrier:
+            marked.append(barrier.marker)
+        argv = [record, ttl_ms, arguments, repr(now), repr(debounce or 0.0), repr(max_wait or 0.0)]
+        with reraise_unavailable("enqueue", keys.call):
+            reply = self._run(self._enqueue_latest, marked, argv)
+        if not_decided(reply):
+            self._restore_lost(barrier)
+            with reraise_unavailable("enqueue", keys.call):
+                reply = self._run(self._enqueue_latest, marked[:2], argv)
+        return read_enqueue(keys.call, reply)
+
+    def take_latest(self, keys: CallKeys, task_id: str, now: float = 0.0) -> Latest | None:
+        """The arguments the duplicates of ``task_id``'s call left for its run, taken
+        (None: none left). ``now``: only look, and say whether the deadline passed."""
+        with reraise_unavailable("take_latest", keys.call):
+            reply = self._run(self._take_latest, [keys.latest], [pack_owner(task_id), repr(now)])
+        try:
+            return Latest.read(reply)
+        except (TypeError, ValueError) as exc:
+            raise UnexpectedReply("take_latest", reply) from exc
 
     def _remember(self, key: str, reply: bytes, tracked_at: float) -> Holder:
         holder = read_enqueue(key, reply)

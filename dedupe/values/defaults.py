@@ -17,6 +17,7 @@ __all__ = [
     "DECIDE_FIRST_ABOVE",
     "DEFERRAL_CAP",
     "KEY_PREFIX",
+    "LATEST_ARGS_MAX",
     "LEASE",
     "MAX_DEFERRALS",
     "ON_REDIS_ERROR",
@@ -51,6 +52,8 @@ MAX_DEFERRALS: Final = 100
 #: publish (kombu's default retry policy gives up within a few seconds); a producer killed
 #: mid-publish, or a publish that hangs, leaves its key this long and no longer.
 PROVISIONAL_TTL: Final = 20.0
+#: The most bytes of serialised arguments a debounced or replacing call may leave in Redis.
+LATEST_ARGS_MAX: Final = 64 * 1024
 #: On a Redis broker, a task whose recent calls were more than this share duplicates
 #: decides before building its message (one round trip more for an accepted call); below
 #: it, the call is published in one step and a duplicate pays for a message it throws away.

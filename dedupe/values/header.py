@@ -19,10 +19,13 @@ from typing import Any
 from .keys import CallKeys
 from .options import SEPARATE_RUN_LOCK, Until, until_of
 
-__all__ = ["HEADER", "KeyHeader", "is_publishing", "publishing"]
+__all__ = ["HEADER", "LATEST", "KeyHeader", "is_publishing", "publishing"]
 
 #: The name of the header, in the message's headers.
 HEADER = "celery_dedupe"
+#: Present (1) in the message of a debounced or replacing call: its run takes the arguments
+#: the call's duplicates left in Redis (:mod:`dedupe.values.latest`).
+LATEST = "celery_dedupe_latest"
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from .options import SEPARATE_RUN_LOCK, UniqueOptions
 
 __all__ = [
     "KEY_VERSION",
+    "LATEST_SUFFIX",
     "RUN_SUFFIX",
     "Binder",
     "CallKeys",
@@ -49,6 +50,8 @@ KEY_VERSION = b"dedupe-key-v1"
 
 #: Ends the name of a call's separate run lock (``unique_until="started"``).
 RUN_SUFFIX = ":run"
+#: The suffix of a call key's latest-arguments hash (:attr:`CallKeys.latest`).
+LATEST_SUFFIX = ":latest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,12 @@ class CallKeys:
     def of(cls, call: str, *, separate_run_lock: bool) -> CallKeys:
         """The keys of a call, from its call key."""
         return cls(call, call + RUN_SUFFIX if separate_run_lock else call)
+
+    @property
+    def latest(self) -> str:
+        """The hash of the latest arguments left by the duplicates of a debounced or
+        replacing call, one field per task id (same hash tag as the call key)."""
+        return self.call + LATEST_SUFFIX
 
     @property
     def names(self) -> list[str]:

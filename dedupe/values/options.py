@@ -37,7 +37,15 @@ __all__ = [
 ]
 
 #: Options a call may pass, next to Celery's own.
-CALL_OPTIONS = ("unique_on", "unique_key", "unique_ttl", "unique_until", "on_duplicate")
+CALL_OPTIONS = (
+    "unique_on",
+    "unique_key",
+    "unique_ttl",
+    "unique_until",
+    "on_duplicate",
+    "debounce",
+    "debounce_max_wait",
+)
 #: Options a task may declare (``@app.task(base=DedupeTask, ...)``).
 TASK_OPTIONS = (
     "unique",
@@ -49,7 +57,7 @@ TASK_OPTIONS = (
 )
 #: Names of the family this version does not have: whoever gives one expects what it does
 #: not get.
-_NOT_HERE = ("debounce", "debounce_max_wait", "key_concurrency", "key_rate_limit")
+_NOT_HERE = ("key_concurrency", "key_rate_limit")
 _FAMILY_PREFIXES = ("unique", "on_duplicate", "on_running", "debounce", "key_concurrency")
 #: The names of Celery's Task. (Listed, never looked up: a class property such as Task.app
 #: binds Celery's own base class to the current app when read.)
@@ -63,7 +71,7 @@ SEPARATE_RUN_LOCK = frozenset({"started", "window"})
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "unique_until": get_args(Until),
-    "on_duplicate": ("return", "raise"),
+    "on_duplicate": ("return", "raise", "replace"),
     "on_running": ("skip", "retry"),
 }
 
@@ -77,9 +85,20 @@ class UniqueOptions:
     ttl: float = defaults.TTL
     until: Until = "finished"
     lease: float = defaults.LEASE
-    on_duplicate: Literal["return", "raise"] = "return"
+    on_duplicate: Literal["return", "raise", "replace"] = "return"
     on_running: Literal["skip", "retry"] = "skip"
     running_countdown: float = defaults.RUNNING_COUNTDOWN
+    #: Seconds of quiet after a call before the burst's one run (None: no debounce).
+    debounce: float | None = None
+    #: Seconds after a burst's first call by which its run starts however busy the key is.
+    debounce_max_wait: float | None = None
+
+    @property
+    def latest(self) -> Literal["debounce", "replace"] | None:
+        """The mode whose run takes the latest call's arguments (None: the first call's)."""
+        if self.debounce is not None:
+            return "debounce"
+        return "replace" if self.on_duplicate == "replace" else None
 
 
 def until_of(value: Any) -> Until:
@@ -132,14 +151,19 @@ def resolve(
         except ConfigurationError as exc:
             raise ConfigurationError(f"task {task_name!r}: {exc}") from None
 
-    until = choice("unique_until", "finished")
+    debounce = _optional_seconds(task_name, "debounce", pick("debounce"))
+    max_wait = _optional_seconds(task_name, "debounce_max_wait", pick("debounce_max_wait"))
+    # A debounced burst ends as its run starts: a call during the run opens the next one.
+    until = choice("unique_until", "started" if debounce is not None else "finished")
+    on_duplicate = choice("on_duplicate", "return")
+    _check_latest(task_name, debounce, max_wait, until, on_duplicate)
     return UniqueOptions(
         on=_names(task_name, pick("unique_on")),
         key=_callable(task_name, pick("unique_key")),
         ttl=seconds("unique_ttl", config.default_ttl),
         until=until_of(until),
         lease=seconds("unique_lease", config.default_lease),
-        on_duplicate=cast('Literal["return", "raise"]', choice("on_duplicate", "return")),
+        on_duplicate=cast('Literal["return", "raise", "replace"]', on_duplicate),
         # until="started" promises that a call made during a run runs after it: a queued
         # copy that meets the run lock always waits, whatever on_running says. An exclusive
         # task's calls are all published (nothing deduplicates them): each waits its turn.
@@ -148,7 +172,54 @@ def resolve(
             choice("on_running", "retry" if _exclusive_only(task) else "skip"),
         ),
         running_countdown=seconds("on_running_countdown", defaults.RUNNING_COUNTDOWN),
+        debounce=debounce,
+        debounce_max_wait=max_wait,
     )
+
+
+def _optional_seconds(task_name: str, name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return positive_seconds(name, value)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"task {task_name!r}: {exc}") from None
+
+
+def _check_latest(
+    task_name: str, debounce: float | None, max_wait: float | None, until: str, on_duplicate: str
+) -> None:
+    """Refuse the combinations of debounce and replace that have no meaning."""
+    where = f"task {task_name!r}"
+    if max_wait is not None and debounce is None:
+        raise ConfigurationError(
+            f"{where}: debounce_max_wait caps a debounce and needs one: set debounce=<seconds> too"
+        )
+    if debounce is not None and max_wait is not None and max_wait < debounce:
+        raise ConfigurationError(
+            f"{where}: debounce_max_wait ({max_wait:g}) is shorter than debounce "
+            f"({debounce:g}): a run would never wait the quiet period; set "
+            f"debounce_max_wait >= debounce, or leave it out"
+        )
+    if debounce is not None and until != "started":
+        # "finished" would answer a call made during the run with the run's id, its
+        # arguments never run; a throttle window ("window") holds the key after the run.
+        raise ConfigurationError(
+            f"{where}: debounce ends a burst when its run starts, which is "
+            f'unique_until="started" (its default); unique_until={until!r} would drop '
+            f"the arguments of calls made during the run: leave unique_until out"
+        )
+    if debounce is not None and on_duplicate == "raise":
+        raise ConfigurationError(
+            f"{where}: debounce answers every call of a burst with the burst's task id; "
+            f'on_duplicate="raise" would refuse them: leave on_duplicate out'
+        )
+    if on_duplicate == "replace" and until == "window":
+        raise ConfigurationError(
+            f'{where}: on_duplicate="replace" with unique_until="window" has no meaning: a '
+            f"throttle window drops the calls it holds off, it has no queued call to replace; "
+            f'use unique_until="finished" or "started"'
+        )
 
 
 # Task-level options change only when the code does: resolved once per task and kept on the

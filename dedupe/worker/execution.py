@@ -46,8 +46,9 @@ from dedupe.store.replies import Requeue
 from dedupe.store.script_runner import land_all
 from dedupe.store.store import Lease
 from dedupe.values.config import SettingReader
-from dedupe.values.header import KeyHeader, is_publishing
+from dedupe.values.header import LATEST, KeyHeader, is_publishing
 from dedupe.values.keys import CallKeys, keys_for
+from dedupe.values.latest import Latest, unpack_arguments
 from dedupe.values.options import check_plain_task, options_for
 from dedupe.values.record import HOST, Holder, pack_queued, pack_running
 from dedupe.values.redelivery import horizon, visibility_gap
@@ -213,8 +214,47 @@ def on_prerun(
     # A message the producer accepted, on its first delivery: its call was accepted, so it
     # runs even where another call's queued record holds the key (that call goes next). A
     # message deferred before carries the key of its re-publication, not of an acceptance.
-    accepted = spec.carried and not deferrals_of(getattr(request, "headers", None))
-    attach(request, _claim(runtime, task, task_id, spec, accepted))
+    headers = getattr(request, "headers", None)
+    accepted = spec.carried and not deferrals_of(headers)
+    latest = (headers or {}).get(LATEST) if spec.carried else None
+    if latest == "debounce":
+        early = _look_latest(runtime, task, task_id, spec)
+        if early is not None and not early.due:
+            # Before its burst's deadline: claim nothing (the burst goes on), and go again
+            # for the deadline, with the latest arguments (guard()).
+            attach(request, Run(spec, new_token(), "early", latest=early))
+            return
+    run = _claim(runtime, task, task_id, spec, accepted)
+    attach(request, run)
+    if latest and run.verdict == "claimed":
+        _take_latest(runtime, task, task_id, request, run)
+
+
+def _look_latest(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Latest | None:
+    try:
+        return runtime.store.take_latest(spec.keys, task_id, now=time.time())
+    except RedisUnavailable as exc:
+        action = "runs now (its deadline unknown)"
+        emit(UNAVAILABLE, task.name, task_id, spec.keys.latest, action=action, error=exc.cause)
+        return None
+
+
+def _take_latest(runtime: Runtime, task: Any, task_id: str, request: Any, run: Run) -> None:
+    # The run claimed its key: no duplicate can leave arguments for it any more (a call now
+    # is a duplicate of the run, or, unique_until="started", the next call). It takes the
+    # last ones left, in place of its message's.
+    try:
+        latest = runtime.store.take_latest(run.spec.keys, task_id)
+    except RedisUnavailable as exc:
+        action = "runs with its message's arguments"
+        emit(UNAVAILABLE, task.name, task_id, run.spec.keys.latest, action=action, error=exc.cause)
+        return
+    if latest is None:
+        return
+    args, kwargs = unpack_arguments(latest.body, task.app.conf.accept_content)
+    run.latest, run.arguments = latest, (args, kwargs)
+    # (What Celery reports of the run, and a retry from its body, carry them too.)
+    request.args, request.kwargs = args, kwargs
 
 
 def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec, accepted: bool) -> Run:
@@ -310,6 +350,8 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
     """Stop a run whose key another run holds: skip it (Ignore) or try it again later."""
     request = task.request
     run = run_of(request)
+    if run is not None and run.verdict == "early":
+        _go_again_at_deadline(task, request, run)
     if run is None or run.verdict != "held":
         return
     holder = run.holder
@@ -355,6 +397,20 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
     emit(SKIPPED, task.name, task_id, spec.keys.run, holder)
     _store_skipped(task, request, task_id, holder, reason)
     raise Ignore()
+
+
+def _go_again_at_deadline(task: Task[Any, Any], request: Any, run: Run) -> NoReturn:
+    # A debounced message that came before its burst's deadline: the same task id is sent
+    # again for the deadline, with the latest arguments (its key goes back to queued for it,
+    # as for a retry), and this delivery ends as RETRY. A retry from the body is not counted.
+    latest = run.latest
+    assert latest is not None
+    request.args, request.kwargs = unpack_arguments(latest.body, task.app.conf.accept_content)
+    countdown = max(latest.deadline - time.time(), 0.0)
+    signature = task.signature_from_request(request, countdown=countdown)
+    logger.debug("%s[%s] is early: sent again in %.3f s", task.name, request.id, countdown)
+    signature.apply_async()
+    raise Retry(when=cast("Any", countdown), sig=signature)
 
 
 def _wait_in_line(

@@ -1,0 +1,67 @@
+"""The latest arguments of a debounced or replacing call, as kept in Redis.
+
+A broker message cannot be edited, so a duplicate of a debounced call (``debounce=``) or of
+a call with ``on_duplicate="replace"`` leaves its arguments, serialised as Celery would
+serialise them (the task's serializer), in the hash beside the call's record
+(:attr:`~dedupe.values.keys.CallKeys.latest`, one field per task id). The holder's run takes
+them as it starts. Nothing is kept for any other mode.
+
+>>> body = pack_arguments((1, "a"), {"b": 2}, "json")
+>>> unpack_arguments(body)
+([1, 'a'], {'b': 2})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from kombu.serialization import dumps, loads, prepare_accept_content
+
+__all__ = ["Latest", "pack_arguments", "unpack_arguments"]
+
+
+def pack_arguments(args: Any, kwargs: Any, serializer: str) -> bytes:
+    """``(args, kwargs)`` serialised with ``serializer`` (kombu's registry, as Celery's
+    message body), with its content type and encoding."""
+    content_type, encoding, data = dumps((tuple(args or ()), dict(kwargs or {})), serializer)
+    raw = (
+        data.encode(encoding if encoding != "binary" else "utf-8")
+        if isinstance(data, str)
+        else data
+    )
+    return bytes(msgpack.packb([content_type, encoding, raw], use_bin_type=True))
+
+
+def unpack_arguments(body: bytes, accept: Any = None) -> tuple[list[Any], dict[str, Any]]:
+    """The ``(args, kwargs)`` of :func:`pack_arguments`'s bytes; ``accept``: the content
+    types the worker accepts (Celery's ``accept_content``; None: the body's own)."""
+    content_type, encoding, data = msgpack.unpackb(body, raw=False)
+    accept = {content_type} if accept is None else prepare_accept_content(accept)
+    args, kwargs = loads(data, content_type, encoding, accept=accept)
+    return list(args), dict(kwargs)
+
+
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """What a key's duplicates left for its holder's run (take_latest.lua's answer)."""
+
+    #: When the burst's first call was made (the producers' clock).
+    first_at: float
+    #: When the run may start (debounce: the last call + debounce, capped by the max wait);
+    #: 0 for a replace, whose run starts when its message comes.
+    deadline: float
+    #: :func:`pack_arguments`'s bytes: the last call's arguments.
+    body: bytes
+    #: The deadline had passed when asked (always True for a take).
+    due: bool
+
+    @classmethod
+    def read(cls, reply: Any) -> Latest | None:
+        """take_latest.lua's reply: nil, or ``{due, entry}``."""
+        if not reply:
+            return None
+        due, entry = reply
+        first_at, deadline, body = msgpack.unpackb(entry, raw=True)
+        return cls(float(first_at), float(deadline), bytes(body), bool(due))
