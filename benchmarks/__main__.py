@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import (
+    client,
     derivation,
     enqueue,
     greenlets,
@@ -33,6 +34,7 @@ BENCHES = (
     "scale",
     "roundtrips",
     "greenlets",
+    "client",
     "webview",
 )
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -68,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "greenlets" in args.only:
             calls = 300 if args.quick else 1000
             results["greenlets"] = greenlets.run(url, rounds, calls)
+        if "client" in args.only:
+            results["client"] = client.run(url, rounds, 2000 if args.quick else 10_000)
         if "webview" in args.only:
             live = 10_000 if args.quick else 100_000
             results["webview"] = webview.run(url, live, 20 if args.quick else 50)

@@ -8,7 +8,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from . import webview
+from . import client, webview
 from ._env import Timings
 from .enqueue import FLOOR, PLAIN, ROUND_TRIP, TRACED_ACCEPTED, TRACED_PLAIN
 from .greenlets import KEPT, NEW_GREENLET
@@ -195,6 +195,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
         lines += [f"| {name} | {top:.2f} | {total:.2f} |" for name, (top, total) in trips.items()]
         lines.append("")
     lines += _greenlets(results.get("greenlets"))
+    lines += _client(results.get("client"))
     if results.get("webview"):
         lines += webview.summary(results["webview"])
     return "\n".join(lines)
@@ -217,6 +218,28 @@ def _greenlets(greenlets: Timings | None) -> list[str]:
         lines.append(
             f"| {name} | {greenlets.median(name):.0f} | {ratio:.2f} | {verdict(name, ratio)} |"
         )
+    return [*lines, ""]
+
+
+def _client(timings: Timings | None) -> list[str]:
+    if not timings:
+        return []
+    lines = [
+        "## The store's client per call",
+        "",
+        f"Median of {len(next(iter(timings.samples.values())))} interleaved rounds: one "
+        "EVALSHA round trip (a duplicate's enqueue) through dedupe's client and through "
+        "redis-py's own Script, with each of redis-py's parsers.",
+        "",
+        "| variant | us/call | x redis-py's Script (same parser) |",
+        "|---|---:|---:|",
+    ]
+    for parser in client.PARSERS:
+        reference = client.name(client.REDIS_PY, parser)
+        for variant in (client.DEDUPE, client.REDIS_PY):
+            label = client.name(variant, parser)
+            ratio = timings.ratio(label, reference)
+            lines.append(f"| {label} | {timings.median(label):.1f} | {ratio:.2f} |")
     return [*lines, ""]
 
 

@@ -87,7 +87,9 @@ def test_the_keys_api_reads_a_page_per_request_and_a_cursor_goes_on(view_app: Ce
         cursor = None
         while cursor != 0:
             answer = served.get("/api/keys", params={"size": 5, "cursor": cursor or 0}).json()
-            assert len(answer["keys"]) <= 10  # (SCAN's COUNT is a hint: about a page)
+            # A page, never the keyspace. (SCAN's COUNT is a hint, and a bucket's keys come
+            # together: a page of 5 came back with 11 keys once, so no tighter bound holds.)
+            assert len(answer["keys"]) < len(ids)
             seen += [row["holder"] for row in answer["keys"]]
             cursor, pages = answer["cursor"], pages + 1
     assert set(seen) == ids
