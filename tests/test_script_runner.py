@@ -22,7 +22,7 @@ from redis.retry import Retry
 
 from dedupe.store import deferred
 from dedupe.store.green_pool import GreenScriptRunner
-from dedupe.store.script_runner import ScriptRunner, land_all
+from dedupe.store.script_runner import ScriptRunner, _poller, land_all
 from dedupe.store.store import Store
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import new_nonce, pack_queued
@@ -444,6 +444,33 @@ def test_no_budget_means_no_polling(client: redis.Redis) -> None:
     runner = ScriptRunner(client, busy_poll=0)
     assert run(runner, client, ECHO, "asleep") == b"asleep"
     assert runner._local.poll is False
+
+
+def test_only_a_plain_sockets_lone_reply_is_polled_for_on_the_socket(
+    client: redis.Redis,
+) -> None:
+    class GreenSocket(socket.socket):  # what gevent and eventlet put in socket's place
+        pass
+
+    class Connected:  # (a connection as _poller looks at it)
+        def __init__(self, sock: socket.socket) -> None:
+            self._sock = sock
+
+    with GreenSocket() as green, socket.socket() as plain:
+        assert _poller(Connected(green)) is None  # (polled through redis-py's can_read)
+        assert _poller(Connected(plain)) is not None
+
+
+def test_replies_that_came_in_one_read_are_not_polled_for(client: redis.Redis) -> None:
+    # The socket has nothing more to say of a reply redis-py's parser holds already: polling
+    # it would spin the whole budget, and count a miss.
+    runner = ScriptRunner(client, busy_poll=0.05)
+    echo = client.register_script(ECHO)
+    run(runner, client, ECHO, "loaded")
+    for _ in range(5):
+        replies = runner.call_many(echo, [([], [str(n)]) for n in range(20)])
+        assert replies == [str(n).encode() for n in range(20)]
+    assert (runner._local.poll_skips, runner._local.poll_misses) == (0, 0)
 
 
 def test_a_greenlet_never_spins_on_its_connection_for_a_reply(client: redis.Redis) -> None:

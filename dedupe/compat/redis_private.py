@@ -5,6 +5,7 @@ Each member, and what is turned off without it: docs/design-notes.md, "dedupe.co
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "hear_pushes",
     "retried_errors",
     "retries_of",
+    "socket_of",
 ]
 
 MEMBERS = Members("redis-py")
@@ -37,6 +39,19 @@ def _push_setter(connection: Any) -> Any:
         if callable(setter):
             return setter
     return None
+
+
+SEES_SOCKET: bool = MEMBERS.need(
+    "redis.connection.AbstractConnection._sock",
+    "the busy poll's look at the socket (it polls through can_read, a microsecond more)",
+    lambda: "_sock" in vars(_Connection(host="127.0.0.1")),
+)
+
+
+def socket_of(connection: Any) -> socket.socket | None:
+    """The socket of a connection redis-py has connected (None: not to be had)."""
+    sock: socket.socket | None = getattr(connection, "_sock", None) if SEES_SOCKET else None
+    return sock
 
 
 HEARS_PUSHES: bool = MEMBERS.need(

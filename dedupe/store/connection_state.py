@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from redis.commands.core import Script
 from redis.connection import AbstractConnection
@@ -26,6 +26,11 @@ class ConnectionState:
     forks: int = -1
     #: Poll for replies before sleeping for them (False: never on this connection).
     poll: bool = False
+    #: Looks at the connection's plain socket without a system call more than poll(2): how
+    #: a lone reply is polled for (None: a TLS or cooperative socket, or none to be had).
+    poller: Any = None
+    #: The last command written was the only one owed, and its reply is not read yet.
+    lone: bool = False
     #: Calls left before polling again (after a poll that ran out of budget).
     poll_skips: int = 0
     #: Polls in a row that ran out of budget.

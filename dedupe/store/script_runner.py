@@ -1,15 +1,13 @@
-"""Run the Lua scripts over a redis-py connection of each thread's own: the hot path of every
-call.
+"""Run the Lua scripts over a redis-py connection of each thread's own: every call's hot path.
 
-redis-py's ``Script.__call__`` goes through the client's full command path: a connection
-checked out of the pool and back, instrumentation, its general command packer. On loopback
-that costs as much as the round trip itself, for every producer call and every run. Here each
-thread keeps a redis-py ``Connection`` of its own, made from the pool's class and settings
-(TLS, unix sockets, auth, the database and timeouts all carry over), and talks on it through
-its public methods only: ``send_packed_command``, ``can_read`` and ``read_response`` (so
-redis-py's parser reads every reply kind, hiredis's where installed). What is kept on top
-earns its place in measurements: the cached packer, a busy poll for the reply, sends whose
-replies are read later, NOSCRIPT reloads, the call budget and a guard for replies owed.
+redis-py's ``Script.__call__`` takes the client's full command path (a pooled connection
+checked out and back, instrumentation, the general packer): on loopback as much as the round
+trip itself. Here each thread keeps a redis-py ``Connection`` of its own, made from the pool's
+class and settings (TLS, unix sockets, auth, the database, timeouts), and uses its public
+methods: ``send_packed_command``, ``can_read``, ``read_response`` (redis-py's parser reads
+every reply kind, hiredis's where installed). Kept on top, as measured to pay: the cached
+packer, a busy poll for the reply, sends read later, NOSCRIPT reloads, the call budget, and a
+guard for replies owed.
 
 Design notes: docs/design-notes.md, "dedupe.store.script_runner".
 """
@@ -17,6 +15,7 @@ Design notes: docs/design-notes.md, "dedupe.store.script_runner".
 from __future__ import annotations
 
 import logging
+import select
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -28,7 +27,7 @@ from redis.connection import AbstractConnection
 from redis.exceptions import InvalidResponse, NoScriptError, ReadOnlyError, ResponseError
 from redis.retry import Retry
 
-from dedupe.compat.redis_private import retried_errors
+from dedupe.compat.redis_private import retried_errors, socket_of
 
 from . import deferred
 from .connection_state import ConnectionState, Holder, Threads
@@ -40,9 +39,8 @@ __all__ = ["Reply", "ScriptRunner", "Unanswered", "land_all"]
 
 logger = logging.getLogger("dedupe.store")
 
-#: After polls that ran out of budget, sleep in the read for 1, 3, 7 ... up to this many
-#: calls before polling again: a stray slow reply costs one call, a Redis out of reach of the
-#: budget one poll in this many.
+#: After polls that ran out of budget, sleep for 1, 3, 7 ... up to this many calls before
+#: polling again: a stray slow reply costs one call, a far Redis one poll in this many.
 _RETRY_POLL_AFTER = 63
 _T = TypeVar("_T")
 
@@ -284,11 +282,11 @@ class ScriptRunner(RemembersNothing, DefersReads):
         try:
             reply = connection.read_response(disable_decoding=True)
         except ResponseError:
-            local.owed -= 1  # (an error reply, read whole)
+            local.owed, local.lone = local.owed - 1, False  # (an error reply, read whole)
             raise
         except InvalidResponse as exc:  # a reply redis-py cannot read: out of step for good
             raise redis.ConnectionError(f"unreadable reply from the dedup Redis: {exc}") from exc
-        local.owed -= 1
+        local.owed, local.lone = local.owed - 1, False
         return reply
 
     def _poll(self, local: ConnectionState, connection: AbstractConnection) -> None:
@@ -296,9 +294,12 @@ class ScriptRunner(RemembersNothing, DefersReads):
         if local.poll_skips:
             local.poll_skips -= 1
             return
-        can_read = connection.can_read
+        # A lone command's reply: none of its bytes can be in the parser's buffer yet, so the
+        # socket tells (a third of can_read's cost a look).
+        poller = local.poller if local.lone else None
+        ready = poller.poll if poller is not None else connection.can_read
         deadline = time.perf_counter() + self._busy_poll
-        while not can_read(0):  # (a reply, or a closed connection: the read will not wait)
+        while not ready(0):  # (a reply, or a closed connection: the read will not wait)
             if time.perf_counter() >= deadline:
                 local.poll_misses = misses = min(local.poll_misses + 1, 6)
                 local.poll_skips = min(2**misses - 1, _RETRY_POLL_AFTER)
@@ -312,6 +313,7 @@ class ScriptRunner(RemembersNothing, DefersReads):
             raise redis.ConnectionError("the connection to the dedup Redis was lost")
         # Counted first: sendall runs signal handlers once the bytes are out, and one that
         # raises leaves a command sent that nobody reads.
+        local.lone = local.owed == 0 and commands == 1
         local.owed += commands
         send: Any = connection.send_packed_command  # (untyped in redis-py)
         send((command,), check_health=False)  # (it takes a sequence of chunks)
@@ -341,6 +343,7 @@ class ScriptRunner(RemembersNothing, DefersReads):
         connection = self._open(self._settings(local))
         local.connection, local.owed, local.capped = connection, 0, local.cap is not None
         local.poll, local.poll_skips, local.poll_misses = self._busy_poll > 0, 0, 0
+        local.poller = _poller(connection) if local.poll else None
         self._opened(connection)
         return connection
 
@@ -384,3 +387,14 @@ class ScriptRunner(RemembersNothing, DefersReads):
         if connection is not None:
             disconnect: Any = connection.disconnect  # (untyped in redis-py)
             disconnect()
+
+
+def _poller(connection: AbstractConnection) -> Any:
+    # Only a plain stdlib socket: a TLS socket may hold decrypted bytes that poll(2) does not
+    # see (can_read does), and a cooperative one must yield to other greenlets instead.
+    sock = socket_of(connection)
+    if sock is None or type(sock).__module__ != "socket":
+        return None
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return poller
