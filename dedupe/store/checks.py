@@ -122,7 +122,7 @@ def eviction_check(client: DedupRedis) -> Verdict:
 #: PEXPIRE only from its scripts, which need them allowed all the same.
 NEEDED_COMMANDS = (
     "EVALSHA", "SCRIPT LOAD", "GET", "SET", "DEL", "EXISTS", "PEXPIRE", "PTTL", "SCAN", "TIME",
-    "LPUSH",
+    "LPUSH", "HGET", "HSET", "HDEL",
 )  # fmt: skip
 
 
