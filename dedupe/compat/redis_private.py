@@ -54,10 +54,19 @@ def socket_of(connection: Any) -> socket.socket | None:
     return sock
 
 
+def _resp3_parser() -> Any:
+    # (A connection switches to it as it says HELLO 3: before 5.1, only then.)
+    from redis._parsers import _RESP3Parser
+
+    parser: Any = _RESP3Parser  # (untyped in redis-py)
+    return parser(socket_read_size=65536)
+
+
 HEARS_PUSHES: bool = MEMBERS.need(
     "redis.connection.AbstractConnection._parser's push handler",
     "remembered duplicates (every duplicate is asked of Redis)",
-    lambda: _push_setter(_Connection(host="127.0.0.1", protocol=3)),
+    lambda: _push_setter(_Connection(host="127.0.0.1", protocol=3))
+    or _push_setter(type("Connected", (), {"_parser": _resp3_parser()})()),
 )
 
 
