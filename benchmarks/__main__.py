@@ -15,6 +15,7 @@ from . import (
     client,
     derivation,
     enqueue,
+    flow,
     greenlets,
     report,
     roundtrips,
@@ -35,6 +36,7 @@ BENCHES = (
     "roundtrips",
     "greenlets",
     "client",
+    "flow",
     "webview",
 )
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -72,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["greenlets"] = greenlets.run(url, rounds, calls)
         if "client" in args.only:
             results["client"] = client.run(url, rounds, 2000 if args.quick else 10_000)
+        if "flow" in args.only:
+            results["flow"] = flow.run(url, rounds, 300 if args.quick else 1000)
         if "webview" in args.only:
             live = 10_000 if args.quick else 100_000
             results["webview"] = webview.run(url, live, 20 if args.quick else 50)

@@ -8,7 +8,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from . import client, webview
+from . import client, flow, webview
 from ._env import Timings
 from .enqueue import FLOOR, PLAIN, ROUND_TRIP, TRACED_ACCEPTED, TRACED_PLAIN
 from .greenlets import KEPT, NEW_GREENLET
@@ -196,6 +196,7 @@ def markdown(results: dict[str, Any], command: str) -> str:
         lines.append("")
     lines += _greenlets(results.get("greenlets"))
     lines += _client(results.get("client"))
+    lines += _flow(results.get("flow"))
     if results.get("webview"):
         lines += webview.summary(results["webview"])
     return "\n".join(lines)
@@ -240,6 +241,27 @@ def _client(timings: Timings | None) -> list[str]:
             label = client.name(variant, parser)
             ratio = timings.ratio(label, reference)
             lines.append(f"| {label} | {timings.median(label):.1f} | {ratio:.2f} |")
+    return [*lines, ""]
+
+
+def _flow(found: tuple[Timings, dict[str, float]] | None) -> list[str]:
+    if not found:
+        return []
+    timings, server = found
+    lines = [
+        "## Flow control per key: each mode's call (Redis broker)",
+        "",
+        f"Median of {len(timings.samples[flow.PLAIN])} interleaved rounds; x plain is the "
+        "median of the ratios within each round; server: EVALSHA's microseconds per call "
+        "(INFO commandstats), over the mode's calls alone.",
+        "",
+        "| variant | us/call | x plain | server us/EVALSHA |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in timings.samples:
+        ratio = timings.ratio(name, flow.PLAIN)
+        on_server = f"{server[name]:.1f}" if name in server else ""
+        lines.append(f"| {name} | {timings.median(name):.0f} | {ratio:.2f} | {on_server} |")
     return [*lines, ""]
 
 
