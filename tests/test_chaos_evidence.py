@@ -226,3 +226,192 @@ def test_a_message_whose_child_was_killed_before_its_run_began_is_celerys_ack_as
     assert ours == []
     assert kombu == []
     assert len(celery) == 1
+
+
+# -- the debounced task ---------------------------------------------------------------------
+
+BURST, NEXT = "cccccccc-burst", "dddddddd-next"
+
+
+def _burst(*args: int, at: float = 1.0, gap: float = 0.1, task_id: str = BURST) -> list[Call]:
+    """A burst of debounced calls of key 3 (arguments ``args``) from ``at``, ``gap`` apart:
+    the first accepted, the others answered with its task id."""
+    return [
+        Call("debounced", 3, task_id, index > 0, at + index * gap, at + index * gap, arg=arg)
+        for index, arg in enumerate(args)
+    ]
+
+
+def _debounced(
+    calls: list[Call],
+    ran: dict[str, list[tuple[float, int, int]]],
+    prerun: dict[str, list[tuple[float, int]]],
+    retried: dict[str, list[tuple[float, int]]] | None = None,
+    **found: Any,
+) -> Checks:
+    """Debounced evidence: ``ran`` (task id -> (body start, argument, pid)), each run also
+    written to the run log of key 3 (0.1 s long); ``prerun`` and ``retried`` as the worker
+    wrote them."""
+    runs = [(task_id, at, at + 0.1) for task_id, times in ran.items() for at, _, _ in times]
+    completed: dict[str, list[float]] = {}
+    for task_id, _, end in runs:
+        completed.setdefault(task_id, []).append(end)
+    return _judged(
+        calls,
+        runs={("debounced", 3): sorted(runs, key=lambda run: run[1])},
+        completed=completed,
+        prerun=prerun,
+        retried=retried or {},
+        ran=ran,
+        **found,
+    )
+
+
+def _row(checks: Checks, name: str) -> Any:
+    return next(row for row in checks.debounce_rows() if row.check == name)
+
+
+SECOND_BURST = "debounced: a second burst accepted while the first was queued"
+
+
+def test_a_second_burst_accepted_before_the_first_claimed_fails_and_after_it_passes() -> None:
+    # The burst's message came early at 1.3 s (sent again: no claim) and claimed at 1.6 s.
+    def checks(next_at: float) -> Checks:
+        return _debounced(
+            _burst(1, 2) + _burst(3, at=next_at, task_id=NEXT),
+            ran={BURST: [(1.61, 2, 10)], NEXT: [(next_at + 0.5, 3, 10)]},
+            prerun={BURST: [(1.3, 10), (1.6, 10)], NEXT: [(next_at + 0.49, 10)]},
+            retried={BURST: [(1.31, 10)]},
+        )
+
+    bad = _row(checks(1.4), SECOND_BURST)
+    assert (bad.verdict, bad.count) == ("FAIL", 1)
+    assert NEXT in bad.details[0]
+    assert _row(checks(1.7), SECOND_BURST).verdict == "ok"
+
+
+def test_overlapping_debounced_runs_fail_their_own_row() -> None:
+    calls = _burst(1) + _burst(2, at=3.0, task_id=NEXT)
+    pair = ((BURST, 1.3, 1.6), (NEXT, 1.5, 1.7))
+    name = "debounced: overlapping runs of one key"
+    bad = _judged(calls, overlaps={("debounced", 3): [pair]})
+    assert _row(bad, name).verdict == "FAIL"
+    assert bad.overlap_row().verdict == "ok"  # (the dedup tasks' row is theirs alone)
+    assert _row(_judged(calls, overlaps={("debounced", 3): []}), name).verdict == "ok"
+
+
+STALE = "debounced: runs with older arguments than a call for them left before the claim"
+BY_DESIGN = "debounced: runs with their message's arguments, by design (below)"
+
+
+def test_a_run_with_older_arguments_than_its_burst_left_before_its_claim_fails() -> None:
+    # Calls of 1, 2, 3 (1.0-1.2 s), the claim's prerun at 1.6 s: the run must have 3.
+    def checks(arg: int) -> Checks:
+        return _debounced(
+            _burst(1, 2, 3), ran={BURST: [(1.61, arg, 10)]}, prerun={BURST: [(1.6, 10)]}
+        )
+
+    bad = _row(checks(2), STALE)
+    assert (bad.verdict, bad.count) == ("FAIL", 1)
+    assert "with 2" in bad.details[0]
+    assert "call of 3" in bad.details[0]
+    assert _row(checks(3), STALE).verdict == "ok"
+
+
+def test_a_redelivery_after_a_claim_that_took_the_arguments_has_its_messages_by_design() -> None:
+    # Claimed at 1.6 s (took 3), killed; its message again at 20 s: the take finds nothing
+    # and the run has the message's argument, 1. Shown, not failed.
+    checks = _debounced(
+        _burst(1, 2, 3),
+        ran={BURST: [(1.61, 3, 10), (20.01, 1, 11)]},
+        prerun={BURST: [(1.6, 10), (20.0, 11)]},
+    )
+    assert _row(checks, STALE).verdict == "ok"
+    by_design = _row(checks, BY_DESIGN)
+    assert (by_design.verdict, by_design.count) == ("info", 1)
+    assert "an earlier delivery of it claimed at 1.60s" in by_design.details[0]
+
+
+def test_a_dedup_restart_that_lost_the_latest_arguments_leaves_the_message_s_by_design() -> None:
+    restart = Fault("dedup restart", 1.3, 1.35, "data lost")
+    checks = _debounced(
+        _burst(1, 2, 3),
+        ran={BURST: [(1.61, 1, 10)]},
+        prerun={BURST: [(1.6, 10)]},
+        faults=[restart],
+    )
+    assert _row(checks, STALE).verdict == "ok"
+    assert "restart at 1.30s lost them" in _row(checks, BY_DESIGN).details[0]
+    # A restart before the calls lost nothing of theirs: no excuse.
+    early = Fault("dedup restart", 0.5, 0.55, "data lost")
+    checks = _debounced(
+        _burst(1, 2, 3), ran={BURST: [(1.61, 1, 10)]}, prerun={BURST: [(1.6, 10)]}, faults=[early]
+    )
+    assert _row(checks, STALE).verdict == "FAIL"
+
+
+def test_a_run_with_an_argument_no_call_of_its_task_id_made_fails() -> None:
+    name = "debounced: runs with an argument no call of their task id made"
+
+    def checks(arg: int) -> Checks:
+        calls = _burst(1, 2, 3) + _burst(7, at=5.0, task_id=NEXT)
+        return _debounced(
+            calls,
+            ran={BURST: [(1.61, arg, 10)], NEXT: [(5.5, 7, 10)]},
+            prerun={BURST: [(1.6, 10)], NEXT: [(5.49, 10)]},
+        )
+
+    assert _row(checks(7), name).verdict == "FAIL"  # (the next burst's argument)
+    assert _row(checks(3), name).verdict == "ok"
+
+
+def test_a_call_answered_with_a_task_id_after_its_last_claim_fails() -> None:
+    name = "debounced: calls answered with a task id after its last claim"
+
+    def checks(gap: float) -> Checks:
+        # The third call at 1.0 + 2 * gap; the claim at 1.6 s took what was there.
+        return _debounced(
+            _burst(1, 2, 3, gap=gap), ran={BURST: [(1.61, 3, 10)]}, prerun={BURST: [(1.6, 10)]}
+        )
+
+    bad = _row(checks(0.4), name)
+    assert (bad.verdict, bad.count) == ("FAIL", 1)
+    assert "call of 3 at 1.80s" in bad.details[0]
+    assert _row(checks(0.2), name).verdict == "ok"
+
+
+def test_a_debounced_task_id_that_never_ran_fails_but_for_kombu_or_celery() -> None:
+    name = "debounced: calls whose task id never ran"
+    never = _debounced(_burst(1, 2), ran={}, prerun={})
+    assert (_row(never, name).verdict, _row(never, name).count) == ("FAIL", 1)
+    ran = _debounced(_burst(1, 2), ran={BURST: [(1.5, 2, 10)]}, prerun={BURST: [(1.49, 10)]})
+    assert _row(ran, name).verdict == "ok"
+    cut = Fault("broker cut", 2.0, 5.0, "redis down 3s", frozenset({BURST}))
+    lost = _debounced(_burst(1, 2), ran={}, prerun={}, faults=[cut])
+    assert _row(lost, name).verdict == "ok"
+    kombu = "debounced: kombu lost the message (popped before it was unacked)"
+    assert _row(lost, kombu).verdict == "not ours"
+    freed = _debounced(_burst(1, 2), ran={}, prerun={BURST: [(1.3, 10)]}, freed={BURST: [(1.4, 5)]})
+    assert _row(freed, name).verdict == "ok"
+    celery = "debounced: Celery acked as failed, its child killed before the run (key freed)"
+    assert _row(freed, celery).verdict == "not ours"
+
+
+def test_latest_arguments_left_for_a_task_id_that_ran_fail() -> None:
+    name = "debounced: latest arguments left after the drain"
+    left = [f"p:{{t.debounced:ab}}:latest ttl 3599s latest arguments of {BURST}"]
+
+    def checks(ran: bool) -> Checks:
+        return _debounced(
+            _burst(1, 2),
+            ran={BURST: [(1.5, 2, 10)]} if ran else {},
+            prerun={BURST: [(1.49, 10)]} if ran else {},
+            keys_left=left,
+        )
+
+    assert _row(checks(ran=True), name).verdict == "FAIL"
+    # Of a task id that never ran (judged by the rows of calls that never ran): shown.
+    assert _row(checks(ran=False), name).verdict == "info"
+    assert _row(_debounced(_burst(1), ran={}, prerun={}), name).verdict == "ok"
+    # Not a record: the keys-left row leaves it to this one.
+    assert checks(ran=True).keys_left_rows()[0].verdict == "ok"

@@ -5,7 +5,10 @@ Configured from the environment the harness sets. Every run of a task writes its
 main process, for each message it receives (``consumed``: which worker still consumes), and the
 child, just before the dedup claim (``prerun``: the earliest moment a run can have freed a
 ``unique_until="started"`` record), and when the guard defers a delivery (``deferred``: that
-delivery's claim was held, and freed nothing).
+delivery's claim was held, and freed nothing). A delivery that ends as ``RETRY`` writes
+``retried`` (a deferral, or a debounced message that came before its deadline and was sent
+again: either claimed nothing), and a debounced run writes the argument it ran with
+(``ran``).
 """
 
 from __future__ import annotations
@@ -57,6 +60,14 @@ evidence = redis.Redis.from_url(EVIDENCE)
 def _prerun(task_id: str = "", **_: Any) -> None:
     # Connected before dedupe.install: runs before the claim.
     evidence.rpush(f"{PREFIX}:prerun", f"{task_id} {time.time()!r} {os.getpid()}")
+
+
+@signals.task_retry.connect(weak=False)
+def _retried(request: Any = None, **_: Any) -> None:
+    # In the child, as the delivery ends as RETRY (a deferral, or an early debounced message
+    # sent again for its deadline): that delivery holds no claim.
+    task_id = getattr(request, "id", "") or ""
+    evidence.rpush(f"{PREFIX}:retried", f"{task_id} {time.time()!r} {os.getpid()}")
 
 
 @dedupe.events.run_deferred.connect(weak=False)
@@ -116,6 +127,27 @@ def finished(self: Any, key: int, seconds: float) -> None:
 @app.task(**guarded, unique_until="started")
 def started(self: Any, key: int, seconds: float) -> None:
     _run(self, "started", key, seconds)
+
+
+#: The debounced task's quiet period and its cap (seconds): short, so that bursts of a
+#: producer's calls collapse, and now and then outlast the cap.
+DEBOUNCE = 0.3
+DEBOUNCE_MAX_WAIT = 1.5
+
+
+@app.task(
+    **guarded,
+    unique_on=("key",),
+    debounce=DEBOUNCE,
+    debounce_max_wait=DEBOUNCE_MAX_WAIT,
+)
+def debounced(self: Any, key: int, value: int, seconds: float) -> None:
+    """A burst's one run: writes the argument it ran with (the burst's latest, taken from
+    the dedup Redis) beside its start and end."""
+    evidence.rpush(
+        f"{PREFIX}:ran", f"{self.request.id} {value} {time.time()!r} {os.getpid()} {key}"
+    )
+    _run(self, "debounced", key, seconds)
 
 
 #: The soft time limit of ``interrupted``: it fires in the middle of a call, most of the time.

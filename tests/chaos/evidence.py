@@ -23,7 +23,9 @@ import redis
 
 from tests.helpers import RunLog
 
+#: The dedup tasks the first rows judge (the flow-control tasks have rows of their own).
 TASKS = ("finished", "started")
+DEBOUNCED = "debounced"
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,8 @@ class Call:
     pid: int = 0  # the producer's
     #: A duplicate answered from the producer thread's memory (no round trip).
     remembered: bool = False
+    #: The argument of a flow-control call (debounced: one more than the key's call before).
+    arg: int | None = None
 
     def encode(self) -> str:
         return json.dumps(
@@ -51,6 +55,7 @@ class Call:
                 self.error,
                 self.pid,
                 self.remembered,
+                self.arg,
             ]
         )
 
@@ -93,6 +98,11 @@ class Evidence:
     #: Task id -> (time, pid) of each time a worker's main process freed its key for a run it
     #: lost, Celery acking the message as failed (key_reclaimed, not requeued).
     freed: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    #: Task id -> (time, pid) of each delivery that ended as RETRY (a deferral, or a debounced
+    #: message before its deadline, sent again): it claimed nothing.
+    retried: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    #: Task id -> (time, argument, pid) of each debounced run, as its body began.
+    ran: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)
 
     @classmethod
     def read(
@@ -129,6 +139,8 @@ class Evidence:
             set(),
             deferred,
             _timed(client, f"{prefix}:freed"),
+            _timed(client, f"{prefix}:retried"),
+            _ran(client, f"{prefix}:ran"),
         )
 
 
@@ -141,6 +153,17 @@ def _timed(client: redis.Redis, name: str) -> dict[str, list[tuple[float, int]]]
     for times in timed.values():
         times.sort()
     return timed
+
+
+def _ran(client: redis.Redis, name: str) -> dict[str, list[tuple[float, int, int]]]:
+    # "<task id> <argument> <time> <pid> <key>" lines -> task id -> [(time, argument, pid)].
+    ran: dict[str, list[tuple[float, int, int]]] = defaultdict(list)
+    for raw in client.lrange(name, 0, -1):
+        task_id, arg, at, pid, _ = raw.decode().split()
+        ran[task_id].append((float(at), int(arg), int(pid)))
+    for runs in ran.values():
+        runs.sort()
+    return ran
 
 
 @dataclass
@@ -170,6 +193,7 @@ class Checks:
         self.starts: dict[str, list[float]] = defaultdict(list)
         self.ends: dict[str, list[float]] = defaultdict(list)
         self.spans: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
+        self.debounced = {call.task_id for call in evidence.calls if call.task == DEBOUNCED}
         for runs in evidence.runs.values():
             for task_id, start, end in runs:
                 self.spans[task_id].append((start, end))
@@ -188,10 +212,14 @@ class Checks:
             f"{self.t(start)}-{self.t(end) if end else '?'}{'' if end in completed else ' killed'}"
             for start, end in sorted(self.spans[task_id])
         )
+        debounced = task_id in self.debounced
         # (A delivery killed after its prerun, before its body wrote a start.)
-        unstarted = len(self.claims(task_id)) - len(self.spans[task_id])
+        claims = self.debounce_claims(task_id) if debounced else self.claims(task_id)
+        unstarted = len(claims) - len(self.spans[task_id])
         if unstarted > 0:
             runs += f", {unstarted} killed before its body"
+        if debounced and (again := len(self.e.retried.get(task_id, []))):
+            runs += f", {again} sent again (early or deferred)"
         deferred = self.deferrals(task_id)
         return f"{runs}, {deferred} deferred" if deferred else runs
 
@@ -203,16 +231,27 @@ class Checks:
         """The preruns of a task id's deliveries that the guard did not defer: each may have
         claimed its key (and, ``unique_until="started"``, freed its call's key), whether or not
         its body started before a kill."""
-        deferred = set(self.e.deferred.get(task_id, []))
+        return self._unmarked(task_id, self.e.deferred)
+
+    def debounce_claims(self, task_id: str) -> list[float]:
+        """The preruns of a debounced task id's deliveries that did not end as ``RETRY``:
+        a delivery that came before its burst's deadline is sent again and claims nothing
+        (nor does a deferred one); any other may have claimed the key, taking the latest
+        arguments, whether or not its body started before a kill."""
+        return self._unmarked(task_id, self.e.retried)
+
+    def _unmarked(self, task_id: str, marked: dict[str, list[tuple[float, int]]]) -> list[float]:
+        """The preruns of a task id's deliveries with no mark of ``marked`` of their own."""
+        marks = set(marked.get(task_id, []))
         preruns = sorted(self.e.prerun.get(task_id, []))
         claims = []
         for index, (at, pid) in enumerate(preruns):
             # A child runs one delivery at a time: a deferral of this delivery comes after its
             # prerun and before that child's next prerun of this id (a later delivery's own).
             until = min((t for t, p in preruns[index + 1 :] if p == pid), default=float("inf"))
-            own = [d for d in deferred if d[1] == pid and at <= d[0] < until]
+            own = [d for d in marks if d[1] == pid and at <= d[0] < until]
             if own:
-                deferred.discard(min(own))
+                marks.discard(min(own))
             else:
                 claims.append(at)
         return claims
@@ -256,8 +295,14 @@ class Checks:
         (:meth:`acked_lost`) released it then: a run after it is the message again, its ack
         lost (the worker killed before the broker had it), counted apart.
         ``"started"``: the prerun of its first claim (:meth:`claims`).
+        Debounced: the prerun of its first claim (:meth:`debounce_claims`), or when a worker's
+        main process freed its key for a lost delivery (Celery acking it as failed).
         """
         starts = self.starts.get(call.task_id)
+        if call.task == DEBOUNCED:
+            freed = [at for at, _ in self.e.freed.get(call.task_id, [])]
+            marks = self.debounce_claims(call.task_id) + (starts or []) + freed
+            return min(marks, default=None)
         if call.task == "finished":
             if not starts:
                 return None
@@ -283,12 +328,19 @@ class Checks:
             and (task_id := _task_id_in(warning.split(" ", 2)[2]))
         }
 
-    def duplicates(self) -> list[tuple[Call, Call]]:
-        """(holder, duplicate) pairs: accepted calls made while another still held the key."""
+    def duplicates(self, tasks: Iterable[str] = TASKS) -> list[tuple[Call, Call]]:
+        """(holder, duplicate) pairs of ``tasks``' calls: accepted calls made while another
+        still held the key (debounced: a second burst while the first was queued)."""
         by_key: dict[tuple[str, int], list[Call]] = defaultdict(list)
         unrecorded = self.unrecorded()
+        tasks = set(tasks)
         for call in self.e.calls:
-            if not call.error and not call.deduplicated and call.task_id not in unrecorded:
+            if (
+                call.task in tasks
+                and not call.error
+                and not call.deduplicated
+                and call.task_id not in unrecorded
+            ):
                 by_key[(call.task, call.key)].append(call)
         pairs = []
         for calls in by_key.values():
@@ -312,10 +364,18 @@ class Checks:
             if fault.kind == "dedup restart"
         )
 
-    def duplicate_rows(self) -> list[Row]:
+    def duplicate_rows(
+        self,
+        tasks: Iterable[str] = TASKS,
+        names: tuple[str, str, str] = (
+            "duplicate queued outside a dedup-Redis restart window",
+            "duplicates inside the restart window (<= 1 per key allowed)",
+            "keys with more than one duplicate inside the window",
+        ),
+    ) -> list[Row]:
         outside: list[tuple[tuple[str, int], str]] = []
         inside: list[tuple[tuple[str, int], str]] = []
-        for holder, duplicate in self.duplicates():
+        for holder, duplicate in self.duplicates(tasks):
             line = (
                 f"{duplicate.task}[{duplicate.key}] {duplicate.task_id} accepted "
                 f"{self.t(duplicate.start)}-{self.t(duplicate.end)} while {holder.task_id} "
@@ -331,20 +391,10 @@ class Checks:
         per_key = Counter(key for key, _ in inside)
         crowded = [line for key, line in inside if per_key[key] > 1]
         return [
+            Row(names[0], len(outside), _fail(outside), [line for _, line in outside]),
+            Row(names[1], len(inside), "info", [line for _, line in inside]),
             Row(
-                "duplicate queued outside a dedup-Redis restart window",
-                len(outside),
-                _fail(outside),
-                [line for _, line in outside],
-            ),
-            Row(
-                "duplicates inside the restart window (<= 1 per key allowed)",
-                len(inside),
-                "info",
-                [line for _, line in inside],
-            ),
-            Row(
-                "keys with more than one duplicate inside the window",
+                names[2],
                 sum(1 for count in per_key.values() if count > 1),
                 _fail(crowded),
                 crowded,
@@ -369,16 +419,21 @@ class Checks:
         ]
         return Row("duplicates answered with another key's task", len(lines), _fail(lines), lines)
 
-    def overlap_row(self) -> Row:
+    def overlap_row(
+        self, tasks: Iterable[str] = TASKS, name: str = "overlapping runs of one key"
+    ) -> Row:
         lines = []
+        tasks = set(tasks)
         for (task, key), pairs in self.e.overlaps.items():
+            if task not in tasks:
+                continue
             for (first, start, end), (second, other_start, other_end) in pairs:
                 lines.append(
                     f"{task}[{key}] {first} {self.t(start)}-{self.t(end) if end else 'never'} "
                     f"overlaps {second} {self.t(other_start)}-"
                     f"{self.t(other_end) if other_end else 'never'}; {self.before(other_start)}"
                 )
-        return Row("overlapping runs of one key", len(lines), _fail(lines), lines)
+        return Row(name, len(lines), _fail(lines), lines)
 
     def lost_rows(self) -> list[Row]:
         """until=started: every call (accepted or not) has a run of its key starting after it,
@@ -424,6 +479,8 @@ class Checks:
         lost = {call.task_id for call in self.e.calls if self.lost_by_the_transport(call)}
         ours, transport = [], []
         for line in self.e.keys_left:
+            if LATEST_LEFT in line:
+                continue  # (no record: the debounced rows judge it)
             holder = re.search(r" held by (\S+)$", line)
             (transport if holder and holder.group(1) in lost else ours).append(line)
         return _ours_and_kombus(
@@ -436,6 +493,8 @@ class Checks:
     def never_ran_rows(self) -> list[Row]:
         ours, transport, celerys = [], [], []
         for call in self.e.calls:
+            if call.task not in TASKS:
+                continue  # (the flow-control tasks' own rows)
             if call.error or call.deduplicated or call.task_id in self.starts:
                 continue
             kill = self.lost_by_the_transport(call)
@@ -474,6 +533,248 @@ class Checks:
                 celerys,
             ),
         ]
+
+    # -- the debounced task ------------------------------------------------------------------
+
+    def debounce_rows(self) -> list[Row]:
+        """The debounced task's rows (see docs/chaos.md): one burst at a time per key, no two
+        runs of a key at once, each run with its burst's last arguments as far as the design
+        promises them, every call's task id run, nothing left of it."""
+        return [
+            self.debounce_info_row(),
+            *self.duplicate_rows(
+                (DEBOUNCED,),
+                (
+                    "debounced: a second burst accepted while the first was queued",
+                    "debounced: second bursts inside the restart window (<= 1 per key)",
+                    "debounced: keys with more than one second burst inside the window",
+                ),
+            ),
+            self.overlap_row((DEBOUNCED,), "debounced: overlapping runs of one key"),
+            *self.argument_rows(),
+            *self.burst_never_ran_rows(),
+            self.latest_left_row(),
+        ]
+
+    def debounce_info_row(self) -> Row:
+        """How much the debounced rows saw: calls, bursts, runs, deliveries sent again, and
+        runs whose argument was not their message's first (taken from the dedup Redis)."""
+        calls = [call for call in self.e.calls if call.task == DEBOUNCED]
+        first = {
+            call.task_id: call.arg for call in calls if not call.error and not call.deduplicated
+        }
+        runs = [(task_id, arg) for task_id, ran in self.e.ran.items() for _, arg, _ in ran]
+        again = sum(len(self.e.retried.get(task_id, [])) for task_id in self.burst_calls())
+        taken = sum(1 for task_id, arg in runs if first.get(task_id, arg) != arg)
+        return Row(
+            "debounced: calls / bursts / runs",
+            len(calls),
+            "info",
+            [
+                f"{len(first)} bursts (accepted calls), {len(runs)} runs, {taken} with a later "
+                f"call's argument than their first's, {again} deliveries sent again (early, or "
+                "deferred)"
+            ],
+        )
+
+    def burst_calls(self) -> dict[str, list[Call]]:
+        """Task id -> the debounced calls answered with it (or that raised publishing it)."""
+        calls: dict[str, list[Call]] = defaultdict(list)
+        for call in self.e.calls:
+            if call.task == DEBOUNCED and call.task_id:
+                calls[call.task_id].append(call)
+        return calls
+
+    def delivery_claim(self, task_id: str, at: float, pid: int) -> float:
+        """The prerun of the delivery whose body began at ``at`` in process ``pid``: it comes
+        just before that delivery's claim (and its take of the latest arguments)."""
+        preruns = [t for t, p in self.e.prerun.get(task_id, []) if p == pid and t <= at]
+        return max(preruns, default=at)
+
+    def argument_rows(self) -> list[Row]:
+        """Each run of a debounced task id ran with an argument of a call made for it, and
+        never with an older one than a call for it had left before its claim, but where the
+        design says the run has its message's arguments (:meth:`message_arguments_why`);
+        and no call is answered with a task id after its last claim (its arguments could
+        never run)."""
+        calls = self.burst_calls()
+        unnamed: dict[int, set[int]] = defaultdict(set)  # (calls that raised before an id)
+        for call in self.e.calls:
+            if call.task == DEBOUNCED and not call.task_id and call.arg is not None:
+                unnamed[call.key].add(call.arg)
+        stale, by_design, foreign, late = [], [], [], []
+        for task_id, runs in self.e.ran.items():
+            made = calls.get(task_id, [])
+            key = made[0].key if made else -1
+            claims = self.debounce_claims(task_id)
+            made_args = sorted(c.arg for c in made if c.arg is not None)
+            for at, arg, pid in runs:
+                claim = self.delivery_claim(task_id, at, pid)
+                if arg not in made_args and arg not in unnamed[key]:
+                    foreign.append(
+                        f"debounced[{key}] {task_id} ran {self.t(at)} with {arg}; the calls "
+                        f"answered with it made {made_args}; {self.before(claim)}"
+                    )
+                older = [c for c in made if not c.error and c.end < claim and (c.arg or 0) > arg]
+                if not older:
+                    continue
+                newest = max(older, key=lambda c: c.arg or 0)
+                line = (
+                    f"debounced[{key}] {task_id} ran {self.t(at)} with {arg} (its delivery's "
+                    f"prerun {self.t(claim)}), though the call of {newest.arg} "
+                    f"({self.t(newest.start)}-{self.t(newest.end)}) had left it for it; "
+                    f"runs {self.history(task_id)}"
+                )
+                why = self.message_arguments_why(claim, at, older, claims)
+                if why:
+                    by_design.append(f"{line}; {why}")
+                else:
+                    stale.append(f"{line}; {self.before(claim)}")
+        for task_id, made in calls.items():
+            claims = self.debounce_claims(task_id)
+            if not claims:
+                continue  # (never claimed: the rows of calls whose task id never ran)
+            for call in made:
+                if not call.error and call.deduplicated and call.start > max(claims):
+                    late.append(
+                        f"debounced[{call.key}] call of {call.arg} at {self.t(call.start)} "
+                        f"answered with {task_id}, whose last claim was at "
+                        f"{self.t(max(claims))} (runs {self.history(task_id)}); "
+                        f"{self.before(call.start)}"
+                    )
+        return [
+            Row(
+                "debounced: runs with older arguments than a call for them left before the claim",
+                len(stale),
+                _fail(stale),
+                stale,
+            ),
+            Row(
+                "debounced: runs with their message's arguments, by design (below)",
+                len(by_design),
+                "info",
+                by_design,
+            ),
+            Row(
+                "debounced: runs with an argument no call of their task id made",
+                len(foreign),
+                _fail(foreign),
+                foreign,
+            ),
+            Row(
+                "debounced: calls answered with a task id after its last claim",
+                len(late),
+                _fail(late),
+                late,
+            ),
+        ]
+
+    def message_arguments_why(
+        self, claim: float, body: float, older: list[Call], claims: list[float]
+    ) -> str:
+        """Why a run whose delivery claimed at ``claim`` (its body began at ``body``) had its
+        message's arguments rather than the latest that ``older`` calls left: what the design
+        says, or "" (none: a failure). The take deletes the arguments it takes; the message
+        carries those of its call (or of the early delivery that sent it again)."""
+        first = min(call.start for call in older)
+        earlier = [at for at in claims if at < claim and at > first]
+        if earlier:
+            return (
+                f"an earlier delivery of it claimed at {self.t(min(earlier))} and took them: "
+                "this delivery is its message again (its run killed, or its ack lost), which "
+                "carries the arguments it was sent with"
+            )
+        for fault in self.e.faults:
+            if fault.kind == "dedup restart" and fault.start <= claim and fault.end >= first:
+                return (
+                    f"the dedup Redis restart at {self.t(fault.start)} lost them (and the "
+                    "record): the run has its message's"
+                )
+            if fault.kind == "clients killed" and claim - 0.5 <= fault.start <= body:
+                return (
+                    f"the dedup Redis's clients dropped at {self.t(fault.start)}, between its "
+                    "claim and its body: a take whose reply is lost finds nothing when sent "
+                    "again (docs/debounce-and-replace.md, Limits)"
+                )
+        return ""
+
+    def burst_never_ran_rows(self) -> list[Row]:
+        """Every debounced call's task id ran, but for a message kombu lost or one Celery
+        acked as failed (its child killed before the run began), shown apart."""
+        ours, transport, celerys = [], [], []
+        accepted = {
+            call.task_id: call
+            for call in self.e.calls
+            if call.task == DEBOUNCED and not call.error and not call.deduplicated
+        }
+        for task_id, made in self.burst_calls().items():
+            answered = [call for call in made if not call.error]
+            if not answered or task_id in self.starts:
+                continue
+            first = min(answered, key=lambda call: call.start)
+            line = (
+                f"debounced[{first.key}] {task_id}: {len(answered)} calls answered with it "
+                f"({self.t(first.start)}-{self.t(max(c.end for c in answered))}, arguments "
+                f"{sorted(c.arg or 0 for c in answered)}) and it never ran"
+            )
+            holder = accepted.get(task_id)
+            kill = self.lost_by_the_transport(holder) if holder is not None else None
+            if freed := self.e.freed.get(task_id):
+                celerys.append(
+                    f"{line}: its child killed before the run began, the message acked as "
+                    f"failed and the key freed at {self.t(freed[0][0])}; "
+                    f"{self.before(freed[0][0])}"
+                )
+            elif kill is not None:
+                transport.append(
+                    f"{line}: its message was in the queue before the {kill.kind} at "
+                    f"{self.t(kill.start)} ({kill.detail}), in neither the queue nor kombu's "
+                    "unacked hash after it"
+                )
+            else:
+                where = " (its message still in the broker)" if task_id in self.e.held else ""
+                deliveries = len(self.e.prerun.get(task_id, []))
+                ours.append(
+                    f"{line}{where}; {deliveries} deliveries, "
+                    f"{len(self.e.retried.get(task_id, []))} sent again; "
+                    f"{self.before(first.start)}"
+                )
+        return [
+            *_ours_and_kombus(
+                "debounced: calls whose task id never ran",
+                ours,
+                "debounced: kombu lost the message (popped before it was unacked)",
+                transport,
+            ),
+            Row(
+                "debounced: Celery acked as failed, its child killed before the run (key freed)",
+                len(celerys),
+                "not ours" if celerys else "ok",
+                celerys,
+            ),
+        ]
+
+    def latest_left_row(self) -> Row:
+        """Latest arguments left after the drain (they hold no key: a new call opens a new
+        burst). A task id that ran took its own as its run claimed: a field of one that ran is
+        a failure; one of a task id that never ran lives out its ttl (the rows above judge
+        why it never ran)."""
+        ours, left = [], []
+        for line in self.e.keys_left:
+            if LATEST_LEFT not in line:
+                continue
+            owner = line.rsplit(" ", 1)[1]
+            if owner in self.starts:
+                ours.append(f"{line}; it ran {self.history(owner)}")
+            else:
+                left.append(f"{line}; it never ran")
+        verdict = "FAIL" if ours else ("info" if left else "ok")
+        return Row(
+            "debounced: latest arguments left after the drain",
+            len(ours) + len(left),
+            verdict,
+            ours + left,
+        )
 
     def error_row(self, errors: Counter[str]) -> Row:
         """Calls that raised (the broker cut); any whose message ran anyway, by its id."""
@@ -594,6 +895,7 @@ class Checks:
             *self.keys_left_rows(),
             *self.lost_rows(),
             *self.never_ran_rows(),
+            *self.debounce_rows(),
             Row(
                 "kombu: worker stopped consuming after failed acks (restarted)",
                 len(kombu_stalls),
@@ -607,6 +909,10 @@ class Checks:
                 other_stalls,
             ),
         ]
+
+
+#: The form of a latest-arguments field in the keys left (tests/chaos/run.py).
+LATEST_LEFT = " latest arguments of "
 
 
 def _fail(found: Iterable[Any]) -> str:
