@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.chaos.evidence import Call, Checks, Evidence, Fault
+from tests.chaos.evidence import LIMITED, RATED, Call, Checks, Evidence, Fault
 
 HOLDER, LATER = "aaaaaaaa-holder", "bbbbbbbb-later"
 
@@ -415,3 +415,137 @@ def test_latest_arguments_left_for_a_task_id_that_ran_fail() -> None:
     assert _row(_debounced(_burst(1), ran={}, prerun={}), name).verdict == "ok"
     # Not a record: the keys-left row leaves it to this one.
     assert checks(ran=True).keys_left_rows()[0].verdict == "ok"
+
+
+def test_a_take_the_dedup_redis_could_not_answer_leaves_the_message_s_by_design() -> None:
+    # Between the claim's prerun and the body, the take raised: the run has its message's.
+    checks = _debounced(
+        _burst(1, 2, 3),
+        ran={BURST: [(1.61, 1, 10)]},
+        prerun={BURST: [(1.6, 10)]},
+        unavailable={BURST: [(1.605, 10, "runs with its message's arguments")]},
+    )
+    assert _row(checks, STALE).verdict == "ok"
+    assert "could not be asked" in _row(checks, BY_DESIGN).details[0]
+
+
+# -- the limited tasks ----------------------------------------------------------------------
+
+A, B, C, D = "a0000000-a", "b0000000-b", "c0000000-c", "d0000000-d"
+
+
+def _limited(
+    task: str, runs: list[tuple[str, float, float | None]], **found: Any
+) -> tuple[Checks, dict[str, Any]]:
+    """Runs of ``task``'s key 1 (each a call of its own, made at 0.5 s; every run's prerun
+    10 ms before its body, in pid 10), and the rows of the limited tasks by name."""
+    calls = [
+        Call(task, 1, task_id, False, 0.5, 0.5) for task_id in dict.fromkeys(r[0] for r in runs)
+    ]
+    checks = _judged(
+        calls,
+        runs={(task, 1): runs},
+        completed={task_id: [end] for task_id, _, end in runs if end is not None},
+        prerun={task_id: [(start - 0.01, 10)] for task_id, start, _ in runs},
+        run_pids={(task_id, start): 10 for task_id, start, _ in runs},
+        **found,
+    )
+    return checks, {row.check: row for row in checks.limit_rows()}
+
+
+OVER = "limited: more than 2 runs of one key at once"
+
+
+def test_three_runs_of_a_limited_key_at_once_fail_and_two_pass() -> None:
+    _, bad = _limited(LIMITED, [(A, 1.0, 2.0), (B, 1.1, 2.0), (C, 1.5, 1.8)])
+    assert (bad[OVER].verdict, bad[OVER].count) == ("FAIL", 1)
+    assert C in bad[OVER].details[0]
+    _, good = _limited(LIMITED, [(A, 1.0, 2.0), (B, 1.1, 2.0), (C, 2.0, 2.4)])
+    assert good[OVER].verdict == "ok"
+
+
+def test_a_third_run_just_after_a_dedup_restart_beside_an_older_one_is_shown_not_failed() -> None:
+    restart = Fault("dedup restart", 1.2, 1.25, "data lost")
+    runs = [(A, 1.0, 2.0), (B, 1.3, 2.0), (C, 1.5, 1.8)]
+    _, rows = _limited(LIMITED, runs, faults=[restart])
+    assert rows[OVER].verdict == "ok"
+    assert rows["limited: up to 4 at once across a dedup restart (slots lost)"].count == 1
+    # All three began after the restart: the slots were counted from then on.
+    _, rows = _limited(LIMITED, [(A, 1.3, 2.0), (B, 1.4, 2.0), (C, 1.5, 1.8)], faults=[restart])
+    assert rows[OVER].verdict == "FAIL"
+
+
+def test_a_run_that_could_not_ask_for_its_slot_is_not_counted() -> None:
+    runs = [(A, 1.0, 2.0), (B, 1.1, 2.0), (C, 1.5, 1.8)]
+    unavailable = {C: [(1.49, 10, "runs without its limit")]}
+    _, rows = _limited(LIMITED, runs, unavailable=unavailable)
+    assert rows[OVER].verdict == "ok"
+
+
+RATE_ROW = "rated: more than 3 starts of one key in 1s"
+
+
+def test_four_starts_of_a_rated_key_within_a_period_fail_and_a_period_apart_pass() -> None:
+    def rows(fourth: float) -> dict[str, Any]:
+        runs = [(A, 1.0, 1.1), (B, 1.3, 1.4), (C, 1.6, 1.7), (D, fourth, fourth + 0.1)]
+        return _limited(RATED, runs)[1]
+
+    bad = rows(1.9)[RATE_ROW]
+    assert (bad.verdict, bad.count) == ("FAIL", 1)
+    # A start is made between its prerun (10 ms before the body) and its body: 1.995 s is a
+    # period after the first prerun (0.99 s), so it may be in time.
+    assert rows(1.995)[RATE_ROW].verdict == "ok"
+    assert rows(2.2)[RATE_ROW].verdict == "ok"
+
+
+def test_starts_across_a_dedup_restart_may_reach_twice_the_rate() -> None:
+    restart = Fault("dedup restart", 1.2, 1.25, "data lost")
+    runs = [(A, 1.0, 1.1), (B, 1.1, 1.2), (C, 1.3, 1.4), (D, 1.4, 1.5)]
+    _, rows = _limited(RATED, runs, faults=[restart])
+    assert rows[RATE_ROW].verdict == "ok"
+    assert rows["rated: up to 6 in 1s across a dedup restart (starts lost)"].count == 1
+
+
+NEVER = "limited / rated: calls that never ran"
+
+
+def test_a_limited_call_that_never_ran_fails_but_for_kombu_or_celery() -> None:
+    calls = [Call(LIMITED, 1, A, False, 1.0, 1.0)]
+    never = _judged(calls)
+    rows = {row.check: row for row in never.limit_rows()}
+    assert rows[NEVER].verdict == "FAIL"
+    lost = _judged(calls, worker_lost={A: [(1.5, 5)]}, prerun={A: [(1.4, 10)]})
+    rows = {row.check: row for row in lost.limit_rows()}
+    assert rows[NEVER].verdict == "ok"
+    assert rows["limited / rated: Celery acked as failed, its child killed before the run"].count
+    _, ran = _limited(LIMITED, [(A, 1.0, 1.2)])
+    assert ran[NEVER].verdict == "ok"
+
+
+STUCK = "limited / rated: places or slots stuck after the drain"
+
+
+def test_a_place_or_a_live_slot_left_after_the_drain_is_stuck_but_not_a_killed_runs() -> None:
+    line = f"p:{{t.limited:ab}}:line ttl 3600s member {A} ticket 4"
+    slot = f"p:{{t.limited:ab}}:slots ttl 9s member {A} tok lease ends in 8.00s"
+    over = f"p:{{t.limited:ab}}:slots ttl 9s member {A} tok lease over"
+    _, rows = _limited(LIMITED, [(A, 1.0, 1.2)], keys_left=[line])
+    assert rows[STUCK].verdict == "FAIL"
+    _, rows = _limited(LIMITED, [(A, 1.0, 1.2)], keys_left=[slot])
+    assert rows[STUCK].verdict == "FAIL"
+    # Killed at 1.1 s (its end is its kill): the lease frees its slot.
+    checks, rows = _limited(LIMITED, [(A, 1.0, 1.1)], keys_left=[slot, over])
+    checks.e.completed.clear()
+    assert {row.check: row for row in checks.limit_rows()}[STUCK].verdict == "ok"
+    _, rows = _limited(LIMITED, [(A, 1.0, 1.2)], keys_left=[over])
+    assert rows[STUCK].verdict == "ok"
+    # A place of a message kombu lost lapses (documented): not stuck by our doing.
+    cut = Fault("broker cut", 2.0, 5.0, "redis down 3s", frozenset({B}))
+    lost = _judged(
+        [Call(LIMITED, 1, B, False, 1.0, 1.0)],
+        faults=[cut],
+        keys_left=[f"p:{{t.limited:ab}}:line ttl 3600s member {B} ticket 5"],
+    )
+    assert {row.check: row for row in lost.limit_rows()}[STUCK].verdict == "ok"
+    # (Not a record: the dedup tasks' row leaves them.)
+    assert lost.keys_left_rows()[0].verdict == "ok"

@@ -83,6 +83,13 @@ def _reclaimed(task_id: str = "", requeued: bool = False, **_: Any) -> None:
         evidence.rpush(f"{PREFIX}:freed", f"{task_id} {time.time()!r} {os.getpid()}")
 
 
+@dedupe.events.redis_unavailable.connect(weak=False)
+def _unavailable(task_id: str = "", action: str = "", **_: Any) -> None:
+    # Wherever the dedup Redis could not be asked (a producer, a child, a main process):
+    # what was done instead ("runs with its message's arguments", "runs unguarded", ...).
+    evidence.rpush(f"{PREFIX}:unavailable", f"{task_id} {time.time()!r} {os.getpid()} {action}")
+
+
 @signals.task_received.connect(weak=False)
 def _received(**_: Any) -> None:
     # In the worker's main process, whose pid is the worker's.

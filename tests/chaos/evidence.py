@@ -26,6 +26,13 @@ from tests.helpers import RunLog
 #: The dedup tasks the first rows judge (the flow-control tasks have rows of their own).
 TASKS = ("finished", "started")
 DEBOUNCED = "debounced"
+#: The flow-control tasks of issue 31: ``limited`` (``key_concurrency=LIMIT``) and ``rated``
+#: (``key_rate_limit``: RATE starts per PERIOD seconds). Every call is accepted and runs.
+LIMITED, RATED = "limited", "rated"
+LIMIT = 2
+RATE, PERIOD = 3, 1.0
+#: The keys of the limits (dedupe.values.limits.limit_keys), after the call key's hash tag.
+LIMIT_SUFFIXES = (":slots", ":line", ":due", ":seq", ":starts", ":plan")
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,14 @@ class Evidence:
     retried: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     #: Task id -> (time, argument, pid) of each debounced run, as its body began.
     ran: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)
+    #: Task id -> (time, pid, action) of each time the dedup Redis could not be asked for it
+    #: (dedupe.events.redis_unavailable): what was done instead.
+    unavailable: dict[str, list[tuple[float, int, str]]] = field(default_factory=dict)
+    #: Task id -> (time, pid) of each time a worker's main process saw the child that had
+    #: its message die (task_failure with WorkerLostError): Celery acked it as failed.
+    worker_lost: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    #: (task id, body start) -> the pid of that run (from the run logs).
+    run_pids: dict[tuple[str, float], int] = field(default_factory=dict)
 
     @classmethod
     def read(
@@ -117,8 +132,13 @@ class Evidence:
         calls = [Call.decode(raw) for raw in client.lrange(f"{prefix}:calls", 0, -1)]
         runs, overlaps = {}, {}
         completed: dict[str, list[float]] = defaultdict(list)
+        run_pids: dict[tuple[str, float], int] = {}
         for task, key in {(call.task, call.key) for call in calls}:
             log = RunLog(client, f"{prefix}:{task}:{key}")
+            for raw in client.lrange(log.name, 0, -1):
+                kind, task_id, at, pid = raw.decode().split()
+                if kind == "start":
+                    run_pids[(task_id, float(at))] = int(pid)
             runs[(task, key)] = log.runs(killed)
             overlaps[(task, key)] = log.overlaps(killed)
             for task_id, _, end in log.runs():
@@ -141,6 +161,9 @@ class Evidence:
             _timed(client, f"{prefix}:freed"),
             _timed(client, f"{prefix}:retried"),
             _ran(client, f"{prefix}:ran"),
+            _unavailable(client, f"{prefix}:unavailable"),
+            _timed(client, f"{prefix}:worker-lost"),
+            run_pids,
         )
 
 
@@ -164,6 +187,15 @@ def _ran(client: redis.Redis, name: str) -> dict[str, list[tuple[float, int, int
     for runs in ran.values():
         runs.sort()
     return ran
+
+
+def _unavailable(client: redis.Redis, name: str) -> dict[str, list[tuple[float, int, str]]]:
+    # "<task id> <time> <pid> <action>" lines -> task id -> [(time, pid, action)].
+    found: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
+    for raw in client.lrange(name, 0, -1):
+        task_id, at, pid, action = raw.decode().split(" ", 3)
+        found[task_id].append((float(at), int(pid), action))
+    return found
 
 
 @dataclass
@@ -194,6 +226,8 @@ class Checks:
         self.ends: dict[str, list[float]] = defaultdict(list)
         self.spans: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
         self.debounced = {call.task_id for call in evidence.calls if call.task == DEBOUNCED}
+        #: (task id, body start) -> the pid of that run.
+        self.run_pids: dict[tuple[str, float], int] = dict(evidence.run_pids)
         for runs in evidence.runs.values():
             for task_id, start, end in runs:
                 self.spans[task_id].append((start, end))
@@ -479,8 +513,8 @@ class Checks:
         lost = {call.task_id for call in self.e.calls if self.lost_by_the_transport(call)}
         ours, transport = [], []
         for line in self.e.keys_left:
-            if LATEST_LEFT in line:
-                continue  # (no record: the debounced rows judge it)
+            if LATEST_LEFT in line or _limit_key(line):
+                continue  # (no record: the debounced and limited rows judge it)
             holder = re.search(r" held by (\S+)$", line)
             (transport if holder and holder.group(1) in lost else ours).append(line)
         return _ours_and_kombus(
@@ -625,7 +659,7 @@ class Checks:
                     f"({self.t(newest.start)}-{self.t(newest.end)}) had left it for it; "
                     f"runs {self.history(task_id)}"
                 )
-                why = self.message_arguments_why(claim, at, older, claims)
+                why = self.message_arguments_why(claim, at, older, claims, task_id)
                 if why:
                     by_design.append(f"{line}; {why}")
                 else:
@@ -670,7 +704,7 @@ class Checks:
         ]
 
     def message_arguments_why(
-        self, claim: float, body: float, older: list[Call], claims: list[float]
+        self, claim: float, body: float, older: list[Call], claims: list[float], task_id: str = ""
     ) -> str:
         """Why a run whose delivery claimed at ``claim`` (its body began at ``body``) had its
         message's arguments rather than the latest that ``older`` calls left: what the design
@@ -684,6 +718,9 @@ class Checks:
                 "this delivery is its message again (its run killed, or its ack lost), which "
                 "carries the arguments it was sent with"
             )
+        for at, _, action in self.e.unavailable.get(task_id, []):
+            if claim <= at <= body:
+                return f"the dedup Redis could not be asked at {self.t(at)}: it {action}"
         for fault in self.e.faults:
             if fault.kind == "dedup restart" and fault.start <= claim and fault.end >= first:
                 return (
@@ -775,6 +812,245 @@ class Checks:
             verdict,
             ours + left,
         )
+
+    # -- the limited tasks ---------------------------------------------------------------------
+
+    def limit_rows(self) -> list[Row]:
+        """The limited tasks' rows (see docs/chaos.md): never more than LIMIT runs of a
+        ``limited`` key at once, never more than RATE starts of a ``rated`` key in a
+        period, every call run, nothing left that holds later calls back."""
+        calls = Counter(call.task for call in self.e.calls if call.task in (LIMITED, RATED))
+        runs = {
+            task: sum(len(runs) for (name, _), runs in self.e.runs.items() if name == task)
+            for task in (LIMITED, RATED)
+        }
+        again = {
+            task: sum(
+                len(self.e.retried.get(call.task_id, []))
+                for call in self.e.calls
+                if call.task == task
+            )
+            for task in (LIMITED, RATED)
+        }
+        return [
+            Row(
+                "limited / rated: calls",
+                sum(calls.values()),
+                "info",
+                [
+                    f"{task}: {calls[task]} calls, {runs[task]} runs, {again[task]} deliveries "
+                    "sent again to wait their turn"
+                    for task in (LIMITED, RATED)
+                ],
+            ),
+            *self.concurrency_rows(),
+            *self.rate_rows(),
+            *self.limited_never_ran_rows(),
+            *self.limits_left_rows(),
+        ]
+
+    def unlimited(self, task_id: str, start: float) -> bool:
+        """The delivery of ``task_id`` whose body began at ``start`` ran without its limit:
+        the dedup Redis could not be asked (by design: a consumed message runs)."""
+        return any(
+            start - 5.0 <= at <= start and "without its limit" in action
+            for at, _, action in self.e.unavailable.get(task_id, [])
+        )
+
+    def restart_before(self, at: float) -> Fault | None:
+        """The last dedup-Redis restart that began before ``at``."""
+        restarts = [f for f in self.e.faults if f.kind == "dedup restart" and f.start <= at]
+        return restarts[-1] if restarts else None
+
+    def concurrency_rows(self) -> list[Row]:
+        """At most LIMIT runs of one ``limited`` key at once (a killed run ends at its kill).
+        More, up to twice the limit, only just after a dedup-Redis restart and with a run
+        that began before it among them: the restart lost the slots, and the live runs'
+        heartbeats count theirs again at their next renewal (docs/flow-control.md)."""
+        ours, restart = [], []
+        for (task, key), runs in sorted(self.e.runs.items()):
+            if task != LIMITED:
+                continue
+            live: list[tuple[str, float, float | None]] = []
+            for run in sorted(runs, key=lambda run: run[1]):
+                task_id, start, _ = run
+                if self.unlimited(task_id, start):
+                    continue
+                live = [r for r in live if r[2] is None or r[2] > start] + [run]
+                if len(live) <= LIMIT:
+                    continue
+                line = f"limited[{key}] {len(live)} runs at {self.t(start)}: " + ", ".join(
+                    f"{r[0]} {self.t(r[1])}-{self.t(r[2]) if r[2] else '?'}" for r in live
+                )
+                fault = self.restart_before(start)
+                if (
+                    fault is not None
+                    and len(live) <= 2 * LIMIT
+                    and any(r[1] < fault.start for r in live)
+                ):
+                    restart.append(f"{line}; after the dedup restart at {self.t(fault.start)}")
+                else:
+                    ours.append(f"{line}; {self.before(start)}")
+        return [
+            Row(
+                f"limited: more than {LIMIT} runs of one key at once",
+                len(ours),
+                _fail(ours),
+                ours,
+            ),
+            Row(
+                f"limited: up to {2 * LIMIT} at once across a dedup restart (slots lost)",
+                len(restart),
+                "info",
+                restart,
+            ),
+        ]
+
+    def rate_rows(self) -> list[Row]:
+        """At most RATE starts of one ``rated`` key in any PERIOD. A start is made in Redis
+        between its delivery's prerun and its body's start: RATE + 1 starts whose bodies all
+        began within a period of the earliest of their preruns broke the limit for sure. Up
+        to twice the rate only across a dedup-Redis restart (the starts made were lost)."""
+        ours, restart = [], []
+        for (task, key), runs in sorted(self.e.runs.items()):
+            if task != RATED:
+                continue
+            starts = sorted(
+                (start, self.delivery_claim(task_id, start, self._pid_of(task_id, start)), task_id)
+                for task_id, start, _ in runs
+                if not self.unlimited(task_id, start)
+            )
+            for index in range(len(starts) - RATE):
+                window = starts[index : index + RATE + 1]
+                first = min(prerun for _, prerun, _ in window)
+                last = window[-1][0]
+                if last - first >= PERIOD:
+                    continue
+                inside = [s for s in starts if first <= s[0] and s[0] - first < PERIOD]
+                line = (
+                    f"rated[{key}] {len(inside)} starts within {last - first:.3f}s from "
+                    f"{self.t(first)}: "
+                    + ", ".join(f"{task_id} {self.t(start)}" for start, _, task_id in inside)
+                )
+                fault = self.restart_before(last)
+                if (
+                    fault is not None
+                    and len(inside) <= 2 * RATE
+                    and first <= fault.end
+                    and any(start < fault.start for start, _, _ in inside)
+                ):
+                    restart.append(f"{line}; across the dedup restart at {self.t(fault.start)}")
+                else:
+                    ours.append(f"{line}; {self.before(first)}")
+        return [
+            Row(
+                f"rated: more than {RATE} starts of one key in {PERIOD:g}s",
+                len(ours),
+                _fail(ours),
+                ours,
+            ),
+            Row(
+                f"rated: up to {2 * RATE} in {PERIOD:g}s across a dedup restart (starts lost)",
+                len(restart),
+                "info",
+                restart,
+            ),
+        ]
+
+    def _pid_of(self, task_id: str, start: float) -> int:
+        """The pid of the run of ``task_id`` whose body began at ``start`` (-1: unknown)."""
+        return self.run_pids.get((task_id, start), -1)
+
+    def limited_never_ran_rows(self) -> list[Row]:
+        """Every call of a limited task ran (each has a task id of its own), but for a
+        message kombu lost or one Celery acked as failed as its child died before the run
+        began (shown apart)."""
+        ours, transport, celerys = [], [], []
+        for call in self.e.calls:
+            if call.task not in (LIMITED, RATED) or call.error or call.task_id in self.starts:
+                continue
+            line = f"{call.task}[{call.key}] {call.task_id} called {self.t(call.start)}, never ran"
+            kill = self.lost_by_the_transport(call)
+            if lost := self.e.worker_lost.get(call.task_id):
+                celerys.append(
+                    f"{line}: its child died before the run began and Celery acked it as "
+                    f"failed (WorkerLostError) at {self.t(lost[0][0])}; {self.before(lost[0][0])}"
+                )
+            elif kill is not None:
+                transport.append(
+                    f"{line}: in the queue before the {kill.kind} at {self.t(kill.start)} "
+                    f"({kill.detail}), in neither the queue nor kombu's unacked hash after it"
+                )
+            else:
+                where = " (its message still in the broker)" if call.task_id in self.e.held else ""
+                ours.append(
+                    f"{line}{where}; {len(self.e.prerun.get(call.task_id, []))} deliveries, "
+                    f"{len(self.e.retried.get(call.task_id, []))} sent again; "
+                    f"{self.before(call.start)}"
+                )
+        return [
+            *_ours_and_kombus(
+                "limited / rated: calls that never ran",
+                ours,
+                "limited / rated: kombu lost the message (popped before it was unacked)",
+                transport,
+            ),
+            Row(
+                "limited / rated: Celery acked as failed, its child killed before the run",
+                len(celerys),
+                "not ours" if celerys else "ok",
+                celerys,
+            ),
+        ]
+
+    def limits_left_rows(self) -> list[Row]:
+        """What the limits left after the drain. Stuck (a failure): a place in a line (it
+        holds every later call of its key back until it lapses) but for a task id whose
+        message kombu lost or Celery acked as failed (documented: it lapses); a slot whose
+        lease still runs though its task id's runs all ended by themselves (its end did not
+        free it). Shown: a slot of a killed run (its lease frees it), a lease over (free),
+        the rate's log of starts and reservations (forgotten a period on)."""
+        excused = {
+            call.task_id
+            for call in self.e.calls
+            if call.task in (LIMITED, RATED)
+            and (self.lost_by_the_transport(call) or self.e.worker_lost.get(call.task_id))
+        }
+        killed = {
+            task_id
+            for runs in self.e.runs.values()
+            for task_id, _, end in runs
+            if end is not None and end not in self.e.completed.get(task_id, [])
+        }
+        stuck, shown = [], []
+        for line in self.e.keys_left:
+            suffix = _limit_key(line)
+            if not suffix:
+                continue
+            member = line.split(" member ", 1)[1].split(" ")[0] if " member " in line else ""
+            if suffix == ":line" and member and member not in excused:
+                stuck.append(f"{line}: a place left; {self.history(member) or 'never ran'}")
+            elif suffix == ":slots" and member and " lease over" not in line:
+                if member in killed or member in excused:
+                    shown.append(f"{line}: its run was killed, the lease frees it")
+                else:
+                    stuck.append(f"{line}: held after its runs ended: {self.history(member)}")
+            else:
+                shown.append(line)
+        return [
+            Row(
+                "limited / rated: places or slots stuck after the drain",
+                len(stuck),
+                _fail(stuck),
+                stuck,
+            ),
+            Row(
+                "limited / rated: their keys left (free by their ttl)",
+                len(shown),
+                "info" if shown else "ok",
+                shown,
+            ),
+        ]
 
     def error_row(self, errors: Counter[str]) -> Row:
         """Calls that raised (the broker cut); any whose message ran anyway, by its id."""
@@ -896,6 +1172,7 @@ class Checks:
             *self.lost_rows(),
             *self.never_ran_rows(),
             *self.debounce_rows(),
+            *self.limit_rows(),
             Row(
                 "kombu: worker stopped consuming after failed acks (restarted)",
                 len(kombu_stalls),
@@ -913,6 +1190,14 @@ class Checks:
 
 #: The form of a latest-arguments field in the keys left (tests/chaos/run.py).
 LATEST_LEFT = " latest arguments of "
+
+
+def _limit_key(line: str) -> str:
+    """The limit key's suffix (``:slots``, ``:line``, ...) of a line of the keys left whose
+    key is one (``<prefix>:{<task>:<digest>}:<suffix> ...``), else ""."""
+    name = line.split(" ", 1)[0]
+    tail = name.rsplit("}", 1)[-1] if "}" in name else ""
+    return tail if tail in LIMIT_SUFFIXES else ""
 
 
 def _fail(found: Iterable[Any]) -> str:
