@@ -378,6 +378,9 @@ def test_a_call_answered_with_a_task_id_after_its_last_claim_fails() -> None:
     assert (bad.verdict, bad.count) == ("FAIL", 1)
     assert "call of 3 at 1.80s" in bad.details[0]
     assert _row(checks(0.2), name).verdict == "ok"
+    # After the delivery's prerun (1.6 s), before its body (1.61 s): the claim comes between
+    # them, and the call may have reached Redis before it (seen on RabbitMQ).
+    assert _row(checks(0.3025), name).verdict == "ok"
 
 
 def test_a_debounced_task_id_that_never_ran_fails_but_for_kombu_or_celery() -> None:
@@ -549,3 +552,20 @@ def test_a_place_or_a_live_slot_left_after_the_drain_is_stuck_but_not_a_killed_r
     assert {row.check: row for row in lost.limit_rows()}[STUCK].verdict == "ok"
     # (Not a record: the dedup tasks' row leaves them.)
     assert lost.keys_left_rows()[0].verdict == "ok"
+
+
+def test_a_limited_message_sent_again_and_lost_by_kombu_is_kombus_but_not_once_delivered() -> None:
+    # Delivered at 1 s and sent again to wait its turn; the message sent again was in the
+    # queue before the broker cut at 2 s and in neither the queue nor the unacked hash after.
+    cut = Fault("broker cut", 2.0, 5.0, "redis down 3s", frozenset({A}))
+    calls = [Call(LIMITED, 1, A, False, 0.5, 0.5)]
+
+    def rows(preruns: list[tuple[float, int]]) -> dict[str, Any]:
+        checks = _judged(calls, faults=[cut], prerun={A: preruns}, retried={A: [(1.01, 10)]})
+        return {row.check: row for row in checks.limit_rows()}
+
+    lost = rows([(1.0, 10)])
+    assert lost[NEVER].verdict == "ok"
+    assert lost["limited / rated: kombu lost the message (popped before it was unacked)"].count
+    # A delivery after the cut: the message was not lost there; what became of it is ours.
+    assert rows([(1.0, 10), (6.0, 11)])[NEVER].verdict == "FAIL"

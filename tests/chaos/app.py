@@ -90,6 +90,16 @@ def _unavailable(task_id: str = "", action: str = "", **_: Any) -> None:
     evidence.rpush(f"{PREFIX}:unavailable", f"{task_id} {time.time()!r} {os.getpid()} {action}")
 
 
+@signals.task_failure.connect(weak=False)
+def _worker_lost(task_id: str = "", exception: Any = None, **_: Any) -> None:
+    # In the worker's main process: the child that had this message died, and Celery acks
+    # an acks_late message as failed (no reject_on_worker_lost): it never runs again.
+    from billiard.exceptions import WorkerLostError
+
+    if isinstance(exception, WorkerLostError):
+        evidence.rpush(f"{PREFIX}:worker-lost", f"{task_id} {time.time()!r} {os.getpid()}")
+
+
 @signals.task_received.connect(weak=False)
 def _received(**_: Any) -> None:
     # In the worker's main process, whose pid is the worker's.

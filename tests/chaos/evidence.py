@@ -507,6 +507,22 @@ class Checks:
             return None
         return next((f for f in self.e.faults if call.task_id in f.vanished), None)
 
+    def lost_message(self, task_id: str) -> Fault | None:
+        """The kill or cut at which kombu lost the last message of a flow-control task id:
+        in the queue just before it, in neither the queue nor the unacked hash after it, and
+        no delivery of that task id to a child since. (A debounced or limited message is
+        sent again under its task id, as an early or waiting delivery ends: the message lost
+        may be such a re-sent one, after deliveries of the task id.)"""
+        preruns = self.e.prerun.get(task_id, [])
+        return next(
+            (
+                fault
+                for fault in self.e.faults
+                if task_id in fault.vanished and not any(at >= fault.start for at, _ in preruns)
+            ),
+            None,
+        )
+
     def keys_left_rows(self) -> list[Row]:
         """Keys left after the drain: a failure, but for the key of a message kombu lost
         (its record names a task id whose message is gone: the transport's loss, shown)."""
@@ -629,8 +645,8 @@ class Checks:
         """Each run of a debounced task id ran with an argument of a call made for it, and
         never with an older one than a call for it had left before its claim, but where the
         design says the run has its message's arguments (:meth:`message_arguments_why`);
-        and no call is answered with a task id after its last claim (its arguments could
-        never run)."""
+        and no call is answered with a task id after its last claim (after the body of its
+        last run, with no claim since: its arguments could never run)."""
         calls = self.burst_calls()
         unnamed: dict[int, set[int]] = defaultdict(set)  # (calls that raised before an id)
         for call in self.e.calls:
@@ -665,16 +681,19 @@ class Checks:
                 else:
                     stale.append(f"{line}; {self.before(claim)}")
         for task_id, made in calls.items():
+            # A claim is made between its delivery's prerun and its body: a call that began
+            # after the body of the last claimed delivery, with no claim after it, reached
+            # Redis after that claim for sure.
+            bodies = sorted(at for at, _, _ in self.e.ran.get(task_id, []))
             claims = self.debounce_claims(task_id)
-            if not claims:
-                continue  # (never claimed: the rows of calls whose task id never ran)
             for call in made:
-                if not call.error and call.deduplicated and call.start > max(claims):
+                if call.error or not call.deduplicated or not bodies:
+                    continue
+                if call.start > bodies[-1] and not any(at > call.start for at in claims):
                     late.append(
                         f"debounced[{call.key}] call of {call.arg} at {self.t(call.start)} "
-                        f"answered with {task_id}, whose last claim was at "
-                        f"{self.t(max(claims))} (runs {self.history(task_id)}); "
-                        f"{self.before(call.start)}"
+                        f"answered with {task_id}, whose last run began {self.t(bodies[-1])} "
+                        f"(runs {self.history(task_id)}); {self.before(call.start)}"
                     )
         return [
             Row(
@@ -739,11 +758,6 @@ class Checks:
         """Every debounced call's task id ran, but for a message kombu lost or one Celery
         acked as failed (its child killed before the run began), shown apart."""
         ours, transport, celerys = [], [], []
-        accepted = {
-            call.task_id: call
-            for call in self.e.calls
-            if call.task == DEBOUNCED and not call.error and not call.deduplicated
-        }
         for task_id, made in self.burst_calls().items():
             answered = [call for call in made if not call.error]
             if not answered or task_id in self.starts:
@@ -754,8 +768,7 @@ class Checks:
                 f"({self.t(first.start)}-{self.t(max(c.end for c in answered))}, arguments "
                 f"{sorted(c.arg or 0 for c in answered)}) and it never ran"
             )
-            holder = accepted.get(task_id)
-            kill = self.lost_by_the_transport(holder) if holder is not None else None
+            kill = self.lost_message(task_id)
             if freed := self.e.freed.get(task_id):
                 celerys.append(
                     f"{line}: its child killed before the run began, the message acked as "
@@ -970,7 +983,7 @@ class Checks:
             if call.task not in (LIMITED, RATED) or call.error or call.task_id in self.starts:
                 continue
             line = f"{call.task}[{call.key}] {call.task_id} called {self.t(call.start)}, never ran"
-            kill = self.lost_by_the_transport(call)
+            kill = self.lost_message(call.task_id)
             if lost := self.e.worker_lost.get(call.task_id):
                 celerys.append(
                     f"{line}: its child died before the run began and Celery acked it as "
@@ -1014,12 +1027,16 @@ class Checks:
             call.task_id
             for call in self.e.calls
             if call.task in (LIMITED, RATED)
-            and (self.lost_by_the_transport(call) or self.e.worker_lost.get(call.task_id))
+            and (self.lost_message(call.task_id) or self.e.worker_lost.get(call.task_id))
         }
+        # Task ids whose last run was killed (it ends at its kill): its slot frees with
+        # its lease.
+        last: dict[str, float | None] = {}
+        for task_id, spans in self.spans.items():
+            last[task_id] = max(spans)[1]
         killed = {
             task_id
-            for runs in self.e.runs.values()
-            for task_id, _, end in runs
+            for task_id, end in last.items()
             if end is not None and end not in self.e.completed.get(task_id, [])
         }
         stuck, shown = [], []

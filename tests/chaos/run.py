@@ -45,7 +45,7 @@ from dedupe.values.keys import LATEST_SUFFIX
 from dedupe.values.record import Holder, unpack_owner
 from tests.helpers import LOGDIR, ProcessGroup, WorkerProcess, free_port, keys_with_prefix
 
-from .evidence import Call, Checks, Evidence, Fault, Row, failed, table
+from .evidence import Call, Checks, Evidence, Fault, Row, _limit_key, failed, table
 
 AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
 AMQP_URL = f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}//"
@@ -80,6 +80,9 @@ class Params:
     flow_producers: int = 2
     #: Keys of the debounced task (0: no debounced calls), called in bursts.
     debounced_keys: int = 4
+    #: Keys of the limited task (key_concurrency) and of the rated one (key_rate_limit).
+    limited_keys: int = 0
+    rated_keys: int = 0
 
     @property
     def window(self) -> float:
@@ -159,68 +162,81 @@ def _produce(seed: int, params: Params, barrier: Any) -> None:
         chaos_app.evidence.rpush(sink, *batch)
 
 
-def _produce_flow(seed: int, params: Params, barrier: Any) -> None:
+class _FlowProducer:
     """A flow producer: one thread per key it owns (key % flow_producers == seed), each
-    calling the debounced task in bursts for ``duration`` seconds, its argument one more at
-    every call: calls a little apart (under the quiet period: they collapse), now and then
-    a burst longer than the cap, and pauses that end a burst or not."""
-    from tests.chaos import app as chaos_app
+    calling a flow-control task in bursts for ``duration`` seconds. Debounced: its argument
+    one more at every call, calls a little apart (under the quiet period: they collapse),
+    now and then a burst longer than the cap, and pauses that end a burst or not. Limited
+    and rated: bursts beyond the limit (they wait their turn), pauses it keeps up over."""
 
-    logging.getLogger("dedupe").addHandler(chaos_app.Warnings())
-    local = threading.local()
+    def __init__(self, seed: int, params: Params) -> None:
+        from tests.chaos import app as chaos_app
 
-    def note(headers: Any = None, **_: Any) -> None:
-        local.publishing = str((headers or {}).get("id", ""))
+        self.app, self.seed, self.params = chaos_app, seed, params
+        logging.getLogger("dedupe").addHandler(chaos_app.Warnings())
+        self.local = threading.local()
+        signals.before_task_publish.connect(self.note, weak=False)
+        self.until = 0.0
 
-    signals.before_task_publish.connect(note, weak=False)
-    sink = f"{chaos_app.PREFIX}:calls"
-    owned = [key for key in range(params.debounced_keys) if key % params.flow_producers == seed]
-    barrier.wait()
-    until = time.time() + params.duration
+    def note(self, headers: Any = None, **_: Any) -> None:
+        self.local.publishing = str((headers or {}).get("id", ""))
 
-    def bursts(key: int) -> None:
-        rng = random.Random(f"{seed}:{key}")
+    def owned(self) -> list[tuple[str, int]]:
+        p = self.params
+        keys = (("debounced", p.debounced_keys), ("limited", p.limited_keys))
+        return [
+            (name, key)
+            for name, count in (*keys, ("rated", p.rated_keys))
+            for key in range(count)
+            if key % p.flow_producers == self.seed
+        ]
+
+    def run(self, barrier: Any) -> None:
+        threads = [threading.Thread(target=self.calls, args=owned) for owned in self.owned()]
+        barrier.wait()
+        self.until = time.time() + self.params.duration
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def call(self, name: str, key: int, args: tuple[Any, ...], arg: int | None = None) -> str:
+        """One call, as the evidence writes it."""
+        start, self.local.publishing = time.time(), ""
+        try:
+            result = getattr(self.app, name).apply_async(args)
+            deduplicated = bool(getattr(result, "deduplicated", False))
+            call = Call(
+                name, key, result.id, deduplicated, start, time.time(), pid=os.getpid(), arg=arg
+            )
+        except Exception as exc:
+            error, task_id = type(exc).__name__, self.local.publishing
+            call = Call(name, key, task_id, False, start, time.time(), error, os.getpid(), arg=arg)
+        return call.encode()
+
+    def calls(self, name: str, key: int) -> None:
+        rng = random.Random(f"{self.seed}:{name}:{key}")
         value, made = 0, []
-        while time.time() < until:
-            for _ in range(rng.choice((1, 2, 3, 4, 6, 12))):
-                value += 1
-                start, local.publishing = time.time(), ""
-                try:
-                    result = chaos_app.debounced.apply_async((key, value, 0.05 + 0.05 * key))
-                    call = Call(
-                        "debounced",
-                        key,
-                        result.id,
-                        bool(getattr(result, "deduplicated", False)),
-                        start,
-                        time.time(),
-                        pid=os.getpid(),
-                        arg=value,
-                    )
-                except Exception as exc:
-                    error = type(exc).__name__
-                    call = Call(
-                        "debounced",
-                        key,
-                        local.publishing,
-                        False,
-                        start,
-                        time.time(),
-                        error,
-                        os.getpid(),
-                        arg=value,
-                    )
-                made.append(call.encode())
-                time.sleep(rng.uniform(0.03, 0.25))
-            time.sleep(rng.uniform(0.1, 1.5))
+        while time.time() < self.until:
+            if name == "debounced":
+                for _ in range(rng.choice((1, 2, 3, 4, 6, 12))):
+                    value += 1
+                    made.append(self.call(name, key, (key, value, 0.05 + 0.05 * key), value))
+                    time.sleep(rng.uniform(0.03, 0.25))
+                time.sleep(rng.uniform(0.1, 1.5))
+                continue
+            limited = name == "limited"
+            for _ in range(rng.randint(2, 5) if limited else rng.randint(2, 6)):
+                seconds = rng.uniform(0.2, 0.5) if limited else 0.05
+                made.append(self.call(name, key, (key, seconds)))
+                time.sleep(rng.uniform(0.02, 0.1))
+            time.sleep(rng.uniform(0.5, 2.0) if limited else rng.uniform(0.8, 2.5))
         if made:
-            chaos_app.evidence.rpush(sink, *made)
+            self.app.evidence.rpush(f"{self.app.PREFIX}:calls", *made)
 
-    threads = [threading.Thread(target=bursts, args=(key,)) for key in owned]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+
+def _produce_flow(seed: int, params: Params, barrier: Any) -> None:
+    _FlowProducer(seed, params).run(barrier)
 
 
 # -- the broker: a private Redis, or RabbitMQ behind a proxy --------------------------------
@@ -292,7 +308,34 @@ def _keys_left(client: redis.Redis, key: bytes) -> list[str]:
             f"{name} ttl {pttl / 1000:g}s latest arguments of {unpack_owner(owner)}"
             for owner in client.hkeys(key)
         ]
+    if kind == "zset":
+        # (The limits' sets: evidence.Checks.limits_left_rows reads these lines.)
+        seconds, micro = client.time()
+        now = seconds * 1000 + micro / 1000
+        lines = []
+        for raw, score in client.zrange(key, 0, -1, withscores=True):
+            member, ahead = raw.decode(), (score - now) / 1000
+            if name.endswith(":line"):
+                when = f"ticket {score:g}"
+            elif name.endswith(":slots"):
+                when = "lease over" if ahead <= 0 else f"lease ends in {ahead:.2f}s"
+            else:
+                when = f"at {ahead:+.2f}s"
+            lines.append(f"{name} ttl {pttl / 1000:g}s member {member} {when}")
+        return lines
     return [f"{name} ({kind}) ttl {pttl / 1000:g}s"]
+
+
+def _waits(line: str) -> bool:
+    """A line of the keys left that says work is still to come: a record, a place in a
+    limited key's line, a slot whose lease runs (a run still on, or a killed run's lease:
+    at most ``lease`` seconds), a rated key's start reserved for later."""
+    if " latest arguments of " in line:
+        return False
+    suffix = _limit_key(line)
+    if suffix == ":slots":
+        return " lease ends in " in line  # (a run still on, or a killed one's lease)
+    return not suffix or suffix == ":line" or (suffix == ":plan" and " at +" in line)
 
 
 def _key_left(client: redis.Redis, key: bytes) -> str:
@@ -579,8 +622,9 @@ class Scenario:
         if self.broker.kind == "redis" and self._snapshot():
             return False
         # (A latest-arguments field of a task id that will never take it lives out its
-        # ttl, as it should: the drain waits for records only; the checks judge it.)
-        return not [line for line in self._keys_left() if " latest arguments of " not in line]
+        # ttl, as it should; so do the limits' logs: the drain waits for records, places in
+        # a line and reserved starts to come; the checks judge the rest.)
+        return not [line for line in self._keys_left() if _waits(line)]
 
     def _keys_left(self) -> list[str]:
         """The dedup keys of the run, each with its time to live and the task id it names."""
@@ -623,8 +667,10 @@ class Scenario:
             stack.callback(self.fleet.stop)
             self.fleet.start()
             t0 = self._produce_under_faults()
+            drain_began = time.time()
             self._drain()
             keys_left = self._keys_left()
+            drained = time.time() - drain_began
             self.fleet.stop()
             found = Evidence.read(
                 evidence, self.run_id, self.faults, keys_left, self.fleet.killed, t0
@@ -635,7 +681,8 @@ class Scenario:
         mode = "plain Celery tasks" if self.params.plain else "DedupeTask"
         title = (
             f"chaos on {self.broker.kind} ({mode}): {self.params.producers} producers x "
-            f"{self.params.calls} calls, {self.params.keys} keys, {seconds:.0f}s; "
+            f"{self.params.calls} calls, {self.params.keys} keys, {seconds:.0f}s "
+            f"(drain {drained:.0f}s); "
             f"worker logs in {LOGDIR}"
         )
         return Outcome(self.broker.kind, rows, seconds, table(title, rows))
@@ -643,7 +690,8 @@ class Scenario:
     def _produce_under_faults(self) -> float:
         context = multiprocessing.get_context("spawn")
         p = self.params
-        flow = p.flow_producers if p.debounced_keys and not p.plain else 0
+        flow_keys = p.debounced_keys + p.limited_keys + p.rated_keys
+        flow = p.flow_producers if flow_keys and not p.plain else 0
         barrier = context.Barrier(p.producers + flow + 1)
         producers = [
             context.Process(target=_produce, args=(seed, p, barrier)) for seed in range(p.producers)
