@@ -1,0 +1,172 @@
+"""key_concurrency=N: at most N runs of one key at once across all workers; every call is
+accepted and runs, in call order; a killed worker's slot is freed by its lease. Real Redis,
+real prefork workers; the runs' start and end times are written by the tasks (RunLog)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import dedupe
+from dedupe.values.config import DedupeConfig
+from dedupe.values.options import resolve
+
+from .helpers import WorkerProcess, wait_for
+
+pytestmark = [pytest.mark.slow]
+
+_CONFIG = DedupeConfig(redis_url="")
+#: The Redis broker's visibility timeout for the workers of the kill test: the killed
+#: worker's unacked messages come back this long after their delivery.
+VISIBILITY = 6
+
+
+def most_at_once(runs: list[tuple[str, float, float | None]]) -> int:
+    """The largest number of runs live at one instant."""
+    edges = sorted(
+        [(start, 1) for _, start, _ in runs]
+        + [(end if end is not None else float("inf"), -1) for _, _, end in runs]
+    )
+    live = most = 0
+    for _, step in edges:  # (an end sorts before a start at the same instant)
+        live += step
+        most = max(most, live)
+    return most
+
+
+@pytest.fixture
+def workers(worker_app: Any, tag: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Workers of a queue of the test's own: ``(queue, [WorkerProcess, ...])``, as many and
+    as large as the test's parameter says ``(workers, processes each)``; default one of four."""
+    count, concurrency = getattr(request, "param", (1, 4))
+    queue = f"limits-{tag}"
+    env = {"DEDUPE_TEST_QUEUE": queue, "DEDUPE_TEST_VISIBILITY": str(VISIBILITY)}
+    started = [WorkerProcess(worker_app.app, env, concurrency=concurrency) for _ in range(count)]
+    try:
+        for worker in started:
+            worker.start()
+        yield queue, started
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+def six_calls(worker_app: Any, tag: str, queue: str, seconds: float = 1.0) -> list[Any]:
+    return [
+        worker_app.two_at_once.apply_async((tag, index, seconds), queue=queue) for index in range(6)
+    ]
+
+
+def test_every_call_is_accepted_with_a_task_id_of_its_own(
+    worker_app: Any, tag: str, workers: Any
+) -> None:
+    results = six_calls(worker_app, tag, workers[0])
+    assert [result.deduplicated for result in results] == [False] * 6
+    assert len({result.id for result in results}) == 6
+    assert [result.get(timeout=30) for result in results] == list(range(6))
+
+
+def test_six_calls_all_run_never_more_than_two_at_once(
+    worker_app: Any, tag: str, workers: Any
+) -> None:
+    results = six_calls(worker_app, tag, workers[0])
+    for result in results:
+        result.get(timeout=30)
+    runs = worker_app.runlog(tag).runs()
+    assert sorted(run[0] for run in runs) == sorted(result.id for result in results)
+    assert most_at_once(runs) == 2  # (four pool processes: without the limit, four)
+
+
+def test_runs_start_in_call_order(worker_app: Any, tag: str, workers: Any) -> None:
+    results = six_calls(worker_app, tag, workers[0])
+    for result in results:
+        result.get(timeout=30)
+    started = [run[0] for run in worker_app.runlog(tag).runs()]
+    assert started == [result.id for result in results]
+
+
+@pytest.mark.parametrize("workers", [(2, 2)], indirect=True, ids=["two workers"])
+def test_two_workers_never_run_more_than_two_at_once(
+    worker_app: Any, tag: str, workers: Any
+) -> None:
+    results = six_calls(worker_app, tag, workers[0])
+    for result in results:
+        result.get(timeout=30)
+    runs = worker_app.runlog(tag).runs()
+    assert len(runs) == 6
+    assert most_at_once(runs) == 2
+    assert len(set(_pids(worker_app, tag))) >= 2  # (both workers ran some)
+
+
+@pytest.mark.parametrize("workers", [(2, 2)], indirect=True, ids=["two workers"])
+def test_a_killed_workers_slot_is_freed_by_its_lease_and_all_six_still_run(
+    worker_app: Any, tag: str, workers: Any
+) -> None:
+    queue, (first, _) = workers
+    results = six_calls(worker_app, tag, queue, seconds=1.5)
+    victim = set(first.child_pids())
+    wait_for(
+        lambda: any(pid in victim for pid in _pids(worker_app, tag)),
+        timeout=30,
+        message="a run on the first worker",
+    )
+    assert first.process is not None
+    os.killpg(first.process.pid, signal.SIGKILL)
+    killed_at = time.time()
+    first.process.wait()
+    # The killed run's message (acks_late) comes back once the visibility timeout is over.
+    assert [result.get(timeout=VISIBILITY + 40) for result in results] == list(range(6))
+    runs = worker_app.runlog(tag).runs(killed=dict.fromkeys(victim, killed_at))
+    ended = {task_id for task_id, _, end in runs if end is not None and end != killed_at}
+    assert ended == {result.id for result in results}
+    assert most_at_once(runs) <= 2
+
+
+def test_a_callable_limit_is_the_limit_of_its_calls(
+    worker_app: Any, tag: str, workers: Any
+) -> None:
+    queue = workers[0]
+    small = f"{tag}-small"
+    results = [
+        worker_app.per_tenant.apply_async((name, index, 0.5), queue=queue)
+        for name in (small, tag)
+        for index in range(4)
+    ]
+    for result in results:
+        result.get(timeout=30)
+    assert most_at_once(worker_app.runlog(small).runs()) == 1
+    assert most_at_once(worker_app.runlog(tag).runs()) >= 2
+
+
+def _pids(worker_app: Any, tag: str) -> list[int]:
+    raw = worker_app._events.lrange(f"runlog:{tag}", 0, -1)
+    return [int(line.split()[3]) for line in raw if line.startswith(b"start")]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"key_concurrency": 0}, "whole number of runs, 1 or more"),
+        ({"key_concurrency": "2"}, "whole number of runs"),
+        ({"key_concurrency": 2, "unique_until": "started"}, "unique_until has no meaning"),
+        ({"key_concurrency": 2, "debounce": 1}, "debounce has no meaning"),
+        ({"key_concurrency": 2, "on_duplicate": "replace"}, "on_duplicate has no meaning"),
+        ({"key_concurrency": 2, "key_rate_limit": "2/s"}, "keep one"),
+    ],
+)
+def test_an_invalid_combination_is_refused_naming_the_task_and_the_fix(
+    options: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(dedupe.ConfigurationError, match=r"task 'proj\.bad'") as caught:
+        resolve(None, "proj.bad", _CONFIG, options)
+    assert says in str(caught.value)
+
+
+def test_a_unique_call_of_a_limited_task_is_refused(worker_app: Any, tag: str) -> None:
+    with pytest.raises(dedupe.ConfigurationError, match=r"never deduplicated"):
+        worker_app.two_at_once.apply_async_unique((tag, 0, 0.0))
