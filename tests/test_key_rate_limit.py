@@ -6,10 +6,14 @@ are written by the tasks (RunLog)."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
+import redis
 
 import dedupe
 from dedupe.producer.guard import keys_of_call
@@ -65,15 +69,28 @@ def test_six_calls_all_run_never_more_than_two_starts_in_any_second(
     assert most_starts_within([start for _, start, _ in runs], 1.0 - _LOG_LAG) <= 2
 
 
-def test_calls_beyond_the_rate_are_published_with_a_countdown(
-    worker_app: Any, tag: str, two_workers: str
+def test_calls_beyond_the_rate_are_published_with_a_countdown_to_their_start(
+    worker_app: Any, tag: str, redis_client: redis.Redis
 ) -> None:
-    results = six_calls(worker_app, tag, two_workers)
-    for result in results:
-        result.get(timeout=30)
-    runs = worker_app.runlog(tag).runs()
-    # Four pool processes would start all six at once; the limit spreads them over 2 s.
-    assert max(start for _, start, _ in runs) - min(start for _, start, _ in runs) >= 2.0 - _LOG_LAG
+    queue = f"rate-idle-{tag}"  # (no worker: the messages stay as they were published)
+    sent_at = time.time()
+    try:
+        results = six_calls(worker_app, tag, queue)
+        messages = [json.loads(raw) for raw in reversed(redis_client.lrange(queue, 0, -1))]
+    finally:
+        redis_client.delete(queue)
+    assert [message["headers"]["id"] for message in messages] == [r.id for r in results]
+    delays = [_seconds_to(message["headers"]["eta"], sent_at) for message in messages]
+    assert delays[:2] == [0.0, 0.0]
+    # Two per second: the third and fourth a second on, the last two two seconds on.
+    assert all(0.9 <= delay <= 1.5 for delay in delays[2:4]), delays
+    assert all(1.9 <= delay <= 2.5 for delay in delays[4:]), delays
+
+
+def _seconds_to(eta: str | None, since: float) -> float:
+    if eta is None:
+        return 0.0
+    return datetime.fromisoformat(eta).timestamp() - since
 
 
 def test_messages_bunched_at_a_worker_still_start_within_the_rate(
