@@ -41,6 +41,9 @@ local free = limit - redis.call('ZCARD', KEYS[1])
 if rank < free then
   redis.call('ZREM', KEYS[2], id)
   redis.call('ZREM', KEYS[3], id)
+  if redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('DEL', KEYS[4])  -- (nobody waits: the count starts again, nothing left behind)
+  end
   redis.call('ZADD', KEYS[1], now + lease, member)
   if redis.call('PTTL', KEYS[1]) < lease then
     redis.call('PEXPIRE', KEYS[1], lease)
