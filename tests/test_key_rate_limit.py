@@ -17,8 +17,9 @@ import redis
 
 import dedupe
 from dedupe.producer.guard import keys_of_call
+from dedupe.store.store import Store
 from dedupe.values.config import DedupeConfig
-from dedupe.values.limits import LIMIT, LimitHeader, Rate
+from dedupe.values.limits import LIMIT, LimitHeader, Rate, limit_keys
 from dedupe.values.options import resolve
 
 from .helpers import WorkerProcess
@@ -139,3 +140,14 @@ def test_an_invalid_rate_limit_is_refused_naming_the_task_and_the_fix(
     with pytest.raises(dedupe.ConfigurationError, match=r"task 'proj\.bad'") as caught:
         resolve(None, "proj.bad", _CONFIG, options)
     assert says in str(caught.value)
+
+
+def test_a_run_that_finds_the_period_full_waits_for_the_next_free_start(
+    store: Store, tag: str
+) -> None:
+    keys = limit_keys(f"test:{{{tag}}}")
+    starts = [store.next_start(keys, f"run{n}", 2, 1000, token="t") for n in range(3)]
+    assert starts[:2] == [0, 0]
+    assert 900 <= starts[2] <= 1000  # (the first two started a moment ago)
+    # A call made now is planned after the waiting run's start.
+    assert store.next_start(keys, "call", 2, 1000) >= starts[2]

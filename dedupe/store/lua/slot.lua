@@ -14,8 +14,8 @@
 --
 -- Returns
 --   0    claimed: the run holds a slot (also when this very run claimed already)
---   n>0  wait: n calls (this one included) are ahead of a free slot; come back later
-local now = tonumber(redis.call('TIME')[1]) * 1000
+--   n>0  wait: this run is the nth to get a slot as slots free; come back later
+local now = server_ms()
 local id, member = ARGV[1], ARGV[1] .. ' ' .. ARGV[2]
 local lease, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)  -- (dead runs' slots are free)

@@ -1,8 +1,8 @@
 -- start: the starts of a key with key_rate_limit (at most N starts in any period).
--- A producer reserves its call's start in the key's plan (the next free one: a countdown
--- for its message). A run, as it starts, checks the starts themselves: it starts when fewer
--- than N runs started in the last period, else it reserves the next free start in the plan
--- and is sent again for it. So messages due at one moment on many workers (prefetch, clock
+-- A producer reserves its call's start in the key's plan (the next free one, among the
+-- starts made and reserved: a countdown for its message). A run, as it starts, checks the
+-- starts made: it starts when fewer than N runs started in the last period, else it
+-- reserves the next free start in the plan and is sent again for it. So messages due at one moment on many workers (prefetch, clock
 -- skew, a worker that was down) cannot bunch: the limit holds at the starts.
 --
 -- KEYS[1]  starts: sorted set, member "<task id> <run token>", score (server ms) of a run's
@@ -16,7 +16,7 @@
 --
 -- Returns the ms from now to this task id's start: 0 a run started (its start recorded);
 -- else the run, or the call's message, waits that long.
-local now = tonumber(redis.call('TIME')[1]) * 1000
+local now = server_ms()
 local id, n, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - period)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - period)
@@ -47,14 +47,24 @@ else
   earliest = tonumber(started[2]) + period
 end
 
--- Would a start at t keep every window of the plan at N starts or fewer?
-local function fits(t)
-  local near = redis.call(
-    'ZRANGEBYSCORE', KEYS[2], '(' .. (t - period), '(' .. (t + period), 'WITHSCORES')
-  local times = {t}
-  for i = 2, #near, 2 do
-    times[#times + 1] = tonumber(near[i])
+-- The starts in the sorted sets between lo and hi (exclusive), or the last n of them: the
+-- runs' starts made and the plan's reserved ones, together, sorted.
+local function times_between(lo, hi)
+  local times = {}
+  for k = 1, 2 do
+    local found = redis.call('ZRANGEBYSCORE', KEYS[k], '(' .. lo, '(' .. hi, 'WITHSCORES')
+    for i = 2, #found, 2 do
+      times[#times + 1] = tonumber(found[i])
+    end
   end
+  table.sort(times)
+  return times
+end
+
+-- Would a start at t keep every window of a period at N starts or fewer?
+local function fits(t)
+  local times = times_between(t - period, t + period)
+  times[#times + 1] = t
   table.sort(times)
   for i = n + 1, #times do
     if times[i] - times[i - n] < period then
@@ -66,13 +76,16 @@ end
 
 local at = earliest
 if not fits(at) then
-  -- The next free start: after every reserved start, a period after the Nth last.
-  local last = redis.call('ZRANGE', KEYS[2], -n, -1, 'WITHSCORES')
-  at = math.max(earliest, tonumber(last[#last]))
-  if #last >= 2 * n then
-    at = math.max(at, tonumber(last[2]) + period)
+  -- The next free start: after every start made or reserved, a period after the Nth last.
+  local times = times_between(now - period, math.huge)
+  at = math.max(earliest, times[#times])
+  if #times >= n then
+    at = math.max(at, times[#times - n + 1] + period)
   end
 end
 redis.call('ZADD', KEYS[2], at, id)
 keep(KEYS[2], at - now + period)
+if ARGV[4] == 'call' then
+  return math.max(math.ceil(at - now), 0)
+end
 return math.max(math.ceil(at - now), 1)

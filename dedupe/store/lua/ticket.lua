@@ -9,7 +9,7 @@
 -- ARGV[2]  how long the place waits for its message's first run, ms (unique_ttl + countdown)
 --
 -- Returns the ticket (a re-sent command, or the same task id again, keeps its first one).
-local now = tonumber(redis.call('TIME')[1]) * 1000
+local now = server_ms()
 local ttl = tonumber(ARGV[2])
 local ticket = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not ticket then
