@@ -13,7 +13,10 @@ from typing import Any
 import pytest
 
 import dedupe
+from dedupe.store.replies import Renewal
+from dedupe.store.store import Lease, Store
 from dedupe.values.config import DedupeConfig
+from dedupe.values.limits import limit_keys
 from dedupe.values.options import resolve
 
 from .helpers import WorkerProcess, wait_for
@@ -170,3 +173,62 @@ def test_an_invalid_combination_is_refused_naming_the_task_and_the_fix(
 def test_a_unique_call_of_a_limited_task_is_refused(worker_app: Any, tag: str) -> None:
     with pytest.raises(dedupe.ConfigurationError, match=r"never deduplicated"):
         worker_app.two_at_once.apply_async_unique((tag, 0, 0.0))
+
+
+# -- the slots and the line, on a real Redis (no worker) ----------------------------------------
+
+
+def _ask(store: Store, keys: dict[str, str], task_id: str, token: str = "t", limit: int = 2) -> int:
+    return store.take_slot(keys, task_id, token, 60_000, limit, 500, 60_000)
+
+
+def test_a_slot_redis_lost_is_counted_again_at_the_runs_next_heartbeat(
+    store: Store, tag: str
+) -> None:
+    keys = limit_keys(f"test:{{{tag}}}")
+    assert (_ask(store, keys, "a"), _ask(store, keys, "b")) == (0, 0)
+    store.client.delete(keys["slots"])  # (a restart without persistence, a failover)
+    leases = [Lease(keys["slots"], task_id, "t", 60_000, b"", slot=True) for task_id in "ab"]
+    assert store.renew(leases) == [Renewal.RECREATED, Renewal.RECREATED]
+    assert _ask(store, keys, "c") == 1  # the two live runs hold the slots again
+
+
+def test_a_place_whose_message_never_comes_lapses_and_the_line_moves_on(
+    store: Store, tag: str
+) -> None:
+    keys = limit_keys(f"test:{{{tag}}}")
+    assert _ask(store, keys, "a", limit=1) == 0
+    store.take_ticket(keys, "lost", 300)
+    store.take_ticket(keys, "next", 60_000)
+    assert store.free_slot(keys, "a", "t")
+    assert _ask(store, keys, "next", limit=1) > 0  # "lost" is first in line
+    time.sleep(0.4)  # (its message never came: purged, expired, lost)
+    assert _ask(store, keys, "next", limit=1) == 0
+
+
+def test_a_run_without_a_place_goes_to_the_back_of_the_line(store: Store, tag: str) -> None:
+    keys = limit_keys(f"test:{{{tag}}}")
+    assert _ask(store, keys, "a", limit=1) == 0
+    store.take_ticket(keys, "b", 60_000)
+    assert _ask(store, keys, "bypass", limit=1) > 0  # (b, then the bypass)
+    assert store.free_slot(keys, "a", "t")
+    assert _ask(store, keys, "bypass", limit=1) > 0  # (b first)
+    assert _ask(store, keys, "b", limit=1) == 0
+
+
+def test_a_call_revoked_before_its_turn_leaves_the_line_at_once(worker_app: Any, tag: str) -> None:
+    queue = f"limits-revoked-{tag}"
+    worker = WorkerProcess(worker_app.app, {"DEDUPE_TEST_QUEUE": queue}, concurrency=1)
+    worker.start()
+    try:
+        task = worker_app.one_at_a_time
+        first = task.apply_async((tag, 0, 2.0), queue=queue)
+        wait_for(lambda: worker_app.runlog(tag).runs(), message="the first run")
+        revoked = task.apply_async((tag, 1, 0.0), queue=queue)
+        worker_app.app.control.revoke(revoked.id)
+        last = task.apply_async((tag, 2, 0.0), queue=queue)
+        # Its place would hold the line for unique_ttl (an hour) had it stayed.
+        assert (first.get(timeout=20), last.get(timeout=20)) == (0, 2)
+        assert revoked.state == "REVOKED"
+    finally:
+        worker.stop()

@@ -442,3 +442,16 @@ def two_per_second(self: Any, tag: str, index: int) -> int:
     """At most two starts per tag in any second."""
     _run(self, tag)
     return index
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique_on=("tag",),
+    key_concurrency=1,
+    on_running_countdown=0.2,
+)
+def one_at_a_time(self: Any, tag: str, index: int, seconds: float) -> int:
+    """One run per tag at once, the other calls in line."""
+    _run(self, tag, seconds)
+    return index

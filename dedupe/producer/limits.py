@@ -19,7 +19,7 @@ from dedupe.values.header import publishing
 from dedupe.values.keys import keys_for
 from dedupe.values.limits import LIMIT, LimitHeader, concurrency_of
 from dedupe.values.options import options_for
-from dedupe.values.timing import delay_seconds, milliseconds
+from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
 from .call import Call
 from .guard import new_task_id
@@ -77,7 +77,9 @@ def publish_limited(call: Call) -> DedupeResult:
                 options.pop("eta", None)
                 options["countdown"] = wait_ms / 1000
         else:
-            store.take_ticket(header.keys, task_id, milliseconds(unique.ttl + delay))
+            store.take_ticket(
+                header.keys, task_id, milliseconds(_place_for(call, unique.ttl, delay, now))
+            )
     except RedisUnavailable as exc:
         if runtime.config.on_redis_error == "raise":
             raise
@@ -91,3 +93,16 @@ def publish_limited(call: Call) -> DedupeResult:
     with publishing():
         sent = call.publish(call.args, call.kwargs, options)
     return mark_result(sent, deduplicated=False)
+
+
+def _place_for(call: Call, ttl: float, delay: float, now: float) -> float:
+    """How long a call's place in line waits for its message's first run: ``unique_ttl``
+    past its countdown, or until the message expires (an expired message never runs, and a
+    place nobody takes holds the line)."""
+    expires = call.options.get("expires", getattr(call.task, "expires", None))
+    expiry = (
+        None
+        if expires is None
+        else seconds_to_expiry(expires, now, enable_utc=_enable_utc(call.app))
+    )
+    return ttl + delay if expiry is None else max(min(ttl + delay, expiry), 1.0)

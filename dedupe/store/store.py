@@ -203,6 +203,7 @@ class Store:
         self._renew_slot = self._register("renew_slot")
         self._free_slot = self._register("free_slot")
         self._start = self._register("start")
+        self._leave_line = self._register("leave_line")
 
     def _register(self, name: str) -> Script:
         script: Script = self.client.register_script(script_text(name))
@@ -497,7 +498,7 @@ class Store:
                 self._renew_slot, [(lease.keys, lease.args()) for lease in leases]
             )
             _raise_first_error(replies)
-        return [Renewal.RENEWED if reply == 1 else Renewal.LOST for reply in replies]
+        return [Renewal.RENEWED if reply == 1 else Renewal.RECREATED for reply in replies]
 
     # -- flow control per key (key_concurrency, key_rate_limit) --------------------------------
 
@@ -528,6 +529,13 @@ class Store:
                 [task_id, token, lease_ms, limit, come_back_ms, ttl_ms],
             )
         return _integer("slot", reply)
+
+    def leave_line(self, keys: Mapping[str, str], task_id: str) -> bool:
+        """A limited call whose message was dropped (revoked, expired) leaves its key's line
+        (leave_line.lua). True if it had a place."""
+        with reraise_unavailable("leave_line", keys["line"]):
+            reply = self._run(self._leave_line, [keys["line"], keys["due"]], [task_id])
+        return _integer("leave_line", reply) == 1
 
     def free_slot(self, keys: Mapping[str, str], task_id: str, token: str) -> bool:
         """A run's end frees its slot (free_slot.lua). True if it held one."""

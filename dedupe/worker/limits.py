@@ -19,13 +19,13 @@ from celery.exceptions import Retry
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.run import new_token
-from dedupe.runs.runtime import Runtime
+from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.store import Lease
 from dedupe.values.limits import LimitHeader
 from dedupe.values.options import options_for
 from dedupe.values.timing import milliseconds
 
-__all__ = ["LimitedRun", "enter", "leave", "limited_run_of", "wait_turn"]
+__all__ = ["LimitedRun", "enter", "leave", "leave_line", "limited_run_of", "wait_turn"]
 
 logger = logging.getLogger("dedupe.worker")
 
@@ -128,3 +128,17 @@ def leave(runtime: Runtime, task: Any) -> None:
     except RedisUnavailable as exc:
         action = "ended and its slot was not freed (its lease frees it)"
         emit(UNAVAILABLE, task.name, request.id, run.header.key, action=action, error=exc.cause)
+
+
+def leave_line(task: Any, task_id: str, header: LimitHeader) -> None:
+    """``task_revoked`` (the pool's parent) of a limited message revoked or expired before
+    its run: its place in line goes now (else it would hold the calls behind it until it
+    lapses)."""
+    runtime = installed(task.app)
+    if runtime is None or header.kind != "concurrency" or not task_id:
+        return
+    try:
+        runtime.store.leave_line(header.keys, task_id)
+    except RedisUnavailable as exc:
+        action = "was dropped and its place in line was kept (it lapses)"
+        emit(UNAVAILABLE, task.name, task_id, header.key, action=action, error=exc.cause)

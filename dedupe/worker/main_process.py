@@ -24,8 +24,10 @@ from dedupe.runs.liveness import lost_run_token, run_is_dead
 from dedupe.runs.run import ANY_RUN, RunSpec
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.values.header import KeyHeader, is_publishing
+from dedupe.values.limits import LimitHeader
 
 from .execution import derived_spec, requeue_for_message, requeue_key, spec_for_request
+from .limits import leave_line
 
 __all__ = ["on_before_publish", "on_failure", "on_revoked"]
 
@@ -64,6 +66,11 @@ def on_revoked(
     """``task_revoked``: a message revoked before it ran, expired, or terminated."""
     if sender is None or request is None:
         return
+    limit = LimitHeader.read(getattr(request, "headers", None))
+    if limit is not None:
+        if not terminated:
+            leave_line(sender, request.id, limit)
+        return  # (a terminated run's slot is freed by its lease)
     if terminated and signum != signal.SIGKILL:
         # Celery announces the terminate as it sends the signal. A run may handle it (SIGUSR1
         # raises SoftTimeLimitExceeded, SIGTERM may be caught) and go on cleaning up: its key
