@@ -21,6 +21,8 @@ RUNNABLE = [
     "dedupe.values.config",
     "dedupe.values.header",
     "dedupe.values.keys",
+    "dedupe.values.latest",
+    "dedupe.values.limits",
     "dedupe.values.packing",
     "dedupe.values.record",
     "dedupe.values.timing",

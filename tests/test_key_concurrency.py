@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from celery.exceptions import WorkerLostError
 
 import dedupe
 from dedupe.store.replies import Renewal
@@ -232,3 +233,19 @@ def test_a_call_revoked_before_its_turn_leaves_the_line_at_once(worker_app: Any,
         assert revoked.state == "REVOKED"
     finally:
         worker.stop()
+
+
+@pytest.mark.usefixtures("prefork_worker")
+def test_the_main_process_frees_a_killed_childs_slot_long_before_its_lease(
+    worker_app: Any, tag: str
+) -> None:
+    task = worker_app.one_at_a_time_long_lease
+    killed = task.delay(tag, 0, 60.0)
+    pid = int(wait_for(lambda: worker_app._events.get(f"pid:{tag}"), message="the first run"))
+    waiting = task.delay(tag, 1, 0.0)
+    os.kill(pid, signal.SIGKILL)
+    # The pool sees its child gone within about 5 s (its maintain_pool timer); the slot is
+    # freed then, far within the 30 s lease.
+    assert waiting.get(timeout=15) == 1
+    with pytest.raises(WorkerLostError):
+        killed.get(timeout=5)

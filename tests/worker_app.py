@@ -455,3 +455,17 @@ def one_at_a_time(self: Any, tag: str, index: int, seconds: float) -> int:
     """One run per tag at once, the other calls in line."""
     _run(self, tag, seconds)
     return index
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique_on=("tag",),
+    key_concurrency=1,
+    unique_lease=ENDING_LEASE,
+    on_running_countdown=0.2,
+)
+def one_at_a_time_long_lease(self: Any, tag: str, index: int, seconds: float) -> int:
+    """One run per tag at once, its slot held with a 30 s lease."""
+    _run(self, tag, seconds)
+    return index

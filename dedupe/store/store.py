@@ -204,6 +204,7 @@ class Store:
         self._free_slot = self._register("free_slot")
         self._start = self._register("start")
         self._leave_line = self._register("leave_line")
+        self._free_slots_of = self._register("free_slots_of")
 
     def _register(self, name: str) -> Script:
         script: Script = self.client.register_script(script_text(name))
@@ -536,6 +537,12 @@ class Store:
         with reraise_unavailable("leave_line", keys["line"]):
             reply = self._run(self._leave_line, [keys["line"], keys["due"]], [task_id])
         return _integer("leave_line", reply) == 1
+
+    def free_slots_of(self, keys: Mapping[str, str], task_id: str) -> int:
+        """Free every slot a task id holds (free_slots_of.lua): its run's child is dead."""
+        with reraise_unavailable("free_slots_of", keys["slots"]):
+            reply = self._run(self._free_slots_of, [keys["slots"]], [task_id])
+        return _integer("free_slots_of", reply)
 
     def free_slot(self, keys: Mapping[str, str], task_id: str, token: str) -> bool:
         """A run's end frees its slot (free_slot.lua). True if it held one."""

@@ -25,7 +25,15 @@ from dedupe.values.limits import LimitHeader
 from dedupe.values.options import options_for
 from dedupe.values.timing import milliseconds
 
-__all__ = ["LimitedRun", "enter", "leave", "leave_line", "limited_run_of", "wait_turn"]
+__all__ = [
+    "LimitedRun",
+    "enter",
+    "free_dead_slots",
+    "leave",
+    "leave_line",
+    "limited_run_of",
+    "wait_turn",
+]
 
 logger = logging.getLogger("dedupe.worker")
 
@@ -141,4 +149,17 @@ def leave_line(task: Any, task_id: str, header: LimitHeader) -> None:
         runtime.store.leave_line(header.keys, task_id)
     except RedisUnavailable as exc:
         action = "was dropped and its place in line was kept (it lapses)"
+        emit(UNAVAILABLE, task.name, task_id, header.key, action=action, error=exc.cause)
+
+
+def free_dead_slots(task: Any, task_id: str, header: LimitHeader) -> None:
+    """``task_failure`` (the pool's parent) of a limited run whose child died: its slot is
+    freed now, not a lease later."""
+    runtime = installed(task.app)
+    if runtime is None or header.kind != "concurrency" or not task_id:
+        return
+    try:
+        runtime.store.free_slots_of(header.keys, task_id)
+    except RedisUnavailable as exc:
+        action = "was lost and its slot was not freed (its lease frees it)"
         emit(UNAVAILABLE, task.name, task_id, header.key, action=action, error=exc.cause)
