@@ -129,6 +129,9 @@ def test_a_killed_workers_slot_is_freed_by_its_lease_and_all_six_still_run(
     ended = {task_id for task_id, _, end in runs if end is not None and end != killed_at}
     assert ended == {result.id for result in results}
     assert most_at_once(runs) <= 2
+    # The dead run's slot was freed (by its lease: its worker's main process died with it):
+    # two ran at once again after the kill.
+    assert most_at_once([run for run in runs if run[1] > killed_at]) == 2
 
 
 def test_a_callable_limit_is_the_limit_of_its_calls(
