@@ -252,3 +252,14 @@ def test_the_main_process_frees_a_killed_childs_slot_long_before_its_lease(
     assert waiting.get(timeout=15) == 1
     with pytest.raises(WorkerLostError):
         killed.get(timeout=5)
+
+
+def test_a_later_call_that_asks_first_waits_for_the_earlier_calls_turn(
+    store: Store, tag: str
+) -> None:
+    keys = limit_keys(f"test:{{{tag}}}")
+    for task_id in ("a", "b", "c", "d"):
+        store.take_ticket(keys, task_id, 60_000)  # (call order: a, b, c, d)
+    assert [_ask(store, keys, task_id) for task_id in ("d", "c", "a", "b")] == [2, 1, 0, 0]
+    assert store.free_slot(keys, "a", "t")
+    assert [_ask(store, keys, task_id) for task_id in ("d", "c")] == [1, 0]
