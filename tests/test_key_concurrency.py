@@ -263,3 +263,12 @@ def test_a_later_call_that_asks_first_waits_for_the_earlier_calls_turn(
     assert [_ask(store, keys, task_id) for task_id in ("d", "c", "a", "b")] == [2, 1, 0, 0]
     assert store.free_slot(keys, "a", "t")
     assert [_ask(store, keys, task_id) for task_id in ("d", "c")] == [1, 0]
+
+
+def test_a_call_of_a_limited_task_with_an_option_of_dedup_is_refused(
+    worker_app: Any, tag: str
+) -> None:
+    with pytest.raises(
+        dedupe.ConfigurationError, match=r"unique_until has no meaning with key_concurrency"
+    ):
+        worker_app.two_at_once.apply_async((tag, 0, 0.0), unique_until="started")

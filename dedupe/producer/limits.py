@@ -18,7 +18,7 @@ from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
 from dedupe.values.keys import keys_for
 from dedupe.values.limits import LIMIT, LimitHeader, concurrency_of
-from dedupe.values.options import options_for
+from dedupe.values.options import options_for, pop_call_options
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
 from .call import Call
@@ -37,6 +37,9 @@ def publish_limited(call: Call) -> DedupeResult:
     """Publish a call of a limited task: its place in line taken (concurrency) or its start
     reserved (rate), then its message sent, carrying its key and limit for its run."""
     app, options = call.app, call.options
+    # A call may name its key's arguments (unique_on, unique_key); the options of dedup are
+    # refused by options_for, as on the task.
+    overrides = pop_call_options(options)
     task_id = options.get("task_id")
     current = app.current_worker_task
     if _always_eager(app) or (
@@ -46,7 +49,7 @@ def publish_limited(call: Call) -> DedupeResult:
         # that waits its turn, a retry): its message carries its header, and its run asks.
         return mark_result(call.publish(call.args, call.kwargs, options), deduplicated=False)
     runtime = runtime_of(app)
-    unique = options_for(call.task, call.task_name, runtime.config)
+    unique = options_for(call.task, call.task_name, runtime.config, overrides)
     keys = keys_for(
         runtime.config.key_prefix, call.task, call.task_name, unique, call.args, call.kwargs
     )
