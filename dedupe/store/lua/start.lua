@@ -47,12 +47,24 @@ else
   earliest = tonumber(started[2]) + period
 end
 
--- The starts in the sorted sets between lo and hi (exclusive), or the last n of them: the
--- runs' starts made and the plan's reserved ones, together, sorted.
+-- The starts (made and reserved, together, sorted) between lo and hi, exclusive.
 local function times_between(lo, hi)
   local times = {}
   for k = 1, 2 do
     local found = redis.call('ZRANGEBYSCORE', KEYS[k], '(' .. lo, '(' .. hi, 'WITHSCORES')
+    for i = 2, #found, 2 do
+      times[#times + 1] = tonumber(found[i])
+    end
+  end
+  table.sort(times)
+  return times
+end
+
+-- The last n starts (made and reserved, together, sorted): a long plan is never read whole.
+local function last_times()
+  local times = {}
+  for k = 1, 2 do
+    local found = redis.call('ZRANGE', KEYS[k], -n, -1, 'WITHSCORES')
     for i = 2, #found, 2 do
       times[#times + 1] = tonumber(found[i])
     end
@@ -77,7 +89,7 @@ end
 local at = earliest
 if not fits(at) then
   -- The next free start: after every start made or reserved, a period after the Nth last.
-  local times = times_between(now - period, math.huge)
+  local times = last_times()
   at = math.max(earliest, times[#times])
   if #times >= n then
     at = math.max(at, times[#times - n + 1] + period)
