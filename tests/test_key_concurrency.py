@@ -7,11 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
+from celery import Celery
 from celery.exceptions import WorkerLostError
+from kombu.exceptions import OperationalError
 
 import dedupe
 from dedupe.store.replies import Renewal
@@ -20,7 +23,7 @@ from dedupe.values.config import DedupeConfig
 from dedupe.values.limits import limit_keys
 from dedupe.values.options import resolve
 
-from .helpers import WorkerProcess, wait_for
+from .helpers import WorkerProcess, keys_with_prefix, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -272,3 +275,21 @@ def test_a_call_of_a_limited_task_with_an_option_of_dedup_is_refused(
         dedupe.ConfigurationError, match=r"unique_until has no meaning with key_concurrency"
     ):
         worker_app.two_at_once.apply_async((tag, 0, 0.0), unique_until="started")
+
+
+def test_a_call_whose_publish_fails_leaves_no_place_in_line(
+    make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_app(
+        broker="redis://127.0.0.1:1/0",  # (refuses connections: every publish fails)
+        task_publish_retry=False,
+        broker_connection_timeout=0.5,
+        broker_connection_max_retries=0,
+    )
+
+    @app.task(shared=False, base=dedupe.DedupeTask, key_concurrency=1, unique_on=("x",))
+    def job(x: int) -> None: ...
+
+    with pytest.raises(OperationalError):
+        job.delay(1)
+    assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []

@@ -14,6 +14,7 @@ import time
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import runtime_of
+from dedupe.store.store import Store
 from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
 from dedupe.values.keys import keys_for
@@ -93,9 +94,23 @@ def publish_limited(call: Call) -> DedupeResult:
     headers = dict(options.get("headers") or {})
     headers[LIMIT] = header.encode()
     options["headers"] = headers
-    with publishing():
-        sent = call.publish(call.args, call.kwargs, options)
+    try:
+        with publishing():
+            sent = call.publish(call.args, call.kwargs, options)
+    except BaseException:
+        # No message, or none known: the place goes, else it would hold the calls behind
+        # it until it lapses. (A reserved start lapses as it passes: a start lost, no more.)
+        if header.kind == "concurrency":
+            _leave_line(store, header, task_id)
+        raise
     return mark_result(sent, deduplicated=False)
+
+
+def _leave_line(store: Store, header: LimitHeader, task_id: str) -> None:
+    try:
+        store.leave_line(header.keys, task_id)
+    except RedisUnavailable as exc:
+        logger.warning("%s keeps its place in line until it lapses: %s", task_id, exc.cause)
 
 
 def _place_for(call: Call, ttl: float, delay: float, now: float) -> float:

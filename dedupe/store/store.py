@@ -535,7 +535,7 @@ class Store:
         """A limited call whose message was dropped (revoked, expired) leaves its key's line
         (leave_line.lua). True if it had a place."""
         with reraise_unavailable("leave_line", keys["line"]):
-            reply = self._run(self._leave_line, [keys["line"], keys["due"]], [task_id])
+            reply = self._run(self._leave_line, [keys["line"], keys["due"], keys["seq"]], [task_id])
         return _integer("leave_line", reply) == 1
 
     def free_slots_of(self, keys: Mapping[str, str], task_id: str) -> int:
