@@ -17,6 +17,7 @@ from celery.exceptions import WorkerLostError
 from kombu.exceptions import OperationalError
 
 import dedupe
+from dedupe.producer.guard import keys_of_call
 from dedupe.store.replies import Renewal
 from dedupe.store.store import Lease, Store
 from dedupe.values.config import DedupeConfig
@@ -292,4 +293,6 @@ def test_a_call_whose_publish_fails_leaves_no_place_in_line(
 
     with pytest.raises(OperationalError):
         job.delay(1)
+    _, keys = keys_of_call(job, (1,), None, app, {})
+    assert redis_client.zcard(limit_keys(keys.call)["line"]) == 0
     assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
