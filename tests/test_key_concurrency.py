@@ -251,23 +251,31 @@ def test_a_call_revoked_before_its_turn_leaves_the_line_at_once(worker_app: Any,
         worker.stop()
 
 
-@pytest.mark.usefixtures("prefork_worker")
 def test_the_main_process_frees_a_killed_childs_slot_long_before_its_lease(
     worker_app: Any, tag: str
 ) -> None:
-    task = worker_app.one_at_a_time_long_lease
-    killed = task.delay(tag, 0, 60.0)
-    pid = int(wait_for(lambda: worker_app._events.get(f"pid:{tag}"), message="the first run"))
-    # Killed before the pool's parent learns which job its child runs, the parent sends no
-    # task_failure (the lease frees the slot then): wait until the parent lists it.
-    wait_for(lambda: _active_in_parent(worker_app, killed.id), message="the parent knows it")
-    waiting = task.delay(tag, 1, 0.0)
-    os.kill(pid, signal.SIGKILL)
-    # The pool sees its child gone within about 5 s (its maintain_pool timer); the slot is
-    # freed then, far within the 30 s lease.
-    assert waiting.get(timeout=15) == 1
-    with pytest.raises(WorkerLostError):
-        killed.get(timeout=5)
+    # A worker of its own: the session's worker may have children that an earlier test's
+    # revoke(terminate=True) marked (billiard then takes their death for a controlled one,
+    # and sends no task_failure).
+    queue = f"limits-child-{tag}"
+    worker = WorkerProcess(worker_app.app, {"DEDUPE_TEST_QUEUE": queue})
+    worker.start()
+    try:
+        task = worker_app.one_at_a_time_long_lease
+        killed = task.apply_async((tag, 0, 60.0), queue=queue)
+        pid = int(wait_for(lambda: worker_app._events.get(f"pid:{tag}"), message="the run"))
+        # Killed before the pool's parent learns which job its child runs, the parent sends
+        # no task_failure (the lease frees the slot then): wait until the parent lists it.
+        wait_for(lambda: _active_in_parent(worker_app, killed.id), message="the parent knows it")
+        waiting = task.apply_async((tag, 1, 0.0), queue=queue)
+        os.kill(pid, signal.SIGKILL)
+        # The pool sees its child gone within about 5 s (its maintain_pool timer); the slot
+        # is freed then, far within the 30 s lease.
+        assert waiting.get(timeout=15) == 1
+        with pytest.raises(WorkerLostError):
+            killed.get(timeout=5)
+    finally:
+        worker.stop()
 
 
 def _active_in_parent(worker_app: Any, task_id: str) -> bool:
