@@ -112,6 +112,12 @@ class CallShape:
             if _always_eager(call.app)
             else options_for(call.task, call.task_name, config, overrides)
         )
+        if self.unique is not None and self.unique.limited:
+            raise ConfigurationError(
+                f"task {call.task_name!r}: a task with key_concurrency or key_rate_limit "
+                f"accepts every call (each runs in turn); it is never deduplicated: call its "
+                f"delay/apply_async"
+            )
         #: The task's own ``expires`` (a call's ``expires`` option comes first).
         self.task_expires: Any = getattr(call.task, "expires", None)
         self.provisional_ttl_ms = milliseconds(config.provisional_ttl)

@@ -42,6 +42,15 @@ local function server_seconds()
   return tonumber(redis.call('TIME')[1])
 end
 
+-- The server's clock in whole milliseconds (the limits per key: slots, places, starts).
+local function server_ms()
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+
 -- True when rec is a run whose lease is over: its worker died (or stalled past the lease)
 -- and its message waits for the broker to deliver it again.
 local function lease_over(rec, now)
