@@ -23,7 +23,7 @@ from redis.commands.core import Script
 from dedupe.errors import RedisCommandError, UnexpectedReply
 from dedupe.values import defaults
 from dedupe.values.keys import CallKeys
-from dedupe.values.latest import Latest
+from dedupe.values.latest import Latest, LatestWrite
 from dedupe.values.record import Holder, pack_owner, pack_queued, pack_restored
 
 from .clients import DedupRedis
@@ -197,6 +197,7 @@ class Store:
         self._publish = self._register("publish")
         self._confirm = self._register("confirm")
         self._enqueue_latest = self._register("enqueue_latest")
+        self._publish_latest = self._register("publish_latest")
         self._take_latest = self._register("take_latest")
         self._ticket = self._register("ticket")
         self._slot = self._register("slot")
@@ -254,24 +255,17 @@ class Store:
         return read_enqueue(keys.call, reply)
 
     def enqueue_latest(
-        self,
-        keys: CallKeys,
-        record: bytes,
-        ttl_ms: int,
-        arguments: bytes,
-        now: float,
-        debounce: float | None,
-        max_wait: float | None,
+        self, keys: CallKeys, record: bytes, ttl_ms: int, latest: LatestWrite
     ) -> Holder | None:
         """:meth:`enqueue` for a debounced or replacing call: a duplicate of a holder that
-        has not started leaves ``arguments`` (and, debounced, a deadline ``debounce`` seconds
-        from ``now``, capped at ``max_wait`` after the burst's first call) for its run. One
-        round trip; never remembered (each duplicate has arguments to leave)."""
+        has not started leaves ``latest`` (its arguments and, debounced, the burst's new
+        deadline) for its run. One round trip; never remembered (each duplicate has
+        arguments to leave)."""
         barrier = self._barrier()
         marked = [keys.call, keys.latest]
         if barrier:
             marked.append(barrier.marker)
-        argv = [record, ttl_ms, arguments, repr(now), repr(debounce or 0.0), repr(max_wait or 0.0)]
+        argv = [record, ttl_ms, *latest.argv()]
         with reraise_unavailable("enqueue", keys.call):
             reply = self._run(self._enqueue_latest, marked, argv)
         if not_decided(reply):
@@ -401,13 +395,17 @@ class Store:
 
     def push(self, push: PendingPush) -> Push | Holder:
         """:meth:`publish`, its arguments held in one value."""
+        script = self._publish if push.latest is None else self._publish_latest
         with reraise_unavailable("publish", push.keys.call):
             # (Not sent again once written: pushed, then freed by its run, it would push twice.)
-            reply = self._run(self._publish, *push.script_call(), resend=False)
+            reply = self._run(script, *push.script_call(), resend=False)
         return read_publish(push.keys.call, reply)
 
     def publish_many(self, pushes: Sequence[PendingPush]) -> list[Push | Holder]:
-        """:meth:`publish` for many calls in one round trip; the outcomes in order."""
+        """:meth:`publish` for many calls in one round trip; the outcomes in order. (A
+        batch's calls leave no latest arguments: see :meth:`push` for one that does.)"""
+        if any(push.latest is not None for push in pushes):
+            raise ValueError("a batch of pushes cannot leave latest arguments")
         key = pushes[0].keys.call if pushes else None
         with reraise_unavailable("publish", key):
             replies = self._run.call_many(
@@ -724,21 +722,25 @@ class PendingPush:
     expiring: Sequence[str] = ()
     expire_ms: int = 0
     force: bool = False
+    #: A debounced or replacing call's: what it leaves if it is a duplicate
+    #: (publish_latest.lua; None: publish.lua).
+    latest: LatestWrite | None = None
 
     def script_call(self) -> tuple[list[Any], list[Any]]:
-        """The keys and arguments of publish.lua for this push."""
-        return (
-            [self.keys.call, *self.lists, *self.expiring],
-            [
-                self.queued,
-                self.ttl_ms,
-                self.provisional,
-                self.message,
-                len(self.lists),
-                "force" if self.force else "",
-                self.expire_ms,
-            ],
-        )
+        """The keys and arguments of publish.lua (publish_latest.lua) for this push."""
+        args: list[Any] = [
+            self.queued,
+            self.ttl_ms,
+            self.provisional,
+            self.message,
+            len(self.lists),
+            "force" if self.force else "",
+            self.expire_ms,
+        ]
+        if self.latest is None:
+            return [self.keys.call, *self.lists, *self.expiring], args
+        keys = [self.keys.call, self.keys.latest, *self.lists, *self.expiring]
+        return keys, [*args, *self.latest.argv()]
 
 
 #: Calls one ``enqueue_many.lua`` decides at the most: a batch of thousands becomes scripts of
