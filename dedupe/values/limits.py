@@ -17,6 +17,7 @@ from dedupe.errors import ConfigurationError
 
 __all__ = [
     "LIMIT",
+    "LIMIT_KEY_NAMES",
     "LimitHeader",
     "Rate",
     "check_concurrency",
@@ -96,13 +97,17 @@ def _whole(value: Any, task_name: str, *, called: bool = False) -> int:
     return value
 
 
+#: The keys of one limited key, each named ``<call key>:<name>``.
+LIMIT_KEY_NAMES = ("slots", "line", "due", "seq", "starts", "plan")
+
+
 def limit_keys(base: str) -> dict[str, str]:
     """The keys of one limited key (all in ``base``'s hash tag).
 
     >>> limit_keys("dedupe:{t:ab}")["slots"]
     'dedupe:{t:ab}:slots'
     """
-    return {name: f"{base}:{name}" for name in ("slots", "line", "due", "seq", "starts", "plan")}
+    return {name: f"{base}:{name}" for name in LIMIT_KEY_NAMES}
 
 
 @dataclass(frozen=True, slots=True)
