@@ -25,22 +25,33 @@ MODES: dict[str, dict[str, Any]] = {
     "debounce=60": {"debounce": 60},
     'on_duplicate="replace"': {"on_duplicate": "replace"},
 }
+#: The limits: every call is accepted, all of one key here (its line or its schedule grows
+#: through the round, as under a burst; cleared after each round).
+LIMITS: dict[str, dict[str, Any]] = {
+    "key_concurrency=2": {"key_concurrency": 2},
+    'key_rate_limit="10/s"': {"key_rate_limit": "10/s"},
+}
 
 
-def _tasks(app: Celery) -> tuple[Any, dict[str, Any]]:
+def _tasks(app: Celery) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     @app.task(shared=False)
     def plain(x: int) -> None: ...
 
-    tasks = {}
-    for index, (mode, options) in enumerate(MODES.items()):
-
+    def task(name: str, **options: Any) -> Any:
         def body(x: int) -> None: ...
 
-        body.__name__ = f"flow_{index}"
-        tasks[mode] = app.task(
-            shared=False, base=dedupe.DedupeTask, unique=True, name=f"flow.{index}", **options
-        )(body)
-    return plain, tasks
+        decorate: Any = app.task(shared=False, base=dedupe.DedupeTask, name=name, **options)
+        return decorate(body)
+
+    tasks = {
+        mode: task(f"flow.unique.{index}", unique=True, **options)
+        for index, (mode, options) in enumerate(MODES.items())
+    }
+    limited = {
+        mode: task(f"flow.limited.{index}", **options)
+        for index, (mode, options) in enumerate(LIMITS.items())
+    }
+    return plain, tasks, limited
 
 
 def run(url: str, rounds: int, calls: int) -> tuple[Timings, dict[str, float]]:
@@ -48,7 +59,7 @@ def run(url: str, rounds: int, calls: int) -> tuple[Timings, dict[str, float]]:
     per call, per variant."""
     client = redis.Redis.from_url(url)
     app = make_app(url)
-    plain, tasks = _tasks(app)
+    plain, tasks, limited = _tasks(app)
     prefix = app.conf.dedupe_key_prefix
 
     def hold() -> None:
@@ -67,6 +78,8 @@ def run(url: str, rounds: int, calls: int) -> tuple[Timings, dict[str, float]]:
     for mode, task in tasks.items():
         variants[f"{mode} accepted"] = (_call(task, lambda i: i), clear)
         variants[f"{mode} duplicate"] = (_call(task, lambda i: -1), None)
+    for mode, task in limited.items():
+        variants[f"{mode}, one key"] = (_call(task, lambda i: 0), clear)
     try:
         timings = interleaved(variants, rounds, calls)
         server = {

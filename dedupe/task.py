@@ -14,6 +14,7 @@ from .errors import ConfigurationError
 from .producer.aio import apublish_unique
 from .producer.bulk import aapply_many, apply_many
 from .producer.guard import Call, publish_unique
+from .producer.limits import publish_limited
 from .producer.result import DedupeResult, mark_result
 from .runs.run import run_of
 from .runs.runtime import installed
@@ -86,6 +87,16 @@ class DedupeTask(AnyTask):
     #: Seconds before a run that met a live run is tried again.
     on_running_countdown: ClassVar[float | None] = None
 
+    #: At most this many runs of one key at once, across all workers; the other calls wait
+    #: their turn, in call order (an int, or a callable of the call's arguments returning
+    #: one). Every call is accepted: ``@app.task(base=DedupeTask, key_concurrency=2,
+    #: unique_on=("tenant",))``.
+    key_concurrency: ClassVar[int | Callable[..., int] | None] = None
+    #: At most N starts of one key per period, across all workers (Celery's ``rate_limit``
+    #: syntax: ``"2/s"``, ``"10/m"``, ``"100/h"``); a call beyond it is published with a
+    #: countdown to the next free start. Every call is accepted.
+    key_rate_limit: ClassVar[str | None] = None
+
     #: Tells the worker that before_start calls the execution guard (run.GUARDS_RUNS).
     _dedupe_guards_runs: ClassVar[bool] = True
 
@@ -115,6 +126,10 @@ class DedupeTask(AnyTask):
         options.update(
             task_id=task_id, producer=producer, link=link, link_error=link_error, shadow=shadow
         )
+        if self._limited():
+            if unique:
+                raise ConfigurationError(_never_unique(self.name))
+            return publish_limited(self._call(args, kwargs, options))
         if unique is None:
             # A message of ours sent again (a retry) keeps the key it carries.
             unique = self.unique or HEADER in (options.get("headers") or {})
@@ -146,6 +161,8 @@ class DedupeTask(AnyTask):
         """
         options.pop("unique", None)
         check_call_names(self.name, options, _CALL_OPTIONS)
+        if self._limited():
+            raise ConfigurationError(_never_unique(self.name))
         return publish_unique(self._call(args, kwargs, options))
 
     def delay_unique(self, *args: Any, **kwargs: Any) -> DedupeResult:
@@ -188,6 +205,10 @@ class DedupeTask(AnyTask):
     async def adelay_unique(self, *args: Any, **kwargs: Any) -> DedupeResult:
         """:meth:`delay_unique` for asyncio code: ``await report.adelay_unique(day)``."""
         return await self.aapply_async_unique(args, kwargs)
+
+    def _limited(self) -> bool:
+        """The task has ``key_concurrency`` or ``key_rate_limit`` (read once, at definition)."""
+        return self.key_concurrency is not None or self.key_rate_limit is not None
 
     def _call(
         self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: dict[str, Any]
@@ -233,6 +254,14 @@ class DedupeTask(AnyTask):
             setattr(request, _IN_BODY, False)
         end_of_body(self, failed=False)
         return value
+
+
+def _never_unique(name: str) -> str:
+    return (
+        f"task {name!r}: a task with key_concurrency or key_rate_limit accepts every call "
+        f"(each runs in turn); it is never deduplicated: call delay/apply_async, without "
+        f"unique=True or *_unique"
+    )
 
 
 @signals.worker_init.connect

@@ -9,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from celery.beat import ScheduleEntry, SchedulingError
 from celery.schedules import crontab, schedule
 
 import dedupe
 from dedupe.beat import DedupeScheduler
+from dedupe.producer.guard import keys_of_call
+from dedupe.values.limits import limit_keys
 
 from .conftest import RedisFactory
 
@@ -102,6 +105,16 @@ def tasks(app: Celery) -> Any:
             name="jobs.strict_refresh",
         )
         def strict_refresh(report_id: int) -> None: ...
+
+        @staticmethod
+        @app.task(
+            shared=False,
+            base=dedupe.DedupeTask,
+            key_concurrency=1,
+            unique_on=("report_id",),
+            name="jobs.limited_refresh",
+        )
+        def limited_refresh(report_id: int) -> None: ...
 
     return Tasks
 
@@ -360,3 +373,17 @@ def test_a_beat_due_again_inside_the_slot_it_claimed_sends_the_next_tick(
     clock.advance(10.0)  # the other beat, in the next slot: that tick is sent already
     assert second.apply_async(entry) is None
     assert queue_length(app) == 2
+
+
+def test_every_tick_of_a_limited_task_is_sent_with_its_place_in_line(
+    app: Celery, tasks: Any, beat: Any, queue_length: Any, redis_client: redis.Redis
+) -> None:
+    scheduler, entry = beat("jobs.limited_refresh", (4,))
+    sent = [scheduler.apply_async(entry) for _ in range(3)]
+    assert [result.deduplicated for result in sent] == [False] * 3
+    assert len({result.id for result in sent}) == 3
+    assert queue_length(app) == 3
+    assert scheduler.dedupe_skipped["every-minute"] == 0
+    _, keys = keys_of_call(tasks.limited_refresh, (4,), None, app, {})
+    line = redis_client.zrange(limit_keys(keys.call)["line"], 0, -1)
+    assert [task_id.decode() for task_id in line] == [result.id for result in sent]

@@ -22,6 +22,7 @@ RUNNABLE = [
     "dedupe.values.header",
     "dedupe.values.keys",
     "dedupe.values.latest",
+    "dedupe.values.limits",
     "dedupe.values.packing",
     "dedupe.values.record",
     "dedupe.values.timing",

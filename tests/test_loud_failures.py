@@ -24,8 +24,12 @@ from .helpers import ROOT
 DECLARATIONS = [
     ({"uniqe": True}, r"uniqe is not an option of celery-dedupe; did you mean unique\?"),
     ({"unique": True, "unique_tll": 5}, r"unique_tll .* did you mean unique_ttl\?"),
-    ({"unique": True, "debounce": 1, "unique_until": "finished"}, r"debounce ends a burst when"),
-    ({"unique": True, "key_concurrency": 2}, r"key_concurrency is not an option of this"),
+    ({"unique": True, "debounce": 1, "unique_until": "finished"}, r"debounce ends a burst"),
+    (
+        {"unique": True, "key_concurrency": 2},
+        r"key_concurrency accepts every call .* drop unique=True",
+    ),
+    ({"key_rate_limit": "2/sec"}, r"key_rate_limit must be \"<N>/s\""),
     ({"unique": True, "unique_ttl": float("inf")}, r"unique_ttl must be at most .* got inf"),
     ({"unique": True, "unique_ttl": 1e16}, r"unique_ttl must be at most .* got 1e\+16"),
     ({"unique": True, "on_running": "wait"}, r"on_running must be 'skip' or 'retry'"),

@@ -201,3 +201,35 @@ def test_a_debug_log_says_which_path_a_call_took(
         result = job.delay(1)
     expected = "one-step" if str(app.conf.broker_url).startswith("redis") else "overlap"
     assert f"{result.id}] published ({expected} path)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "options", [{"debounce": 30}, {"on_duplicate": "replace"}], ids=["debounce", "replace"]
+)
+def test_a_debounced_or_replacing_call_is_one_round_trip_accepted_or_duplicate(
+    make_app: Callable[..., Celery], redis_factory: RedisFactory, options: dict[str, Any]
+) -> None:
+    server = redis_factory()
+    app = make_app(broker=server.url, dedupe_redis_url=server.url)
+    client = redis.Redis.from_url(server.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True, unique_on=["key"], **options)
+    def job(key: str, value: int) -> int:
+        return value
+
+    job.delay("warm", 0)  # (the scripts loaded, the producer connected)
+    client.config_resetstat()
+    first = job.delay("k", 1)
+    accepted = _stats(client)
+    client.config_resetstat()
+    second = job.delay("k", 2)
+    duplicate = _stats(client)
+    client.close()
+    assert (first.deduplicated, second.deduplicated, second.id) == (False, True, first.id)
+    # Accepted: the record and the message in one script; the duplicate: its arguments left
+    # for the holder's run, in one script too.
+    assert accepted["evalsha"] == 1
+    assert accepted["lpush"] == 1
+    assert duplicate["evalsha"] == 1
+    assert duplicate["hset"] == 1
+    assert "lpush" not in duplicate

@@ -24,6 +24,7 @@ from dedupe.runs.run import NO_RUN, new_token
 from dedupe.store.replies import Wait
 from dedupe.store.store import Lease, Store
 from dedupe.values.keys import CallKeys, call_keys
+from dedupe.values.latest import LatestWrite, pack_arguments, unpack_arguments
 from dedupe.values.record import (
     pack_owner,
     pack_provisional,
@@ -931,3 +932,20 @@ def test_a_dead_run_whose_message_is_gone_leaves_no_place_behind_the_takeover(
     assert claim(store, finished, "B", "t2") is None  # (not acks_late: A's message is gone)
     assert store.release(finished, "B", "t2") == 1
     assert store.lookup(finished) is None
+
+
+def test_a_take_of_the_latest_arguments_sent_again_answers_as_it_did(
+    store: Store, started: CallKeys
+) -> None:
+    # What redis-py's retry does with a take whose reply was lost with its connection: the
+    # second sending must find what the first took, else the run takes its message's (the
+    # first call's) arguments and the latest are lost.
+    store.enqueue(started, pack_queued("holder", 0.0, None), 60_000)
+    latest = LatestWrite(pack_arguments((7,), {}, "json"), time.time(), None, None)
+    assert store.enqueue_latest(started, pack_provisional("dup", 1), 60_000, latest) is not None
+    first = store.take_latest(started, "holder")
+    again = store.take_latest(started, "holder")
+    assert first is not None
+    assert again is not None
+    assert unpack_arguments(first.body) == unpack_arguments(again.body) == ([7], {})
+    assert store.take_latest(started, "another run") is None

@@ -403,3 +403,69 @@ def replaced_after_run(self: Any, tag: str, value: Any, seconds: float = 0.0) ->
 def values_run(tag: str) -> list[tuple[str, str]]:
     """(task id, value) of each run of a ``_ran_with`` task, in start order."""
     return [tuple(raw.decode().split(" ", 1)) for raw in _events.lrange(f"values:{tag}", 0, -1)]  # type: ignore[misc]
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique_on=("tag",),
+    key_concurrency=2,
+    on_running_countdown=0.2,
+    acks_late=True,
+)
+def two_at_once(self: Any, tag: str, index: int, seconds: float) -> int:
+    """At most two runs per tag at once, the other calls in line (acks_late: a run of a
+    killed worker is delivered again)."""
+    _run(self, tag, seconds)
+    return index
+
+
+def _tenant_limit(tag: str, index: int, seconds: float) -> int:
+    return 1 if tag.endswith("-small") else 3
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique_on=("tag",),
+    key_concurrency=_tenant_limit,
+    on_running_countdown=0.2,
+)
+def per_tenant(self: Any, tag: str, index: int, seconds: float) -> int:
+    """A limit per tag from the call's arguments: 1 for tags ending "-small", else 3."""
+    _run(self, tag, seconds)
+    return index
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique_on=("tag",), key_rate_limit="2/s")
+def two_per_second(self: Any, tag: str, index: int) -> int:
+    """At most two starts per tag in any second."""
+    _run(self, tag)
+    return index
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique_on=("tag",),
+    key_concurrency=1,
+    on_running_countdown=0.2,
+)
+def one_at_a_time(self: Any, tag: str, index: int, seconds: float) -> int:
+    """One run per tag at once, the other calls in line."""
+    _run(self, tag, seconds)
+    return index
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique_on=("tag",),
+    key_concurrency=1,
+    unique_lease=ENDING_LEASE,
+    on_running_countdown=0.2,
+)
+def one_at_a_time_long_lease(self: Any, tag: str, index: int, seconds: float) -> int:
+    """One run per tag at once, its slot held with a 30 s lease."""
+    _run(self, tag, seconds)
+    return index

@@ -29,6 +29,7 @@ from dedupe.compat.celery_private import count_beat_send
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.producer.guard import Call, publish_unique, publisher_for
+from dedupe.producer.limits import publish_limited
 from dedupe.runs.runtime import installed
 from dedupe.values.header import HEADER
 from dedupe.values.keys import tick_key
@@ -97,6 +98,12 @@ class DedupeSchedulerMixin(_SchedulerBase):
             call_kwargs = _evaluate_entry_kwargs(entry.kwargs)
             options["producer"] = producer
             publish = publisher_for(task, task_name, self.app, send_task=self.send_task)
+            if _limited(task):
+                # Every tick is accepted and waits its turn (key_concurrency, key_rate_limit).
+                pop_call_options(options)
+                return publish_limited(
+                    Call(self.app, task, task_name, args, call_kwargs, options, publish)
+                )
             if not unique:
                 pop_call_options(options)
                 return publish(args, call_kwargs, options)
@@ -180,6 +187,15 @@ def entry_options(entry: Any) -> tuple[bool, dict[str, Any]]:
         options.update(from_header)
     options["headers"] = headers
     return _truthy(options.pop("unique", True)), options
+
+
+def _limited(task: Any) -> bool:
+    """A task with ``key_concurrency`` or ``key_rate_limit``: its calls are never
+    deduplicated, each takes its turn."""
+    return (
+        getattr(task, "key_concurrency", None) is not None
+        or getattr(task, "key_rate_limit", None) is not None
+    )
 
 
 def _truthy(value: Any) -> bool:

@@ -65,8 +65,10 @@ def _resp3_parser() -> Any:
 HEARS_PUSHES: bool = MEMBERS.need(
     "redis.connection.AbstractConnection._parser's push handler",
     "remembered duplicates (every duplicate is asked of Redis)",
-    lambda: _push_setter(_Connection(host="127.0.0.1", protocol=3))
-    or _push_setter(type("Connected", (), {"_parser": _resp3_parser()})()),
+    lambda: (
+        _push_setter(_Connection(host="127.0.0.1", protocol=3))
+        or _push_setter(type("Connected", (), {"_parser": _resp3_parser()})())
+    ),
 )
 
 

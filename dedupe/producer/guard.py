@@ -36,7 +36,7 @@ from dedupe.values.config import SettingReader
 from dedupe.values.generics import TaskOrName
 from dedupe.values.header import HEADER, LATEST, KeyHeader, publishing
 from dedupe.values.keys import CallKeys, keys_for
-from dedupe.values.latest import pack_arguments
+from dedupe.values.latest import LatestWrite, pack_arguments
 from dedupe.values.options import UniqueOptions, options_for, pop_call_options
 from dedupe.values.record import Holder, new_nonce, pack_provisional
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
@@ -112,6 +112,12 @@ class CallShape:
             if _always_eager(call.app)
             else options_for(call.task, call.task_name, config, overrides)
         )
+        if self.unique is not None and self.unique.limited:
+            raise ConfigurationError(
+                f"task {call.task_name!r}: a task with key_concurrency or key_rate_limit "
+                f"accepts every call (each runs in turn); it is never deduplicated: call its "
+                f"delay/apply_async"
+            )
         #: The task's own ``expires`` (a call's ``expires`` option comes first).
         self.task_expires: Any = getattr(call.task, "expires", None)
         self.provisional_ttl_ms = milliseconds(config.provisional_ttl)
@@ -182,12 +188,16 @@ class PreparedCall:
         self.keys = header.keys
         ttl = header.ttl if header.ttl is not None else unique.ttl
         now = time.time()
-        #: A debounced or replacing call's arguments, serialised, which its duplicates
-        #: leave for the holder's run (None: any other call).
-        self.latest: bytes | None = None
+        #: What a debounced or replacing call leaves for the holder's run if it is a
+        #: duplicate: its arguments, serialised (None: any other call).
+        self.latest: LatestWrite | None = None
         if unique.latest is not None and continuation is None and not _in_canvas(options):
-            self.latest = _latest_arguments(call, unique, options)
-            self._decide_first = True  # (a duplicate leaves its arguments: enqueue_latest.lua)
+            self.latest = LatestWrite(
+                _latest_arguments(call, unique, options),
+                now,
+                unique.debounce,
+                unique.debounce_max_wait,
+            )
         countdown, eta = options.get("countdown"), options.get("eta")
         delay = (
             delay_seconds(countdown, eta, now, enable_utc=_enable_utc(app))
@@ -239,6 +249,7 @@ class PreparedCall:
                 ttl_ms=milliseconds(self._ttl),
                 provisional_ttl_ms=self.shape.provisional_ttl_ms,
                 _provisional=self._provisional,
+                latest=self.latest,
                 # Canvas members and continuations are never refused: a refused member would
                 # cut its workflow, a continuation is the same task id going on.
                 force=self.kind != "enqueue",
@@ -261,8 +272,10 @@ class PreparedCall:
         )
         if one_step:
             return "decide" if decide_first else "one-step"
-        # A canvas member is never refused: it has nothing to learn at the push.
-        return "confirm" if decide_first or self.kind == "canvas" else "overlap"
+        # A canvas member is never refused: it has nothing to learn at the push. A duplicate
+        # of a debounced or replacing call leaves its arguments as it is decided: first.
+        latest = self.latest is not None
+        return "confirm" if decide_first or latest or self.kind == "canvas" else "overlap"
 
     @property
     def enqueued_at(self) -> float:
@@ -646,17 +659,7 @@ def publish_prepared(prepared: PreparedCall) -> DedupeResult:
                 outcome: Holder | Requeue | None = store.requeue(*prepared.requeue_arguments(token))
             elif prepared.latest is not None:
                 keys, provisional, ttl_ms = prepared.enqueue_arguments()
-                unique = prepared.shape.unique
-                assert unique is not None
-                outcome = store.enqueue_latest(
-                    keys,
-                    provisional,
-                    ttl_ms,
-                    prepared.latest,
-                    prepared.enqueued_at,
-                    unique.debounce,
-                    unique.debounce_max_wait,
-                )
+                outcome = store.enqueue_latest(keys, provisional, ttl_ms, prepared.latest)
             else:
                 # A task of mostly duplicates: the duplicate's answer is remembered.
                 outcome = store.enqueue(

@@ -35,6 +35,7 @@ from dedupe.store.script_runner import Reply
 from dedupe.store.store import PendingPush, Store
 from dedupe.values.config import SettingReader
 from dedupe.values.keys import CallKeys
+from dedupe.values.latest import LatestWrite
 from dedupe.values.record import Holder, pack_provisional, pack_queued
 
 from .record_state import RecordState
@@ -86,6 +87,8 @@ class PushPlan:
     #: leaves it in :attr:`pending` instead of sending it.
     deferred: bool = False
     pending: PendingPush | None = None
+    #: A debounced or replacing call's: what it leaves for the holder's run as a duplicate.
+    latest: LatestWrite | None = None
 
     @property
     def store(self) -> Store:
@@ -352,6 +355,7 @@ def _publish(
         expiring=expiring,
         expire_ms=expire_ms,
         force=plan.force,
+        latest=plan.latest,
     )
     if plan.deferred:
         plan.pending = push
@@ -374,7 +378,12 @@ def _publish_provisionally(
     logger.debug("%s: no one-step publish here, publishing provisionally", plan.task_id)
     if not plan.state.provisional_written:
         try:
-            holder = plan.store.enqueue(plan.keys, plan.provisional, plan.provisional_ttl_ms)
+            store, keys, ttl_ms = plan.store, plan.keys, plan.provisional_ttl_ms
+            holder = (
+                store.enqueue(keys, plan.provisional, ttl_ms)
+                if plan.latest is None
+                else store.enqueue_latest(keys, plan.provisional, ttl_ms, plan.latest)
+            )
         except RedisUnavailable:
             raise
         except BaseException:

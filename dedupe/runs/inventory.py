@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from celery import Celery
 
 from dedupe.store.clients import DedupRedis
-from dedupe.values.keys import RUN_SUFFIX, tag_safe, task_name_of_tag
+from dedupe.values.keys import LATEST_SUFFIX, RUN_SUFFIX, tag_safe, task_name_of_tag
+from dedupe.values.limits import LIMIT_KEY_NAMES
 from dedupe.values.record import Holder
 
 from .runtime import runtime_of
@@ -26,6 +27,8 @@ __all__ = [
 ]
 
 _BATCH = 500
+#: The names of flow control's keys beside a record (values.keys, values.limits).
+_FLOW_SUFFIXES = (LATEST_SUFFIX, *(f":{name}" for name in LIMIT_KEY_NAMES))
 
 
 def task_of_key(prefix: str, key: str) -> str | None:
@@ -102,22 +105,28 @@ def _pattern(prefix: str, task: str | None) -> str:
 
 def _is_of(prefix: str, task: str | None, key: bytes) -> bool:
     # The pattern's "*" also matches the rest of a longer name ("reports:eu" for "reports"):
-    # only a key that parses back to the very name is the task's.
-    return task is None or task_of_key(prefix, key.decode()) == task
+    # only a key that parses back to the very name is the task's. The keys of flow control
+    # beside a record (a debounced call's latest arguments, a limited key's line and slots)
+    # are no records: never listed (another program's keys are, as unknown).
+    name = key.decode()
+    if task is None:
+        return not name.endswith(_FLOW_SUFFIXES)
+    return task_of_key(prefix, name) == task
 
 
 def read_keys(client: DedupRedis, keys: list[bytes]) -> Iterator[tuple[str, bytes, int]]:
-    """The value and pttl of each key in one round trip (keys that are gone are passed over)."""
+    """The value and pttl of each key in one round trip (keys that are gone, or hold no
+    string, are passed over)."""
     # Keys of different tasks may sit in different cluster slots: GETs one by one in a
     # pipeline, never an MGET across them.
     with client.pipeline(transaction=False) as pipe:
         for key in keys:
             pipe.get(key)
             pipe.pttl(key)
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
     for index, key in enumerate(keys):
         raw, pttl = replies[2 * index], replies[2 * index + 1]
-        if raw is not None:
+        if isinstance(raw, bytes) and isinstance(pttl, int):
             yield key.decode(), raw, pttl
 
 

@@ -122,7 +122,8 @@ def eviction_check(client: DedupRedis) -> Verdict:
 #: PEXPIRE only from its scripts, which need them allowed all the same.
 NEEDED_COMMANDS = (
     "EVALSHA", "SCRIPT LOAD", "GET", "SET", "DEL", "EXISTS", "PEXPIRE", "PTTL", "SCAN", "TIME",
-    "LPUSH", "HGET", "HSET", "HDEL",
+    "LPUSH", "HGET", "HSET", "HDEL", "INCR", "ZADD", "ZCARD", "ZRANGE", "ZRANGEBYSCORE", "ZRANK",
+    "ZREM", "ZREMRANGEBYSCORE", "ZSCORE",
 )  # fmt: skip
 
 

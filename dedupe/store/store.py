@@ -23,7 +23,7 @@ from redis.commands.core import Script
 from dedupe.errors import RedisCommandError, UnexpectedReply
 from dedupe.values import defaults
 from dedupe.values.keys import CallKeys
-from dedupe.values.latest import Latest
+from dedupe.values.latest import Latest, LatestWrite
 from dedupe.values.record import Holder, pack_owner, pack_queued, pack_restored
 
 from .clients import DedupRedis
@@ -60,6 +60,7 @@ __all__ = [
     "Restoration",
     "Store",
     "script_text",
+    "slot_member",
 ]
 
 _T = TypeVar("_T")
@@ -87,14 +88,19 @@ class Lease:
     record_ttl_ms: int = 0
     #: The call's record key when it is not the run key (``unique_until="started"``).
     call_key: str = ""
+    #: A slot of a key with ``key_concurrency`` (``key``: its slots; renew_slot.lua), not a
+    #: key's record (renew.lua).
+    slot: bool = False
 
     @property
     def keys(self) -> list[str]:
-        """renew.lua's KEYS."""
+        """renew.lua's (or renew_slot.lua's) KEYS."""
         return [self.key, self.call_key] if self.call_key else [self.key]
 
     def args(self) -> list[Any]:
-        """renew.lua's ARGV."""
+        """renew.lua's (or renew_slot.lua's) ARGV."""
+        if self.slot:
+            return [slot_member(self.task_id, self.token), self.lease_ms]
         return [
             pack_owner(self.task_id),
             self.token,
@@ -191,7 +197,15 @@ class Store:
         self._publish = self._register("publish")
         self._confirm = self._register("confirm")
         self._enqueue_latest = self._register("enqueue_latest")
+        self._publish_latest = self._register("publish_latest")
         self._take_latest = self._register("take_latest")
+        self._ticket = self._register("ticket")
+        self._slot = self._register("slot")
+        self._renew_slot = self._register("renew_slot")
+        self._free_slot = self._register("free_slot")
+        self._start = self._register("start")
+        self._leave_line = self._register("leave_line")
+        self._free_slots_of = self._register("free_slots_of")
 
     def _register(self, name: str) -> Script:
         script: Script = self.client.register_script(script_text(name))
@@ -241,24 +255,17 @@ class Store:
         return read_enqueue(keys.call, reply)
 
     def enqueue_latest(
-        self,
-        keys: CallKeys,
-        record: bytes,
-        ttl_ms: int,
-        arguments: bytes,
-        now: float,
-        debounce: float | None,
-        max_wait: float | None,
+        self, keys: CallKeys, record: bytes, ttl_ms: int, latest: LatestWrite
     ) -> Holder | None:
         """:meth:`enqueue` for a debounced or replacing call: a duplicate of a holder that
-        has not started leaves ``arguments`` (and, debounced, a deadline ``debounce`` seconds
-        from ``now``, capped at ``max_wait`` after the burst's first call) for its run. One
-        round trip; never remembered (each duplicate has arguments to leave)."""
+        has not started leaves ``latest`` (its arguments and, debounced, the burst's new
+        deadline) for its run. One round trip; never remembered (each duplicate has
+        arguments to leave)."""
         barrier = self._barrier()
         marked = [keys.call, keys.latest]
         if barrier:
             marked.append(barrier.marker)
-        argv = [record, ttl_ms, arguments, repr(now), repr(debounce or 0.0), repr(max_wait or 0.0)]
+        argv = [record, ttl_ms, *latest.argv()]
         with reraise_unavailable("enqueue", keys.call):
             reply = self._run(self._enqueue_latest, marked, argv)
         if not_decided(reply):
@@ -388,13 +395,17 @@ class Store:
 
     def push(self, push: PendingPush) -> Push | Holder:
         """:meth:`publish`, its arguments held in one value."""
+        script = self._publish if push.latest is None else self._publish_latest
         with reraise_unavailable("publish", push.keys.call):
             # (Not sent again once written: pushed, then freed by its run, it would push twice.)
-            reply = self._run(self._publish, *push.script_call(), resend=False)
+            reply = self._run(script, *push.script_call(), resend=False)
         return read_publish(push.keys.call, reply)
 
     def publish_many(self, pushes: Sequence[PendingPush]) -> list[Push | Holder]:
-        """:meth:`publish` for many calls in one round trip; the outcomes in order."""
+        """:meth:`publish` for many calls in one round trip; the outcomes in order. (A
+        batch's calls leave no latest arguments: see :meth:`push` for one that does.)"""
+        if any(push.latest is not None for push in pushes):
+            raise ValueError("a batch of pushes cannot leave latest arguments")
         key = pushes[0].keys.call if pushes else None
         with reraise_unavailable("publish", key):
             replies = self._run.call_many(
@@ -460,7 +471,16 @@ class Store:
         return read_claim(keys.run, reply)
 
     def renew(self, leases: Sequence[Lease]) -> list[Renewal]:
-        """Renew leases in one round trip, one answer per lease."""
+        """Renew leases in one round trip, one answer per lease (a second one for the slots
+        of limited keys, when a beat renews both kinds)."""
+        slots = [lease for lease in leases if lease.slot]
+        if slots:
+            answers = dict(zip(map(id, slots), self._renew_slots(slots), strict=True))
+            records = [lease for lease in leases if not lease.slot]
+            answers.update(
+                zip(map(id, records), self.renew(records) if records else [], strict=True)
+            )
+            return [answers[id(lease)] for lease in leases]
         with reraise_unavailable("renew"):
             if len(leases) == 1:
                 lease = leases[0]
@@ -470,6 +490,85 @@ class Store:
             )
             _raise_first_error(replies)
             return [read_renew(reply) for reply in replies]
+
+    def _renew_slots(self, leases: Sequence[Lease]) -> list[Renewal]:
+        with reraise_unavailable("renew_slot"):
+            replies = self._run.call_many(
+                self._renew_slot, [(lease.keys, lease.args()) for lease in leases]
+            )
+            _raise_first_error(replies)
+        return [Renewal.RENEWED if reply == 1 else Renewal.RECREATED for reply in replies]
+
+    # -- flow control per key (key_concurrency, key_rate_limit) --------------------------------
+
+    def take_ticket(self, keys: Mapping[str, str], task_id: str, ttl_ms: int) -> int:
+        """A limited call's place in its key's line (ticket.lua): its ticket, in call order."""
+        with reraise_unavailable("ticket", keys["line"]):
+            reply = self._run(
+                self._ticket, [keys["line"], keys["due"], keys["seq"]], [task_id, ttl_ms]
+            )
+        return _integer("ticket", reply)
+
+    def take_slot(
+        self,
+        keys: Mapping[str, str],
+        task_id: str,
+        token: str,
+        lease_ms: int,
+        limit: int,
+        come_back_ms: int,
+        ttl_ms: int,
+    ) -> int:
+        """A run of a limited key asks for a slot (slot.lua): 0 claimed, else how many
+        calls (this one included) are ahead of a free slot."""
+        with reraise_unavailable("slot", keys["slots"]):
+            reply = self._run(
+                self._slot,
+                [keys["slots"], keys["line"], keys["due"], keys["seq"]],
+                [task_id, token, lease_ms, limit, come_back_ms, ttl_ms],
+            )
+        return _integer("slot", reply)
+
+    def leave_line(self, keys: Mapping[str, str], task_id: str) -> bool:
+        """A limited call whose message was dropped (revoked, expired) leaves its key's line
+        (leave_line.lua). True if it had a place."""
+        with reraise_unavailable("leave_line", keys["line"]):
+            reply = self._run(self._leave_line, [keys["line"], keys["due"], keys["seq"]], [task_id])
+        return _integer("leave_line", reply) == 1
+
+    def free_slots_of(self, keys: Mapping[str, str], task_id: str) -> int:
+        """Free every slot a task id holds (free_slots_of.lua): its run's child is dead."""
+        with reraise_unavailable("free_slots_of", keys["slots"]):
+            reply = self._run(self._free_slots_of, [keys["slots"]], [task_id])
+        return _integer("free_slots_of", reply)
+
+    def free_slot(self, keys: Mapping[str, str], task_id: str, token: str) -> bool:
+        """A run's end frees its slot (free_slot.lua). True if it held one."""
+        with reraise_unavailable("free_slot", keys["slots"]):
+            reply = self._run(self._free_slot, [keys["slots"]], [slot_member(task_id, token)])
+        return _integer("free_slot", reply) == 1
+
+    def next_start(
+        self,
+        keys: Mapping[str, str],
+        task_id: str,
+        count: int,
+        period_ms: int,
+        *,
+        token: str = "",
+        earliest_ms: int = 0,
+    ) -> int:
+        """The ms from now to a start of a rate-limited key (start.lua): a producer reserves
+        its call's; a run (its ``token`` given) starts now (0, recorded) or is told how long
+        to wait (its next start reserved)."""
+        mode = f"run {token}" if token else "call"
+        with reraise_unavailable("start", keys["starts"]):
+            reply = self._run(
+                self._start,
+                [keys["starts"], keys["plan"]],
+                [task_id, count, period_ms, mode, earliest_ms],
+            )
+        return _integer("start", reply)
 
     def requeue(
         self, keys: CallKeys, task_id: str, token: str, record: bytes, ttl_ms: int
@@ -623,21 +722,25 @@ class PendingPush:
     expiring: Sequence[str] = ()
     expire_ms: int = 0
     force: bool = False
+    #: A debounced or replacing call's: what it leaves if it is a duplicate
+    #: (publish_latest.lua; None: publish.lua).
+    latest: LatestWrite | None = None
 
     def script_call(self) -> tuple[list[Any], list[Any]]:
-        """The keys and arguments of publish.lua for this push."""
-        return (
-            [self.keys.call, *self.lists, *self.expiring],
-            [
-                self.queued,
-                self.ttl_ms,
-                self.provisional,
-                self.message,
-                len(self.lists),
-                "force" if self.force else "",
-                self.expire_ms,
-            ],
-        )
+        """The keys and arguments of publish.lua (publish_latest.lua) for this push."""
+        args: list[Any] = [
+            self.queued,
+            self.ttl_ms,
+            self.provisional,
+            self.message,
+            len(self.lists),
+            "force" if self.force else "",
+            self.expire_ms,
+        ]
+        if self.latest is None:
+            return [self.keys.call, *self.lists, *self.expiring], args
+        keys = [self.keys.call, self.keys.latest, *self.lists, *self.expiring]
+        return keys, [*args, *self.latest.argv()]
 
 
 #: Calls one ``enqueue_many.lua`` decides at the most: a batch of thousands becomes scripts of
@@ -664,6 +767,17 @@ def _chunk_replies(reply: Any, size: int) -> list[Any]:
         return [reply] * size
     if not isinstance(reply, list) or len(reply) != size:
         raise UnexpectedReply("enqueue_many", reply)
+    return reply
+
+
+def slot_member(task_id: str, token: str) -> str:
+    """A run's member in its key's slots (slot.lua)."""
+    return f"{task_id} {token}"
+
+
+def _integer(script: str, reply: Any) -> int:
+    if isinstance(reply, bool) or not isinstance(reply, int):
+        raise UnexpectedReply(script, reply)
     return reply
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 from kombu.serialization import dumps, loads, prepare_accept_content
 
-__all__ = ["Latest", "pack_arguments", "unpack_arguments"]
+__all__ = ["Latest", "LatestWrite", "pack_arguments", "unpack_arguments"]
 
 
 def pack_arguments(args: Any, kwargs: Any, serializer: str) -> bytes:
@@ -65,3 +65,26 @@ class Latest:
         due, entry = reply
         first_at, deadline, body = msgpack.unpackb(entry, raw=True)
         return cls(float(first_at), float(deadline), bytes(body), bool(due))
+
+
+@dataclass(frozen=True, slots=True)
+class LatestWrite:
+    """What a debounced or replacing call leaves for its holder's run if it is a duplicate
+    (enqueue_latest.lua, publish_latest.lua)."""
+
+    #: :func:`pack_arguments`'s bytes of this call's arguments.
+    arguments: bytes
+    #: When the call was made (the producer's clock).
+    now: float
+    #: The quiet period, seconds (None: a replace, no deadline), and its cap.
+    debounce: float | None
+    max_wait: float | None
+
+    def argv(self) -> list[Any]:
+        """The scripts' arguments for it, in their order."""
+        return [
+            self.arguments,
+            repr(self.now),
+            repr(self.debounce or 0.0),
+            repr(self.max_wait or 0.0),
+        ]

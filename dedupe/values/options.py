@@ -19,9 +19,11 @@ from dedupe.errors import ConfigurationError
 from . import defaults
 from .config import DedupeConfig, positive_seconds
 from .generics import AnyTask
+from .limits import Rate, check_concurrency, parse_rate
 
 __all__ = [
     "CALL_OPTIONS",
+    "LIMIT_OPTIONS",
     "SEPARATE_RUN_LOCK",
     "TASK_OPTIONS",
     "UniqueOptions",
@@ -46,6 +48,8 @@ CALL_OPTIONS = (
     "debounce",
     "debounce_max_wait",
 )
+#: Flow control per key (task options): every call is accepted and runs, in turn.
+LIMIT_OPTIONS = ("key_concurrency", "key_rate_limit")
 #: Options a task may declare (``@app.task(base=DedupeTask, ...)``).
 TASK_OPTIONS = (
     "unique",
@@ -54,11 +58,19 @@ TASK_OPTIONS = (
     "unique_lease",
     "on_running",
     "on_running_countdown",
+    *LIMIT_OPTIONS,
 )
 #: Names of the family this version does not have: whoever gives one expects what it does
 #: not get.
-_NOT_HERE = ("key_concurrency", "key_rate_limit")
-_FAMILY_PREFIXES = ("unique", "on_duplicate", "on_running", "debounce", "key_concurrency")
+_NOT_HERE: tuple[str, ...] = ()
+_FAMILY_PREFIXES = (
+    "unique",
+    "on_duplicate",
+    "on_running",
+    "debounce",
+    "key_concurrency",
+    "key_rate",
+)
 #: The names of Celery's Task. (Listed, never looked up: a class property such as Task.app
 #: binds Celery's own base class to the current app when read.)
 _CELERYS = frozenset(dir(CeleryTask))
@@ -92,6 +104,16 @@ class UniqueOptions:
     debounce: float | None = None
     #: Seconds after a burst's first call by which its run starts however busy the key is.
     debounce_max_wait: float | None = None
+    #: ``key_concurrency``: runs of one key at once (or a callable of the call's arguments
+    #: returning that number); None: no limit.
+    concurrency: int | Callable[..., Any] | None = None
+    #: ``key_rate_limit``: starts of one key per period; None: no limit.
+    rate: Rate | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Flow control per key: every call is accepted, and its run waits its turn."""
+        return self.concurrency is not None or self.rate is not None
 
     @property
     def latest(self) -> Literal["debounce", "replace"] | None:
@@ -157,6 +179,7 @@ def resolve(
     until = choice("unique_until", "started" if debounce is not None else "finished")
     on_duplicate = choice("on_duplicate", "return")
     _check_latest(task_name, debounce, max_wait, until, on_duplicate)
+    concurrency, rate = _limits(task, task_name, pick)
     return UniqueOptions(
         on=_names(task_name, pick("unique_on")),
         key=_callable(task_name, pick("unique_key")),
@@ -174,7 +197,45 @@ def resolve(
         running_countdown=seconds("on_running_countdown", defaults.RUNNING_COUNTDOWN),
         debounce=debounce,
         debounce_max_wait=max_wait,
+        concurrency=concurrency,
+        rate=rate,
     )
+
+
+def _limits(
+    task: AnyTask | None, task_name: str, pick: Callable[..., Any]
+) -> tuple[int | Callable[..., Any] | None, Rate | None]:
+    """``key_concurrency`` and ``key_rate_limit``, checked, and refused beside the options
+    that deduplicate (a limited task accepts every call: nothing is a duplicate)."""
+    given_concurrency, given_rate = pick("key_concurrency"), pick("key_rate_limit")
+    if given_concurrency is None and given_rate is None:
+        return None, None
+    concurrency = (
+        None if given_concurrency is None else check_concurrency(given_concurrency, task_name)
+    )
+    rate = None if given_rate is None else parse_rate(given_rate, task_name)
+    where = f"task {task_name!r}"
+    if concurrency is not None and rate is not None:
+        raise ConfigurationError(
+            f"{where}: key_concurrency and key_rate_limit on one task are not supported in this "
+            f"version: keep one (two tasks, one calling the other, can have one each)"
+        )
+    option = "key_concurrency" if concurrency is not None else "key_rate_limit"
+    if getattr(task, "unique", False) is True or getattr(task, "exclusive", False) is True:
+        flag = "unique" if getattr(task, "unique", False) is True else "exclusive"
+        raise ConfigurationError(
+            f"{where}: {option} accepts every call and runs each in turn; {flag}=True would "
+            f"{'drop duplicates' if flag == 'unique' else 'allow one run at a time'} instead: "
+            f"drop {flag}=True (the limit's key comes from unique_on or unique_key)"
+        )
+    for name in ("unique_until", "on_duplicate", "debounce", "debounce_max_wait"):
+        if pick(name) is not None:
+            raise ConfigurationError(
+                f"{where}: {name} has no meaning with {option}: a limited task deduplicates "
+                f"nothing (every call is accepted and runs in turn); drop {name}, or drop "
+                f"{option} and use unique=True"
+            )
+    return concurrency, rate
 
 
 def _optional_seconds(task_name: str, name: str, value: Any) -> float | None:

@@ -49,12 +49,14 @@ from dedupe.values.config import SettingReader
 from dedupe.values.header import LATEST, KeyHeader, is_publishing
 from dedupe.values.keys import CallKeys, keys_for
 from dedupe.values.latest import Latest, unpack_arguments
+from dedupe.values.limits import LimitHeader
 from dedupe.values.options import check_plain_task, options_for
 from dedupe.values.record import HOST, Holder, pack_queued, pack_running
 from dedupe.values.redelivery import horizon, visibility_gap
 from dedupe.values.timing import milliseconds, seconds_until
 from dedupe.values.urls import cluster_target
 
+from . import limits
 from .deferral import DEFERRALS, SINCE, backoff, deferrals_of, since_of
 
 __all__ = [
@@ -204,6 +206,10 @@ def on_prerun(
     request = task.request
     if runtime is None or request.is_eager or request.called_directly:
         return
+    limit = LimitHeader.read(getattr(request, "headers", None))
+    if limit is not None:
+        limits.enter(runtime, task, task_id, limit)
+        return
     try:
         spec = spec_for_request(runtime, task, request, args or (), kwargs or {})
     except KeyDerivationError as exc:
@@ -349,6 +355,7 @@ def _bare_runtime(app: Any) -> Runtime:
 def guard(task: Task[Any, Any], task_id: str) -> None:
     """Stop a run whose key another run holds: skip it (Ignore) or try it again later."""
     request = task.request
+    limits.wait_turn(task)
     run = run_of(request)
     if run is not None and run.verdict == "early":
         _go_again_at_deadline(task, request, run)
@@ -590,6 +597,8 @@ def on_postrun(
     task = task or sender
     run = detach(task.request)
     runtime = installed(task.app)
+    if runtime is not None and limits.limited_run_of(task.request) is not None:
+        limits.leave(runtime, task)
     if run is None or runtime is None:
         return
     if run.lease is not None:

@@ -24,8 +24,10 @@ from dedupe.runs.liveness import lost_run_token, run_is_dead
 from dedupe.runs.run import ANY_RUN, RunSpec
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.values.header import KeyHeader, is_publishing
+from dedupe.values.limits import LimitHeader
 
 from .execution import derived_spec, requeue_for_message, requeue_key, spec_for_request
+from .limits import free_dead_slots, leave_line
 
 __all__ = ["on_before_publish", "on_failure", "on_revoked"]
 
@@ -50,6 +52,12 @@ def on_failure(
     if sender is None or current_worker_task() is not None:
         return
     timed_out = isinstance(exception, TimeLimitExceeded)
+    current = sender.request  # (after a lost child, Celery pushed its request here)
+    limit = LimitHeader.read(getattr(current, "headers", None)) if current.id == task_id else None
+    if limit is not None:
+        if not timed_out:  # (the child is gone; a hard time limit's slot waits for its lease)
+            free_dead_slots(sender, task_id, limit)
+        return
     requeue = timed_out and _requeued_on_timeout(sender)
     _act_for_lost_run(sender, task_id, args, kwargs, requeue=requeue, killing=timed_out)
 
@@ -64,6 +72,11 @@ def on_revoked(
     """``task_revoked``: a message revoked before it ran, expired, or terminated."""
     if sender is None or request is None:
         return
+    limit = LimitHeader.read(getattr(request, "headers", None))
+    if limit is not None:
+        if not terminated:
+            leave_line(sender, request.id, limit)
+        return  # (a terminated run's slot is freed by its lease)
     if terminated and signum != signal.SIGKILL:
         # Celery announces the terminate as it sends the signal. A run may handle it (SIGUSR1
         # raises SoftTimeLimitExceeded, SIGTERM may be caught) and go on cleaning up: its key

@@ -42,6 +42,15 @@ local function server_seconds()
   return tonumber(redis.call('TIME')[1])
 end
 
+-- The server's clock in whole milliseconds (the limits per key: slots, places, starts).
+local function server_ms()
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+
 -- True when rec is a run whose lease is over: its worker died (or stalled past the lease)
 -- and its message waits for the broker to deliver it again.
 local function lease_over(rec, now)
@@ -155,6 +164,35 @@ end
 -- (dedupe.store.held_by reads it). A pttl never holds a colon; the record may.
 local function held(key, raw)
   return string.format('%d:', redis.call('PTTL', key)) .. raw
+end
+
+-- A duplicate of a debounced or replacing call (enqueue_latest.lua, publish_latest.lua): a
+-- holder that has not started (raw, its record) takes this call's arguments for its run, and
+-- (debounced) the burst's new deadline: `debounce` after now, at most `max_wait` after the
+-- burst's first call (0: no such bound). A running holder takes nothing.
+local function leave_latest(key, latest_key, raw, arguments, now, debounce, max_wait)
+  local rec = cmsgpack.unpack(raw)
+  if run_token(rec) then
+    return
+  end
+  local owner = rec[1]
+  local first, deadline = rec[3] or now, 0
+  local entry = redis.call('HGET', latest_key, owner)
+  if entry then
+    first = cmsgpack.unpack(entry)[1]  -- (the burst began before its message was re-sent)
+  end
+  if debounce > 0 then
+    deadline = now + debounce
+    if max_wait > 0 then
+      deadline = math.min(deadline, first + max_wait)
+    end
+  end
+  redis.call('HSET', latest_key, owner, cmsgpack.pack({first, deadline, arguments}))
+  -- The arguments live as long as the record might, and past a deadline that moved on.
+  local keep = math.max(redis.call('PTTL', key), 1) + math.ceil(math.max(deadline - now, 0) * 1000)
+  if redis.call('PTTL', latest_key) < keep then
+    redis.call('PEXPIRE', latest_key, keep)
+  end
 end
 
 -- enqueue.lua's transition for one call (enqueue_many.lua makes it for many): create the

@@ -27,28 +27,7 @@ end
 if raw == ARGV[1] then
   return 2
 end
-local rec = cmsgpack.unpack(raw)
-if not run_token(rec) then
-  local owner, now = rec[1], tonumber(ARGV[4])
-  local first, deadline = rec[3] or now, 0
-  local entry = redis.call('HGET', KEYS[2], owner)
-  if entry then
-    first = cmsgpack.unpack(entry)[1]  -- (the burst began before its message was re-sent)
-  end
-  local debounce = tonumber(ARGV[5])
-  if debounce > 0 then
-    deadline = now + debounce
-    local max_wait = tonumber(ARGV[6])
-    if max_wait > 0 then
-      deadline = math.min(deadline, first + max_wait)
-    end
-  end
-  redis.call('HSET', KEYS[2], owner, cmsgpack.pack({first, deadline, ARGV[3]}))
-  -- The arguments live as long as the record might, and past a deadline that moved on.
-  local keep = math.max(redis.call('PTTL', KEYS[1]), 1)
-    + math.ceil(math.max(deadline - now, 0) * 1000)
-  if redis.call('PTTL', KEYS[2]) < keep then
-    redis.call('PEXPIRE', KEYS[2], keep)
-  end
-end
+leave_latest(
+  KEYS[1], KEYS[2], raw, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+)
 return held(KEYS[1], raw)

@@ -10,11 +10,22 @@
 --   nil              nothing was left for this task id: the message's own arguments stand
 --   {1, entry}       taken (or, when looking, due): entry is msgpack {first, deadline, args}
 --   {0, entry}       looking, and the deadline has not come: the message is early
+--
+-- A take is kept in the field "taken" ({owner, entry}; no owner is packed to that name), so
+-- that the same take sent again (its reply lost with its connection) answers as it did:
+-- only the key's one claimed run takes, so the last take is the only one to keep.
+local now = tonumber(ARGV[2])
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
 if not entry then
+  local taken = now == 0 and redis.call('HGET', KEYS[1], 'taken')
+  if taken then
+    taken = cmsgpack.unpack(taken)
+    if taken[1] == ARGV[1] then
+      return {1, taken[2]}
+    end
+  end
   return nil
 end
-local now = tonumber(ARGV[2])
 if now > 0 then
   if cmsgpack.unpack(entry)[2] > now then
     return {0, entry}
@@ -22,4 +33,5 @@ if now > 0 then
   return {1, entry}
 end
 redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], 'taken', cmsgpack.pack({ARGV[1], entry}))
 return {1, entry}

@@ -1,0 +1,126 @@
+"""Flow control per key at the call: a call of a task with ``key_concurrency`` takes its
+place in its key's line; a call of a task with ``key_rate_limit`` reserves the next free
+start of its key, published with the countdown to it. One round trip to the dedup Redis,
+then the publish. Every call is accepted: nothing here refuses or deduplicates.
+
+The run side (a slot, or a start checked again) is :mod:`dedupe.worker.limits`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from dedupe.errors import RedisUnavailable
+from dedupe.events import UNAVAILABLE, emit
+from dedupe.runs.runtime import runtime_of
+from dedupe.store.store import Store
+from dedupe.values.config import SettingReader
+from dedupe.values.header import publishing
+from dedupe.values.keys import keys_for
+from dedupe.values.limits import LIMIT, LimitHeader, concurrency_of
+from dedupe.values.options import options_for, pop_call_options
+from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
+
+from .call import Call
+from .guard import new_task_id
+from .result import DedupeResult, mark_result
+
+__all__ = ["publish_limited"]
+
+logger = logging.getLogger("dedupe.producer")
+
+_always_eager = SettingReader("task_always_eager")
+_enable_utc = SettingReader("enable_utc")
+
+
+def publish_limited(call: Call) -> DedupeResult:
+    """Publish a call of a limited task: its place in line taken (concurrency) or its start
+    reserved (rate), then its message sent, carrying its key and limit for its run."""
+    app, options = call.app, call.options
+    # A call may name its key's arguments (unique_on, unique_key); the options of dedup are
+    # refused by options_for, as on the task.
+    overrides = pop_call_options(options)
+    task_id = options.get("task_id")
+    current = app.current_worker_task
+    if _always_eager(app) or (
+        task_id is not None and current is not None and current.request.id == task_id
+    ):
+        # Eager: nothing to limit. The same task id sent again from its own run (a run
+        # that waits its turn, a retry): its message carries its header, and its run asks.
+        return mark_result(call.publish(call.args, call.kwargs, options), deduplicated=False)
+    runtime = runtime_of(app)
+    unique = options_for(call.task, call.task_name, runtime.config, overrides)
+    keys = keys_for(
+        runtime.config.key_prefix, call.task, call.task_name, unique, call.args, call.kwargs
+    )
+    if not task_id:
+        task_id = options["task_id"] = new_task_id()
+    now = time.time()
+    countdown, eta = options.get("countdown"), options.get("eta")
+    delay = (
+        delay_seconds(countdown, eta, now, enable_utc=_enable_utc(app)) if countdown or eta else 0.0
+    )
+    if unique.rate is not None:
+        header = LimitHeader("rate", keys.call, unique.rate.count, unique.rate.period, 0.0)
+    else:
+        assert unique.concurrency is not None
+        limit = concurrency_of(unique.concurrency, call.task_name, call.args, call.kwargs)
+        header = LimitHeader("concurrency", keys.call, limit, 0.0, unique.lease)
+    store = runtime.store
+    try:
+        if header.kind == "rate":
+            wait_ms = store.next_start(
+                header.keys,
+                task_id,
+                header.limit,
+                milliseconds(header.period),
+                earliest_ms=milliseconds(delay) if delay else 0,
+            )
+            if wait_ms > milliseconds(delay):
+                options.pop("eta", None)
+                options["countdown"] = wait_ms / 1000
+        else:
+            store.take_ticket(
+                header.keys, task_id, milliseconds(_place_for(call, unique.ttl, delay, now))
+            )
+    except RedisUnavailable as exc:
+        if runtime.config.on_redis_error == "raise":
+            raise
+        # Published all the same: its run asks again (a run without a place joins the back
+        # of the line; a start is checked at the run either way).
+        action = "is published without its place in line (its run asks for one)"
+        emit(UNAVAILABLE, call.task_name, task_id, keys.call, action=action, error=exc.cause)
+    headers = dict(options.get("headers") or {})
+    headers[LIMIT] = header.encode()
+    options["headers"] = headers
+    try:
+        with publishing():
+            sent = call.publish(call.args, call.kwargs, options)
+    except BaseException:
+        # No message, or none known: the place goes, else it would hold the calls behind
+        # it until it lapses. (A reserved start lapses as it passes: a start lost, no more.)
+        if header.kind == "concurrency":
+            _leave_line(store, header, task_id)
+        raise
+    return mark_result(sent, deduplicated=False)
+
+
+def _leave_line(store: Store, header: LimitHeader, task_id: str) -> None:
+    try:
+        store.leave_line(header.keys, task_id)
+    except RedisUnavailable as exc:
+        logger.warning("%s keeps its place in line until it lapses: %s", task_id, exc.cause)
+
+
+def _place_for(call: Call, ttl: float, delay: float, now: float) -> float:
+    """How long a call's place in line waits for its message's first run: ``unique_ttl``
+    past its countdown, or until the message expires (an expired message never runs, and a
+    place nobody takes holds the line)."""
+    expires = call.options.get("expires", getattr(call.task, "expires", None))
+    expiry = (
+        None
+        if expires is None
+        else seconds_to_expiry(expires, now, enable_utc=_enable_utc(call.app))
+    )
+    return ttl + delay if expiry is None else max(min(ttl + delay, expiry), 1.0)

@@ -1,0 +1,155 @@
+"""Flow control per key: ``key_concurrency`` and ``key_rate_limit``, their values and the
+message header that carries a limited call's key and limit to its run.
+
+Pure values, no I/O: the Redis side is ``dedupe/store/lua/ticket.lua`` (a call's place in
+line), ``slot.lua`` / ``renew_slot.lua`` / ``free_slot.lua`` (a run's slot, a lease) and
+``start.lua`` (the schedule of a key's starts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from dedupe.errors import ConfigurationError
+
+__all__ = [
+    "LIMIT",
+    "LIMIT_KEY_NAMES",
+    "LimitHeader",
+    "Rate",
+    "check_concurrency",
+    "concurrency_of",
+    "limit_keys",
+    "parse_rate",
+]
+
+#: The header of a limited call's message: ``"<kind>|<limit>|<period>|<lease>|<key>"``.
+LIMIT = "celery_dedupe_limit"
+
+#: Celery's ``rate_limit`` units (``celery.utils.time.rate``): seconds per unit.
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """``key_rate_limit``: at most ``count`` starts of one key in any ``period`` seconds.
+
+    >>> parse_rate("2/s", "t")
+    Rate(count=2, period=1.0)
+    >>> parse_rate("10/m", "t")
+    Rate(count=10, period=60.0)
+    """
+
+    count: int
+    period: float
+
+
+def parse_rate(value: Any, task_name: str) -> Rate:
+    """Read a ``key_rate_limit`` as Celery reads ``rate_limit``: ``"N/s"``, ``"N/m"``,
+    ``"N/h"``, or a number (per second). N must be a whole number of starts, 1 or more."""
+    where = f"task {task_name!r}: key_rate_limit"
+    if isinstance(value, bool):
+        raise ConfigurationError(f'{where} must look like "2/s", "10/m" or "100/h"; got {value!r}')
+    if isinstance(value, (int, float)):
+        count_text, unit = repr(value), "s"
+    elif isinstance(value, str):
+        count_text, _, unit = value.strip().partition("/")
+        unit = unit or "s"
+    else:
+        raise ConfigurationError(f'{where} must look like "2/s", "10/m" or "100/h"; got {value!r}')
+    try:
+        count = float(count_text)
+    except ValueError:
+        count = math.nan
+    if unit not in _UNITS or not (count >= 1 and count == int(count) and count < 2**31):
+        raise ConfigurationError(
+            f'{where} must be "<N>/s", "<N>/m" or "<N>/h" (Celery\'s rate_limit syntax) with '
+            f'N a whole number of starts, 1 or more, such as "2/s"; got {value!r}'
+        )
+    return Rate(int(count), _UNITS[unit])
+
+
+def check_concurrency(value: Any, task_name: str) -> int | Callable[..., Any]:
+    """A ``key_concurrency`` as declared: a whole number, 1 or more, or a callable of the
+    call's arguments that returns one (checked at each call: :func:`concurrency_of`)."""
+    if callable(value):
+        return cast("Callable[..., Any]", value)
+    return _whole(value, task_name)
+
+
+def concurrency_of(value: int | Callable[..., Any], task_name: str, args: Any, kwargs: Any) -> int:
+    """The limit of one call: ``value``, or what the callable returns for its arguments."""
+    if callable(value):
+        return _whole(value(*(args or ()), **(kwargs or {})), task_name, called=True)
+    return value
+
+
+def _whole(value: Any, task_name: str, *, called: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        source = "the key_concurrency callable returned" if called else "got"
+        raise ConfigurationError(
+            f"task {task_name!r}: key_concurrency must be a whole number of runs, 1 or more "
+            f"(or a callable of the call's arguments returning one); {source} {value!r}"
+        )
+    return value
+
+
+#: The keys of one limited key, each named ``<call key>:<name>``.
+LIMIT_KEY_NAMES = ("slots", "line", "due", "seq", "starts", "plan")
+
+
+def limit_keys(base: str) -> dict[str, str]:
+    """The keys of one limited key (all in ``base``'s hash tag).
+
+    >>> limit_keys("dedupe:{t:ab}")["slots"]
+    'dedupe:{t:ab}:slots'
+    """
+    return {name: f"{base}:{name}" for name in LIMIT_KEY_NAMES}
+
+
+@dataclass(frozen=True, slots=True)
+class LimitHeader:
+    """What a limited call's message tells its run: the key, the kind and size of the limit,
+    the slot's lease. Decided once, by the producer (a callable limit is called there).
+
+    >>> header = LimitHeader("concurrency", "dedupe:{t:ab}", 2, 0.0, 60.0)
+    >>> LimitHeader.read({LIMIT: header.encode()}) == header
+    True
+    """
+
+    kind: Literal["concurrency", "rate"]
+    key: str
+    #: Runs at once (concurrency), or starts per period (rate).
+    limit: int
+    #: Seconds of the rate's period (0 for concurrency).
+    period: float
+    #: Seconds a slot is held between heartbeats (concurrency).
+    lease: float
+
+    def encode(self) -> str:
+        return f"{self.kind}|{self.limit}|{self.period!r}|{self.lease!r}|{self.key}"
+
+    @classmethod
+    def read(cls, headers: Mapping[str, Any] | None) -> LimitHeader | None:
+        """The header in a message's headers, or None (not a limited call's message)."""
+        raw = (headers or {}).get(LIMIT)
+        if not isinstance(raw, str):
+            return None
+        parts = raw.split("|", 4)
+        if len(parts) != 5 or parts[0] not in ("concurrency", "rate") or not parts[4]:
+            return None
+        try:
+            limit, period, lease = int(parts[1]), float(parts[2]), float(parts[3])
+        except ValueError:
+            return None
+        kind: Literal["concurrency", "rate"] = (
+            "concurrency" if parts[0] == "concurrency" else "rate"
+        )
+        return cls(kind, parts[4], limit, period, lease)
+
+    @property
+    def keys(self) -> dict[str, str]:
+        return limit_keys(self.key)

@@ -1,0 +1,165 @@
+"""Flow control per key at the run: a run of a ``key_concurrency`` task takes a slot (a
+lease, renewed by the heartbeat, freed at its end or, if its worker dies, when the lease is
+over) when its turn in line has come; a run of a ``key_rate_limit`` task starts when fewer
+than N runs of its key started in the last period. A run that must wait is sent again under
+the same task id (its delivery ends as ``RETRY``), for its place in line or its next start;
+it is never dropped and never gives up.
+
+The call side is :mod:`dedupe.producer.limits`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, NoReturn, cast
+
+from celery.exceptions import Retry
+
+from dedupe.errors import RedisUnavailable
+from dedupe.events import UNAVAILABLE, emit
+from dedupe.runs.run import new_token
+from dedupe.runs.runtime import Runtime, installed
+from dedupe.store.store import Lease
+from dedupe.values.limits import LimitHeader
+from dedupe.values.options import options_for
+from dedupe.values.timing import milliseconds
+
+__all__ = [
+    "LimitedRun",
+    "enter",
+    "free_dead_slots",
+    "leave",
+    "leave_line",
+    "limited_run_of",
+    "wait_turn",
+]
+
+logger = logging.getLogger("dedupe.worker")
+
+_ATTRIBUTE = "_dedupe_limited"
+
+
+@dataclass(slots=True)
+class LimitedRun:
+    """A limited run, kept on its request: started (holding a slot, for concurrency), or
+    told to come back in ``countdown`` seconds."""
+
+    header: LimitHeader
+    token: str
+    countdown: float = 0.0
+    lease: Lease | None = None
+
+
+def limited_run_of(request: Any) -> LimitedRun | None:
+    run = getattr(request, _ATTRIBUTE, None)
+    return run if isinstance(run, LimitedRun) else None
+
+
+def enter(runtime: Runtime, task: Any, task_id: str, header: LimitHeader) -> None:
+    """``task_prerun`` of a limited run: ask for its slot, or check its start."""
+    token = new_token()
+    run = LimitedRun(header, token)
+    setattr(task.request, _ATTRIBUTE, run)
+    store = runtime.store
+    try:
+        if header.kind == "rate":
+            wait_ms = store.next_start(
+                header.keys, task_id, header.limit, milliseconds(header.period), token=token
+            )
+            run.countdown = wait_ms / 1000
+            return
+        options = options_for(task, task.name, runtime.config)
+        lease_ms = milliseconds(header.lease)
+        ahead = store.take_slot(
+            header.keys,
+            task_id,
+            token,
+            lease_ms,
+            header.limit,
+            milliseconds(_come_back(options.running_countdown, 1, runtime.config.deferral_cap)),
+            milliseconds(options.ttl),
+        )
+    except RedisUnavailable as exc:
+        # The message is consumed already: running it beats losing it.
+        action = "runs without its limit"
+        emit(UNAVAILABLE, task.name, task_id, header.key, action=action, error=exc.cause)
+        return
+    if ahead:
+        run.countdown = _come_back(options.running_countdown, ahead, runtime.config.deferral_cap)
+        return
+    slots = header.keys["slots"]
+    run.lease = Lease(slots, task_id, token, lease_ms, b"", slot=True)
+    runtime.heartbeat.hold(run.lease, task.name)
+
+
+def _come_back(countdown: float, ahead: int, cap: float) -> float:
+    # The head of the line asks again soon; a call far back, less often.
+    return min(countdown * ahead, cap)
+
+
+def wait_turn(task: Any) -> None:
+    """``before_start``: a run that must wait is sent again, same task id, for its turn."""
+    request = task.request
+    run = limited_run_of(request)
+    if run is None or run.countdown <= 0:
+        return
+    _send_again(task, request, run)
+
+
+def _send_again(task: Any, request: Any, run: LimitedRun) -> NoReturn:
+    countdown = run.countdown
+    logger.info(
+        "%s[%s] waits its turn (%s limit %d of %s): sent again in %.2f s",
+        task.name,
+        request.id,
+        run.header.kind,
+        run.header.limit,
+        run.header.key,
+        countdown,
+    )
+    signature = task.signature_from_request(request, countdown=countdown)
+    signature.apply_async()
+    raise Retry(when=cast("Any", countdown), sig=signature)
+
+
+def leave(runtime: Runtime, task: Any) -> None:
+    """``task_postrun``: free the run's slot (a rate's start stays: it is a start made)."""
+    request = task.request
+    run = limited_run_of(request)
+    setattr(request, _ATTRIBUTE, None)
+    if run is None or run.lease is None:
+        return
+    runtime.heartbeat.drop(run.lease)
+    try:
+        runtime.store.free_slot(run.header.keys, request.id, run.token)
+    except RedisUnavailable as exc:
+        action = "ended and its slot was not freed (its lease frees it)"
+        emit(UNAVAILABLE, task.name, request.id, run.header.key, action=action, error=exc.cause)
+
+
+def leave_line(task: Any, task_id: str, header: LimitHeader) -> None:
+    """``task_revoked`` (the pool's parent) of a limited message revoked or expired before
+    its run: its place in line goes now (else it would hold the calls behind it until it
+    lapses)."""
+    runtime = installed(task.app)
+    if runtime is None or header.kind != "concurrency" or not task_id:
+        return
+    try:
+        runtime.store.leave_line(header.keys, task_id)
+    except RedisUnavailable as exc:
+        action = "was dropped and its place in line was kept (it lapses)"
+        emit(UNAVAILABLE, task.name, task_id, header.key, action=action, error=exc.cause)
+
+
+def free_dead_slots(task: Any, task_id: str, header: LimitHeader) -> None:
+    """``task_failure`` (the pool's parent) of a limited run whose child died: its slot is
+    freed now, not a lease later."""
+    runtime = installed(task.app)
+    if runtime is None or header.kind != "concurrency" or not task_id:
+        return
+    try:
+        runtime.store.free_slots_of(header.keys, task_id)
+    except RedisUnavailable as exc:
+        action = "was lost and its slot was not freed (its lease frees it)"
+        emit(UNAVAILABLE, task.name, task_id, header.key, action=action, error=exc.cause)
