@@ -318,18 +318,24 @@ def test_a_run_with_older_arguments_than_its_burst_left_before_its_claim_fails()
     assert _row(checks(3), STALE).verdict == "ok"
 
 
-def test_a_redelivery_after_a_claim_that_took_the_arguments_has_its_messages_by_design() -> None:
-    # Claimed at 1.6 s (took 3), killed; its message again at 20 s: the take finds nothing
-    # and the run has the message's argument, 1. Shown, not failed.
-    checks = _debounced(
-        _burst(1, 2, 3),
-        ran={BURST: [(1.61, 3, 10), (20.01, 1, 11)]},
-        prerun={BURST: [(1.6, 10), (20.0, 11)]},
-    )
-    assert _row(checks, STALE).verdict == "ok"
-    by_design = _row(checks, BY_DESIGN)
+def test_a_redelivery_after_another_burst_took_has_its_messages_arguments_by_design() -> None:
+    # Claimed at 1.6 s (took 3), killed; the next burst (4, 5) claimed at 10 s and took 5,
+    # replacing the hash's last take; the first message again at 20 s: its take finds
+    # nothing of its own and the run has the message's argument, 1. Shown, not failed.
+    def checks(next_burst: bool) -> Checks:
+        calls = _burst(1, 2, 3) + (_burst(4, 5, at=9.0, task_id=NEXT) if next_burst else [])
+        ran = {BURST: [(1.61, 3, 10), (20.01, 1, 11)]}
+        prerun = {BURST: [(1.6, 10), (20.0, 11)]}
+        if next_burst:
+            ran[NEXT], prerun[NEXT] = [(10.01, 5, 12)], [(10.0, 12)]
+        return _debounced(calls, ran=ran, prerun=prerun)
+
+    assert _row(checks(next_burst=True), STALE).verdict == "ok"
+    by_design = _row(checks(next_burst=True), BY_DESIGN)
     assert (by_design.verdict, by_design.count) == ("info", 1)
     assert "an earlier delivery of it claimed at 1.60s" in by_design.details[0]
+    # No other take since: the hash's last take answers the message again with 3.
+    assert _row(checks(next_burst=False), STALE).verdict == "FAIL"
 
 
 def test_a_dedup_restart_that_lost_the_latest_arguments_leaves_the_message_s_by_design() -> None:
@@ -418,6 +424,13 @@ def test_latest_arguments_left_for_a_task_id_that_ran_fail() -> None:
     assert _row(_debounced(_burst(1), ran={}, prerun={}), name).verdict == "ok"
     # Not a record: the keys-left row leaves it to this one.
     assert checks(ran=True).keys_left_rows()[0].verdict == "ok"
+    # The hash's last take (take_latest.lua keeps it to answer it again): shown.
+    taken = [f"p:{{t.debounced:ab}}:latest ttl 3599s latest arguments of {BURST} (taken)"]
+    kept = _debounced(
+        _burst(1, 2), ran={BURST: [(1.5, 2, 10)]}, prerun={BURST: [(1.49, 10)]}, keys_left=taken
+    )
+    assert _row(kept, name).verdict == "info"
+    assert kept.keys_left_rows()[0].verdict == "ok"
 
 
 def test_a_take_the_dedup_redis_could_not_answer_leaves_the_message_s_by_design() -> None:
@@ -569,3 +582,44 @@ def test_a_limited_message_sent_again_and_lost_by_kombu_is_kombus_but_not_once_d
     assert lost["limited / rated: kombu lost the message (popped before it was unacked)"].count
     # A delivery after the cut: the message was not lost there; what became of it is ours.
     assert rows([(1.0, 10), (6.0, 11)])[NEVER].verdict == "FAIL"
+
+
+def test_a_call_answered_with_a_run_restored_across_a_dedup_restart_is_shown_not_failed() -> None:
+    # The run (1.61-1.9 s) ran across the restart at 1.7 s; its message's record came back
+    # in the call key, and a call at 1.8 s was answered with it.
+    name = "debounced: calls answered with a task id after its last claim"
+    restart = Fault("dedup restart", 1.7, 1.72, "data lost")
+    calls = _burst(1, 2, 3, gap=0.4)
+    checks = _debounced(calls, ran={BURST: [(1.61, 2, 10)]}, prerun={BURST: [(1.6, 10)]})
+    checks.e.runs[("debounced", 3)] = [(BURST, 1.61, 1.9)]
+    checks.spans[BURST] = [(1.61, 1.9)]
+    assert _row(checks, name).verdict == "FAIL"
+    checks.e.faults.append(restart)
+    assert _row(checks, name).verdict == "ok"
+    restored = "debounced: calls answered with a running task id restored after a restart"
+    assert _row(checks, restored).count == 1
+
+
+def test_a_key_whose_last_call_s_argument_never_ran_fails() -> None:
+    name = "debounced: keys whose last call's argument never ran"
+
+    def checks(last_ran: int) -> Checks:
+        # Two bursts of key 3: (1, 2) ran with 2, then (3, 4) ran with ``last_ran``.
+        calls = _burst(1, 2) + _burst(3, 4, at=5.0, task_id=NEXT)
+        return _debounced(
+            calls,
+            ran={BURST: [(1.5, 2, 10)], NEXT: [(5.5, last_ran, 10)]},
+            prerun={BURST: [(1.49, 10)], NEXT: [(5.49, 10)]},
+        )
+
+    bad = _row(checks(3), name)
+    assert (bad.verdict, bad.count) == ("FAIL", 1)
+    assert "last call of 4" in bad.details[0]
+    assert _row(checks(4), name).verdict == "ok"
+
+
+def test_a_key_left_with_no_ttl_fails() -> None:
+    left = f"p:{{t.debounced:ab}}:latest ttl none latest arguments of {BURST} (taken)"
+    assert _judged([], keys_left=[left]).no_ttl_row().verdict == "FAIL"
+    kept = f"p:{{t.debounced:ab}}:latest ttl 3599s latest arguments of {BURST} (taken)"
+    assert _judged([], keys_left=[kept]).no_ttl_row().verdict == "ok"

@@ -24,6 +24,8 @@ from celery import Celery, signals
 import dedupe
 from tests.helpers import RunLog, worker_conf
 
+from .evidence import LIMIT, PERIOD, RATE
+
 BROKER = os.environ.get("CHAOS_BROKER", "redis://127.0.0.1:6379/0")
 DEDUP = os.environ.get("CHAOS_DEDUP", BROKER)
 EVIDENCE = os.environ.get("CHAOS_EVIDENCE", DEDUP)
@@ -165,6 +167,21 @@ def debounced(self: Any, key: int, value: int, seconds: float) -> None:
         f"{PREFIX}:ran", f"{self.request.id} {value} {time.time()!r} {os.getpid()} {key}"
     )
     _run(self, "debounced", key, seconds)
+
+
+@app.task(**common, base=dedupe.DedupeTask, unique_on=("key",), key_concurrency=LIMIT)
+def limited(self: Any, key: int, seconds: float) -> None:
+    """At most LIMIT runs of a key at once; every call runs, in call order."""
+    _run(self, "limited", key, seconds)
+
+
+assert PERIOD == 1.0  # (the rate's unit below)
+
+
+@app.task(**common, base=dedupe.DedupeTask, unique_on=("key",), key_rate_limit=f"{RATE}/s")
+def rated(self: Any, key: int, seconds: float) -> None:
+    """At most RATE starts of a key in any PERIOD; every call runs."""
+    _run(self, "rated", key, seconds)
 
 
 #: The soft time limit of ``interrupted``: it fires in the middle of a call, most of the time.

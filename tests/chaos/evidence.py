@@ -523,6 +523,12 @@ class Checks:
             None,
         )
 
+    def no_ttl_row(self) -> Row:
+        """Every key the library writes has a time to live: one left with none (``ttl
+        none``) would never be freed (a record, a latest-arguments hash, a limit's set)."""
+        lines = [line for line in self.e.keys_left if " ttl none" in line]
+        return Row("keys left with no ttl (never freed)", len(lines), _fail(lines), lines)
+
     def keys_left_rows(self) -> list[Row]:
         """Keys left after the drain: a failure, but for the key of a message kombu lost
         (its record names a task id whose message is gone: the transport's loss, shown)."""
@@ -647,12 +653,54 @@ class Checks:
         design says the run has its message's arguments (:meth:`message_arguments_why`);
         and no call is answered with a task id after its last claim (after the body of its
         last run, with no claim since: its arguments could never run)."""
+        stale, by_design, foreign = self.run_arguments()
+        late, restored = self.late_calls()
+        return [
+            Row(
+                "debounced: runs with older arguments than a call for them left before the claim",
+                len(stale),
+                _fail(stale),
+                [line for _, line in stale],
+            ),
+            Row(
+                "debounced: runs with their message's arguments, by design (below)",
+                len(by_design),
+                "info",
+                [line for _, line in by_design],
+            ),
+            Row(
+                "debounced: runs with an argument no call of their task id made",
+                len(foreign),
+                _fail(foreign),
+                foreign,
+            ),
+            Row(
+                "debounced: calls answered with a task id after its last claim",
+                len(late),
+                _fail(late),
+                late,
+            ),
+            Row(
+                "debounced: calls answered with a running task id restored after a restart",
+                len(restored),
+                "info",
+                restored,
+            ),
+            self.last_argument_row({task_id for task_id, _ in by_design}),
+        ]
+
+    def run_arguments(
+        self,
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[str]]:
+        """(stale, by design, foreign): runs with older arguments than a call for their task
+        id left before their claim, unexplained and explained ((task id, line) each), and
+        runs with an argument no call of their task id made."""
         calls = self.burst_calls()
         unnamed: dict[int, set[int]] = defaultdict(set)  # (calls that raised before an id)
         for call in self.e.calls:
             if call.task == DEBOUNCED and not call.task_id and call.arg is not None:
                 unnamed[call.key].add(call.arg)
-        stale, by_design, foreign, late = [], [], [], []
+        stale, by_design, foreign = [], [], []
         for task_id, runs in self.e.ran.items():
             made = calls.get(task_id, [])
             key = made[0].key if made else -1
@@ -677,10 +725,16 @@ class Checks:
                 )
                 why = self.message_arguments_why(claim, at, older, claims, task_id)
                 if why:
-                    by_design.append(f"{line}; {why}")
+                    by_design.append((task_id, f"{line}; {why}"))
                 else:
-                    stale.append(f"{line}; {self.before(claim)}")
-        for task_id, made in calls.items():
+                    stale.append((task_id, f"{line}; {self.before(claim)}"))
+        return stale, by_design, foreign
+
+    def late_calls(self) -> tuple[list[str], list[str]]:
+        """(late, restored): calls answered with a task id after its last claim, and those
+        of them a dedup restart explains (:meth:`restored_while_running`)."""
+        late, restored = [], []
+        for task_id, made in self.burst_calls().items():
             # A claim is made between its delivery's prerun and its body: a call that began
             # after the body of the last claimed delivery, with no claim after it, reached
             # Redis after that claim for sure.
@@ -689,54 +743,99 @@ class Checks:
             for call in made:
                 if call.error or not call.deduplicated or not bodies:
                     continue
-                if call.start > bodies[-1] and not any(at > call.start for at in claims):
-                    late.append(
-                        f"debounced[{call.key}] call of {call.arg} at {self.t(call.start)} "
-                        f"answered with {task_id}, whose last run began {self.t(bodies[-1])} "
-                        f"(runs {self.history(task_id)}); {self.before(call.start)}"
+                if call.start <= bodies[-1] or any(at > call.start for at in claims):
+                    continue
+                line = (
+                    f"debounced[{call.key}] call of {call.arg} at {self.t(call.start)} "
+                    f"answered with {task_id}, whose last run began {self.t(bodies[-1])} "
+                    f"(runs {self.history(task_id)})"
+                )
+                fault = self.restored_while_running(task_id, call.start)
+                if fault is not None:
+                    restored.append(
+                        f"{line}: it ran across the dedup restart at {self.t(fault.start)}, "
+                        "and its record came back as its message's (restore.lua: a message "
+                        "the broker holds), answering calls until its run ended"
                     )
-        return [
-            Row(
-                "debounced: runs with older arguments than a call for them left before the claim",
-                len(stale),
-                _fail(stale),
-                stale,
-            ),
-            Row(
-                "debounced: runs with their message's arguments, by design (below)",
-                len(by_design),
-                "info",
-                by_design,
-            ),
-            Row(
-                "debounced: runs with an argument no call of their task id made",
-                len(foreign),
-                _fail(foreign),
-                foreign,
-            ),
-            Row(
-                "debounced: calls answered with a task id after its last claim",
-                len(late),
-                _fail(late),
-                late,
-            ),
-        ]
+                else:
+                    late.append(f"{line}; {self.before(call.start)}")
+        return late, restored
+
+    def restored_while_running(self, task_id: str, at: float) -> Fault | None:
+        """The dedup-Redis restart across which ``task_id``'s last run ran (its message,
+        unacked, had its record written back into the call key), with ``at`` within the
+        restart window after it."""
+        spans = sorted(self.spans.get(task_id, []))
+        if not spans:
+            return None
+        start, end = spans[-1]
+        for fault in self.e.faults:
+            if fault.kind != "dedup restart":
+                continue
+            running = start <= fault.end and (end is None or end >= fault.start)
+            if running and fault.start <= at <= fault.end + self.window:
+                return fault
+        return None
+
+    def last_argument_row(self, by_design: set[str]) -> Row:
+        """Latest wins, for the key: the argument of each key's last call (the largest)
+        ran, in some run of the key, but where the last call's task id never ran for a
+        named transport fault, or its run had its message's arguments by design."""
+        by_key: dict[int, list[Call]] = defaultdict(list)
+        for call in self.e.calls:
+            if call.task == DEBOUNCED and not call.error and call.arg is not None:
+                by_key[call.key].append(call)
+        ran: dict[int, list[int]] = defaultdict(list)
+        for task_id, runs in self.e.ran.items():
+            made = self.burst_calls().get(task_id)
+            if made:
+                ran[made[0].key].extend(arg for _, arg, _ in runs)
+        ours, explained = [], []
+        for key, calls in sorted(by_key.items()):
+            last = max(calls, key=lambda call: call.arg or 0)
+            if any(arg >= (last.arg or 0) for arg in ran.get(key, [])):
+                continue
+            line = (
+                f"debounced[{key}] last call of {last.arg} at {self.t(last.start)} answered "
+                f"with {last.task_id} (runs {self.history(last.task_id) or 'none'}); the key's "
+                f"runs had at most {max(ran.get(key, [0]))}"
+            )
+            if last.task_id in by_design:
+                explained.append(f"{line}: its run had its message's, by design (above)")
+            elif last.task_id not in self.starts and (
+                self.lost_message(last.task_id) or self.e.freed.get(last.task_id)
+            ):
+                explained.append(f"{line}: it never ran (kombu's loss or Celery's ack, above)")
+            else:
+                ours.append(f"{line}; {self.before(last.start)}")
+        verdict = "FAIL" if ours else ("info" if explained else "ok")
+        return Row(
+            "debounced: keys whose last call's argument never ran",
+            len(ours) + len(explained),
+            verdict,
+            ours + explained,
+        )
 
     def message_arguments_why(
         self, claim: float, body: float, older: list[Call], claims: list[float], task_id: str = ""
     ) -> str:
         """Why a run whose delivery claimed at ``claim`` (its body began at ``body``) had its
         message's arguments rather than the latest that ``older`` calls left: what the design
-        says, or "" (none: a failure). The take deletes the arguments it takes; the message
-        carries those of its call (or of the early delivery that sent it again)."""
+        says, or "" (none: a failure). The message carries those of its call (or of the early
+        delivery that sent it again). A take moves what it takes to the hash's field
+        ``taken``, which answers the same task id's take again (its reply lost, or its
+        message delivered again) until another task id's run takes."""
         first = min(call.start for call in older)
-        earlier = [at for at in claims if at < claim and at > first]
+        earlier = [at for at in claims if first < at < claim]
         if earlier:
-            return (
-                f"an earlier delivery of it claimed at {self.t(min(earlier))} and took them: "
-                "this delivery is its message again (its run killed, or its ack lost), which "
-                "carries the arguments it was sent with"
-            )
+            since = self.other_take(older[0].key, task_id, min(earlier), claim)
+            if since:
+                return (
+                    f"an earlier delivery of it claimed at {self.t(min(earlier))} and took "
+                    f"them, and {since} took since (the hash keeps the last take only): this "
+                    "delivery is its message again (its run killed, or its ack lost), with the "
+                    "arguments it was sent with"
+                )
         for at, _, action in self.e.unavailable.get(task_id, []):
             if claim <= at <= body:
                 return f"the dedup Redis could not be asked at {self.t(at)}: it {action}"
@@ -746,12 +845,20 @@ class Checks:
                     f"the dedup Redis restart at {self.t(fault.start)} lost them (and the "
                     "record): the run has its message's"
                 )
-            if fault.kind == "clients killed" and claim - 0.5 <= fault.start <= body:
-                return (
-                    f"the dedup Redis's clients dropped at {self.t(fault.start)}, between its "
-                    "claim and its body: a take whose reply is lost finds nothing when sent "
-                    "again (docs/debounce-and-replace.md, Limits)"
-                )
+        return ""
+
+    def other_take(self, key: int, task_id: str, after: float, before: float) -> str:
+        """Another task id of the debounced ``key`` whose run took arguments between
+        ``after`` and ``before``: a claim of it then, and a duplicate answered with it
+        (which left the arguments its claim took). "" if none."""
+        for other, made in self.burst_calls().items():
+            if other == task_id or made[0].key != key:
+                continue
+            if not any(call.deduplicated and not call.error for call in made):
+                continue
+            took = [at for at in self.debounce_claims(other) if after < at < before]
+            if took:
+                return f"{other}'s run (claimed {self.t(took[0])})"
         return ""
 
     def burst_never_ran_rows(self) -> list[Row]:
@@ -809,21 +916,24 @@ class Checks:
         burst). A task id that ran took its own as its run claimed: a field of one that ran is
         a failure; one of a task id that never ran lives out its ttl (the rows above judge
         why it never ran)."""
-        ours, left = [], []
+        ours, left, kept = [], [], []
         for line in self.e.keys_left:
             if LATEST_LEFT not in line:
+                continue
+            if line.endswith(TAKEN):
+                kept.append(f"{line}: the last take, kept to answer it again")
                 continue
             owner = line.rsplit(" ", 1)[1]
             if owner in self.starts:
                 ours.append(f"{line}; it ran {self.history(owner)}")
             else:
                 left.append(f"{line}; it never ran")
-        verdict = "FAIL" if ours else ("info" if left else "ok")
+        verdict = "FAIL" if ours else ("info" if left or kept else "ok")
         return Row(
             "debounced: latest arguments left after the drain",
             len(ours) + len(left),
             verdict,
-            ours + left,
+            ours + left + kept,
         )
 
     # -- the limited tasks ---------------------------------------------------------------------
@@ -1186,6 +1296,7 @@ class Checks:
             self.deferral_row(),
             self.warning_row(),
             *self.keys_left_rows(),
+            self.no_ttl_row(),
             *self.lost_rows(),
             *self.never_ran_rows(),
             *self.debounce_rows(),
@@ -1205,8 +1316,10 @@ class Checks:
         ]
 
 
-#: The form of a latest-arguments field in the keys left (tests/chaos/run.py).
+#: The form of a latest-arguments field in the keys left (tests/chaos/run.py); ending in
+#: TAKEN, the hash's field of the last take (take_latest.lua).
 LATEST_LEFT = " latest arguments of "
+TAKEN = " (taken)"
 
 
 def _limit_key(line: str) -> str:

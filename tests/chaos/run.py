@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import redis
 from celery import Celery, signals
 from kombu import Connection
@@ -45,7 +46,7 @@ from dedupe.values.keys import LATEST_SUFFIX
 from dedupe.values.record import Holder, unpack_owner
 from tests.helpers import LOGDIR, ProcessGroup, WorkerProcess, free_port, keys_with_prefix
 
-from .evidence import Call, Checks, Evidence, Fault, Row, _limit_key, failed, table
+from .evidence import TAKEN, Call, Checks, Evidence, Fault, Row, _limit_key, failed, table
 
 AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
 AMQP_URL = f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}//"
@@ -81,8 +82,8 @@ class Params:
     #: Keys of the debounced task (0: no debounced calls), called in bursts.
     debounced_keys: int = 4
     #: Keys of the limited task (key_concurrency) and of the rated one (key_rate_limit).
-    limited_keys: int = 0
-    rated_keys: int = 0
+    limited_keys: int = 2
+    rated_keys: int = 2
 
     @property
     def window(self) -> float:
@@ -304,10 +305,16 @@ def _keys_left(client: redis.Redis, key: bytes) -> list[str]:
         return [_key_left(client, key)]
     name, pttl = key.decode(), int(client.pttl(key))
     if kind == "hash" and name.endswith(LATEST_SUFFIX):
-        return [
-            f"{name} ttl {pttl / 1000:g}s latest arguments of {unpack_owner(owner)}"
-            for owner in client.hkeys(key)
-        ]
+        lines = []
+        for owner, value in client.hgetall(key).items():
+            taken = owner == b"taken"  # (take_latest.lua's last take: {owner, entry})
+            if taken:
+                owner = msgpack.unpackb(value, raw=True)[0]
+            lines.append(
+                f"{name} {_ttl(pttl)} latest arguments of {unpack_owner(owner)}"
+                + (TAKEN if taken else "")
+            )
+        return lines
     if kind == "zset":
         # (The limits' sets: evidence.Checks.limits_left_rows reads these lines.)
         seconds, micro = client.time()
@@ -321,9 +328,14 @@ def _keys_left(client: redis.Redis, key: bytes) -> list[str]:
                 when = "lease over" if ahead <= 0 else f"lease ends in {ahead:.2f}s"
             else:
                 when = f"at {ahead:+.2f}s"
-            lines.append(f"{name} ttl {pttl / 1000:g}s member {member} {when}")
+            lines.append(f"{name} {_ttl(pttl)} member {member} {when}")
         return lines
-    return [f"{name} ({kind}) ttl {pttl / 1000:g}s"]
+    return [f"{name} ({kind}) {_ttl(pttl)}"]
+
+
+def _ttl(pttl: int) -> str:
+    """``ttl <s>s``, or ``ttl none`` for a key that never expires (PTTL -1)."""
+    return "ttl none" if pttl == -1 else f"ttl {pttl / 1000:g}s"
 
 
 def _waits(line: str) -> bool:
@@ -345,7 +357,7 @@ def _key_left(client: redis.Redis, key: bytes) -> str:
         holder = Holder.from_raw(name, raw, pttl).task_id if raw is not None else "nothing"
     except RecordFormatError:
         holder = "an unreadable record"
-    return f"{name} ttl {pttl / 1000:g}s held by {holder}"
+    return f"{name} {_ttl(pttl)} held by {holder}"
 
 
 def _task_id(message: Any) -> str:
