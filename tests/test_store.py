@@ -949,3 +949,16 @@ def test_a_take_of_the_latest_arguments_sent_again_answers_as_it_did(
     assert again is not None
     assert unpack_arguments(first.body) == unpack_arguments(again.body) == ([7], {})
     assert store.take_latest(started, "another run") is None
+
+
+def test_the_last_take_keeps_the_latest_arguments_hash_s_ttl(
+    store: Store, started: CallKeys
+) -> None:
+    # The take deletes the hash's only field (Redis deletes the hash with it), then writes the
+    # field 'taken': a hash written anew has no ttl, and lived forever (seen in the chaos run:
+    # a ':latest' key left with none after the drain).
+    store.enqueue(started, pack_queued("holder", 0.0, None), 60_000)
+    latest = LatestWrite(pack_arguments((7,), {}, "json"), time.time(), None, None)
+    assert store.enqueue_latest(started, pack_provisional("dup", 1), 60_000, latest) is not None
+    assert store.take_latest(started, "holder") is not None
+    assert 0 < store.client.pttl(started.latest) <= 60_000 + 1_000

@@ -32,6 +32,12 @@ if now > 0 then
   end
   return {1, entry}
 end
+-- (The HDEL of the hash's last field deletes the hash: the HSET writes it anew, with the
+-- ttl it had, else it would live forever.)
+local ttl = redis.call('PTTL', KEYS[1])
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[1], 'taken', cmsgpack.pack({ARGV[1], entry}))
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
 return {1, entry}
