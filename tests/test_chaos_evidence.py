@@ -536,6 +536,13 @@ def test_a_limited_call_that_never_ran_fails_but_for_kombu_or_celery() -> None:
     assert rows["limited / rated: Celery acked as failed, its child killed before the run"].count
     _, ran = _limited(LIMITED, [(A, 1.0, 1.2)])
     assert ran[NEVER].verdict == "ok"
+    # Its delivery failed (the message sent again to wait could not be published at a
+    # broker cut): ours, and the line says so.
+    cut = Fault("broker cut", 1.3, 4.0, "redis down 3s")
+    failed = _judged(calls, faults=[cut], failed={A: [(1.5, 10, "OperationalError")]})
+    row = {row.check: row for row in failed.limit_rows()}[NEVER]
+    assert row.verdict == "FAIL"
+    assert "failed with OperationalError at 1.50s (after broker cut" in row.details[0]
 
 
 STUCK = "limited / rated: places or slots stuck after the drain"

@@ -93,13 +93,17 @@ def _unavailable(task_id: str = "", action: str = "", **_: Any) -> None:
 
 
 @signals.task_failure.connect(weak=False)
-def _worker_lost(task_id: str = "", exception: Any = None, **_: Any) -> None:
-    # In the worker's main process: the child that had this message died, and Celery acks
-    # an acks_late message as failed (no reject_on_worker_lost): it never runs again.
+def _failed(task_id: str = "", exception: Any = None, **_: Any) -> None:
+    # In the worker's main process, WorkerLostError: the child that had this message died,
+    # and Celery acks an acks_late message as failed (no reject_on_worker_lost): it never
+    # runs again. Any other failure, in the child: what ended that delivery.
     from billiard.exceptions import WorkerLostError
 
+    at = f"{task_id} {time.time()!r} {os.getpid()}"
     if isinstance(exception, WorkerLostError):
-        evidence.rpush(f"{PREFIX}:worker-lost", f"{task_id} {time.time()!r} {os.getpid()}")
+        evidence.rpush(f"{PREFIX}:worker-lost", at)
+    else:
+        evidence.rpush(f"{PREFIX}:failed", f"{at} {type(exception).__name__}")
 
 
 @signals.task_received.connect(weak=False)

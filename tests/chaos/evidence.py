@@ -118,6 +118,9 @@ class Evidence:
     worker_lost: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     #: (task id, body start) -> the pid of that run (from the run logs).
     run_pids: dict[tuple[str, float], int] = field(default_factory=dict)
+    #: Task id -> (time, pid, exception name) of each delivery that failed (task_failure,
+    #: but for WorkerLostError: ``worker_lost``).
+    failed: dict[str, list[tuple[float, int, str]]] = field(default_factory=dict)
 
     @classmethod
     def read(
@@ -164,6 +167,7 @@ class Evidence:
             _unavailable(client, f"{prefix}:unavailable"),
             _timed(client, f"{prefix}:worker-lost"),
             run_pids,
+            _unavailable(client, f"{prefix}:failed"),
         )
 
 
@@ -190,7 +194,7 @@ def _ran(client: redis.Redis, name: str) -> dict[str, list[tuple[float, int, int
 
 
 def _unavailable(client: redis.Redis, name: str) -> dict[str, list[tuple[float, int, str]]]:
-    # "<task id> <time> <pid> <action>" lines -> task id -> [(time, pid, action)].
+    # "<task id> <time> <pid> <text>" lines -> task id -> [(time, pid, text)].
     found: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
     for raw in client.lrange(name, 0, -1):
         task_id, at, pid, action = raw.decode().split(" ", 3)
@@ -507,6 +511,15 @@ class Checks:
             return None
         return next((f for f in self.e.faults if call.task_id in f.vanished), None)
 
+    def failures(self, task_id: str) -> str:
+        """``; its delivery failed with <exception> at <t> (<the fault before>)`` for each
+        failed delivery of a task id (a message sent again that could not be published, at a
+        broker cut, fails the delivery that sent it), else ""."""
+        return "".join(
+            f"; its delivery failed with {name} at {self.t(at)} ({self.before(at)})"
+            for at, _, name in self.e.failed.get(task_id, [])
+        )
+
     def lost_message(self, task_id: str) -> Fault | None:
         """The kill or cut at which kombu lost the last message of a flow-control task id:
         in the queue just before it, in neither the queue nor the unacked hash after it, and
@@ -573,7 +586,7 @@ class Checks:
                 where = " (its message still in the broker)" if call.task_id in self.e.held else ""
                 ours.append(
                     f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}, "
-                    f"never ran{where}; {self.before(call.start)}"
+                    f"never ran{where}; {self.before(call.start)}{self.failures(call.task_id)}"
                 )
         return [
             *_ours_and_kombus(
@@ -894,7 +907,7 @@ class Checks:
                 ours.append(
                     f"{line}{where}; {deliveries} deliveries, "
                     f"{len(self.e.retried.get(task_id, []))} sent again; "
-                    f"{self.before(first.start)}"
+                    f"{self.before(first.start)}{self.failures(task_id)}"
                 )
         return [
             *_ours_and_kombus(
@@ -1109,7 +1122,7 @@ class Checks:
                 ours.append(
                     f"{line}{where}; {len(self.e.prerun.get(call.task_id, []))} deliveries, "
                     f"{len(self.e.retried.get(call.task_id, []))} sent again; "
-                    f"{self.before(call.start)}"
+                    f"{self.before(call.start)}{self.failures(call.task_id)}"
                 )
         return [
             *_ours_and_kombus(
