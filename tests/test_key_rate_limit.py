@@ -151,3 +151,21 @@ def test_a_run_that_finds_the_period_full_waits_for_the_next_free_start(
     assert 900 <= starts[2] <= 1000  # (the first two started a moment ago)
     # A call made now is planned after the waiting run's start.
     assert store.next_start(keys, "call", 2, 1000) >= starts[2]
+
+
+def test_a_run_whose_reserved_start_came_waits_only_for_the_period_to_free_in_its_place(
+    store: Store, tag: str
+) -> None:
+    # Runs start a few ms after their reserved starts (delivery): the run reserved a period
+    # after them finds the period full for those ms. It waits for them, not behind every
+    # start reserved since (there, a period late and out of call order).
+    keys = limit_keys(f"test:{{{tag}}}")
+    planned = [store.next_start(keys, f"call{n}", 2, 1000) for n in range(6)]
+    assert planned[:2] == [0, 0]
+    began = time.monotonic()
+    time.sleep(0.2)  # (the first two runs come late)
+    assert [store.next_start(keys, f"call{n}", 2, 1000, token="t") for n in (0, 1)] == [0, 0]
+    # The next two's reserved starts came; the period of the first two's has not ended.
+    time.sleep(max(planned[2], planned[3]) / 1000 + 0.02 - (time.monotonic() - began))
+    waits = [store.next_start(keys, f"call{n}", 2, 1000, token="t") for n in (2, 3)]
+    assert all(0 < wait < 500 for wait in waits), waits  # (not a period or more)

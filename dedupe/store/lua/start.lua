@@ -1,9 +1,11 @@
 -- start: the starts of a key with key_rate_limit (at most N starts in any period).
 -- A producer reserves its call's start in the key's plan (the next free one, among the
 -- starts made and reserved: a countdown for its message). A run, as it starts, checks the
--- starts made: it starts when fewer than N runs started in the last period, else it
--- reserves the next free start in the plan and is sent again for it. So messages due at one moment on many workers (prefetch, clock
--- skew, a worker that was down) cannot bunch: the limit holds at the starts.
+-- starts made: it starts when fewer than N runs started in the last period, else it is sent
+-- again: for the moment the period frees, when its own reserved start has come (the runs
+-- before it started a few ms after theirs), else for the next free start in the plan. So
+-- messages due at one moment on many workers (prefetch, clock skew, a worker that was down)
+-- cannot bunch: the limit holds at the starts.
 --
 -- KEYS[1]  starts: sorted set, member "<task id> <run token>", score (server ms) of a run's
 --          start; forgotten a period later
@@ -36,6 +38,7 @@ if ARGV[4] == 'call' then
   earliest = now + math.max(tonumber(ARGV[5]) or 0, 0)
 else
   local token = string.sub(ARGV[4], 5)
+  local reserved = redis.call('ZSCORE', KEYS[2], id)
   redis.call('ZREM', KEYS[2], id)  -- (its reservation is used now, or moved)
   local started = redis.call('ZRANGE', KEYS[1], -n, -1, 'WITHSCORES')
   if #started < 2 * n then
@@ -45,6 +48,14 @@ else
   end
   -- N runs started within the period: not before the oldest of them is a period old.
   earliest = tonumber(started[2]) + period
+  if reserved and tonumber(reserved) <= now then
+    -- Its reserved start has come, and the runs of the period before started a moment
+    -- after theirs (delivery takes a few ms): it waits for that moment, in its place, not
+    -- behind every start reserved since (which put runs out of order, and a period late).
+    redis.call('ZADD', KEYS[2], earliest, id)
+    keep(KEYS[2], earliest - now + period)
+    return math.max(math.ceil(earliest - now), 1)
+  end
 end
 
 -- The starts (made and reserved, together, sorted) between lo and hi, exclusive.
