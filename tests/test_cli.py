@@ -426,9 +426,11 @@ def test_check_warns_when_the_visibility_timeout_outlives_an_acks_late_lease(
 
     result = CliRunner().invoke(dedupe_cli, ["check"], obj=CLIContext(redis_app, True, None, False))
     assert result.exit_code == 0, result.output
-    assert _check_lines(result.output)["visibility"].startswith(
-        "warn acks_late tasks on the Redis broker (j)"
-    )
+    line = _check_lines(result.output)["visibility"]
+    assert line.startswith("warn acks_late tasks on the Redis broker (")
+    # (Named among the app's others: a test module imported before may have added its
+    # shared tasks to every app, as Celery adds shared tasks.)
+    assert "j" in line.split("(", 1)[1].split(")", 1)[0].split(", ")
 
 
 def test_check_knows_every_command_the_scripts_call() -> None:

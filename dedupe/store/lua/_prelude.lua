@@ -195,6 +195,37 @@ local function leave_latest(key, latest_key, raw, arguments, now, debounce, max_
   end
 end
 
+-- publish.lua's transition (publish_latest.lua's too), on the script's KEYS and ARGV: the
+-- broker lists are KEYS[first .. first + n - 1], the lists to keep alive after them; a
+-- duplicate calls on_held(raw) before it answers with its holder.
+local function publish_call(first, on_held)
+  local raw = redis.call('GET', KEYS[1])
+  local mine = not raw or (ARGV[3] ~= '' and raw == ARGV[3])
+  if raw and raw == ARGV[1] then
+    return 2
+  end
+  if not mine and ARGV[6] ~= 'force' then
+    if on_held then
+      on_held(raw)
+    end
+    return held(KEYS[1], raw)
+  end
+  if mine then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  end
+  local lists = tonumber(ARGV[5])
+  for i = first, first + lists - 1 do
+    redis.call('LPUSH', KEYS[i], ARGV[4])
+  end
+  for i = first + lists, #KEYS do
+    redis.call('PEXPIRE', KEYS[i], ARGV[7])
+  end
+  if mine then
+    return 1
+  end
+  return 3
+end
+
 -- enqueue.lua's transition for one call (enqueue_many.lua makes it for many): create the
 -- provisional record if the key is absent; 1 created, 2 these very bytes (a resend), else
 -- the holder's answer (see held).

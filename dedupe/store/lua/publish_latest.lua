@@ -14,28 +14,8 @@
 -- ARGV[11]         debounce max wait, seconds; 0: none
 --
 -- Returns what publish.lua returns.
-local raw = redis.call('GET', KEYS[1])
-local mine = not raw or (ARGV[3] ~= '' and raw == ARGV[3])
-if raw and raw == ARGV[1] then
-  return 2
-end
-if not mine and ARGV[6] ~= 'force' then
+return publish_call(3, function(raw)
   leave_latest(
     KEYS[1], KEYS[2], raw, ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
   )
-  return held(KEYS[1], raw)
-end
-if mine then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-end
-local lists = tonumber(ARGV[5])
-for i = 3, lists + 2 do
-  redis.call('LPUSH', KEYS[i], ARGV[4])
-end
-for i = lists + 3, #KEYS do
-  redis.call('PEXPIRE', KEYS[i], ARGV[7])
-end
-if mine then
-  return 1
-end
-return 3
+end)
