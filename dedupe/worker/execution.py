@@ -17,7 +17,7 @@ from typing import Any, NoReturn, cast
 
 from celery import Task, states
 from celery.backends.base import DisabledBackend
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore
 
 from dedupe.compat.celery_private import current_worker_task
 from dedupe.errors import (
@@ -58,6 +58,7 @@ from dedupe.values.urls import cluster_target
 
 from . import limits
 from .deferral import DEFERRALS, SINCE, backoff, deferrals_of, since_of
+from .send_again import send_again
 
 __all__ = [
     "derived_spec",
@@ -416,8 +417,7 @@ def _go_again_at_deadline(task: Task[Any, Any], request: Any, run: Run) -> NoRet
     countdown = max(latest.deadline - time.time(), 0.0)
     signature = task.signature_from_request(request, countdown=countdown)
     logger.debug("%s[%s] is early: sent again in %.3f s", task.name, request.id, countdown)
-    signature.apply_async()
-    raise Retry(when=cast("Any", countdown), sig=signature)
+    send_again(task, request, signature, countdown)
 
 
 def _wait_in_line(
@@ -472,9 +472,7 @@ def _defer(
     signature = task.signature_from_request(request, countdown=countdown)
     headers = signature.options.get("headers") or {}
     signature.options["headers"] = {**headers, DEFERRALS: deferral, SINCE: since}
-    signature.apply_async()
-    # (celery-types wants numbers.Real for `when`, which a float is but mypy cannot see.)
-    raise Retry(when=cast("Any", countdown), sig=signature)
+    send_again(task, request, signature, countdown)
 
 
 # -- continuations that tasks of other bases publish ------------------------------------------

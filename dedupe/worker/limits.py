@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, NoReturn, cast
-
-from celery.exceptions import Retry
+from typing import Any, NoReturn
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
@@ -24,6 +22,8 @@ from dedupe.store.store import Lease
 from dedupe.values.limits import LimitHeader
 from dedupe.values.options import options_for
 from dedupe.values.timing import milliseconds
+
+from .send_again import send_again
 
 __all__ = [
     "LimitedRun",
@@ -119,8 +119,7 @@ def _send_again(task: Any, request: Any, run: LimitedRun) -> NoReturn:
         countdown,
     )
     signature = task.signature_from_request(request, countdown=countdown)
-    signature.apply_async()
-    raise Retry(when=cast("Any", countdown), sig=signature)
+    send_again(task, request, signature, countdown)
 
 
 def leave(runtime: Runtime, task: Any) -> None:

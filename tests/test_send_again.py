@@ -1,0 +1,84 @@
+"""A run that must go again later sends its message again under the same task id; when that
+publish fails (the broker cut), an acks_late message goes back to the broker and is delivered
+again: the call is not lost. A real prefork worker whose writes to the broker go through a
+proxy the test cuts (``CELERY_BROKER_WRITE_URL``); its deliveries come on the broker itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from .helpers import ROOT, WorkerProcess, free_port, wait_for
+
+pytestmark = [pytest.mark.slow]
+
+
+class WriteProxy:
+    """``tests.chaos.tcp_proxy`` between the worker's broker writes and the broker: stopped,
+    every write connection is cut and new ones are refused; started again, the way is open."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port, self.target = free_port(), target_port
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.tcp_proxy", str(self.port), str(self.target)],
+            cwd=ROOT,
+        )
+        wait_for(self._listening, message="the write proxy listens")
+
+    def _listening(self) -> bool:
+        import socket
+
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+@pytest.fixture
+def cut_writes(worker_app: Any, tag: str) -> Iterator[tuple[str, WriteProxy]]:
+    broker = urlsplit(str(worker_app.app.conf.broker_url))
+    proxy = WriteProxy(broker.port or 6379)
+    proxy.start()
+    queue = f"send-again-{tag}"
+    write_url = f"redis://127.0.0.1:{proxy.port}{broker.path}"
+    worker = WorkerProcess(
+        worker_app.app,
+        {"DEDUPE_TEST_QUEUE": queue, "CELERY_BROKER_WRITE_URL": write_url},
+        concurrency=4,  # (a free process for the run that waits)
+    )
+    worker.start()
+    try:
+        yield queue, proxy
+    finally:
+        proxy.start() if proxy.process is None else None
+        worker.stop()
+        proxy.stop()
+
+
+def test_a_run_that_cannot_be_sent_again_at_a_broker_cut_runs_once_the_broker_is_back(
+    worker_app: Any, tag: str, cut_writes: tuple[str, WriteProxy]
+) -> None:
+    queue, proxy = cut_writes
+    task = worker_app.two_at_once  # (key_concurrency=2, acks_late)
+    holding = [task.apply_async((tag, index, 3.0), queue=queue) for index in (0, 1)]
+    wait_for(lambda: len(worker_app.runlog(tag).runs()) == 2, message="both slots taken")
+    proxy.stop()  # the worker can no longer publish
+    waiting = task.apply_async((tag, 2, 0.0), queue=queue)
+    time.sleep(2.0)  # (its run met the full slots, and could not be sent again)
+    proxy.start()
+    assert [result.get(timeout=30) for result in holding] == [0, 1]
+    assert waiting.get(timeout=30) == 2
+    assert waiting.id in {run[0] for run in worker_app.runlog(tag).runs()}
