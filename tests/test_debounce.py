@@ -8,10 +8,14 @@ import time
 from typing import Any
 
 import pytest
+import redis
 
 import dedupe
+from dedupe.producer.guard import keys_of_call
 from dedupe.values.config import DedupeConfig
 from dedupe.values.options import resolve
+
+from .helpers import wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -94,3 +98,17 @@ def test_arguments_over_the_bound_are_refused_before_anything_is_written(
 def test_a_debounced_call_with_a_countdown_is_refused(worker_app: Any, tag: str) -> None:
     with pytest.raises(dedupe.ConfigurationError, match="drop countdown"):
         worker_app.debounced.apply_async((tag, 0), countdown=5)
+
+
+@pytest.mark.usefixtures("prefork_worker")
+def test_a_bursts_run_leaves_nothing_of_its_arguments_behind(worker_app: Any, tag: str) -> None:
+    results = [worker_app.debounced.delay(tag, value) for value in range(3)]
+    assert [result.get(timeout=20) for result in results] == [2] * 3
+    key = dedupe.lookup(worker_app.debounced, (tag, 0))
+    assert key is None  # (the run ended: the key is free)
+    _, keys = keys_of_call(worker_app.debounced, (tag, 0), None, None, {})
+    client = redis.Redis.from_url(str(worker_app.STORE))
+    try:
+        wait_for(lambda: not client.exists(keys.latest), message="the arguments' hash gone")
+    finally:
+        client.close()

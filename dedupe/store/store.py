@@ -199,6 +199,7 @@ class Store:
         self._enqueue_latest = self._register("enqueue_latest")
         self._publish_latest = self._register("publish_latest")
         self._take_latest = self._register("take_latest")
+        self._drop_taken = self._register("drop_taken")
         self._ticket = self._register("ticket")
         self._slot = self._register("slot")
         self._renew_slot = self._register("renew_slot")
@@ -283,6 +284,12 @@ class Store:
             return Latest.read(reply)
         except (TypeError, ValueError) as exc:
             raise UnexpectedReply("take_latest", reply) from exc
+
+    def send_drop_taken(self, keys: CallKeys, task_id: str) -> None:
+        """The end of a run that took the latest arguments: drop the take kept for a resend
+        (and the hash, if that was all), without waiting for the reply."""
+        with reraise_unavailable("drop_taken", keys.call):
+            self._run.send(self._drop_taken, [keys.latest], [pack_owner(task_id)])
 
     def _remember(self, key: str, reply: bytes, tracked_at: float) -> Holder:
         holder = read_enqueue(key, reply)

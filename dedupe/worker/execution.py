@@ -564,6 +564,8 @@ def _release(runtime: Runtime, task: Any, task_id: str, run: Run, *, wait: bool)
             runtime.store.release(keys, task_id, run.token)
         else:
             runtime.store.send_release(keys, task_id, run.token)
+        if run.latest is not None:
+            runtime.store.send_drop_taken(keys, task_id)  # (kept for a resend of the take)
     except RedisUnavailable as exc:
         emit(UNAVAILABLE, task.name, task_id, keys.run, action=_NOT_FREED, error=exc.cause)
     else:
