@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import random
 import statistics
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -100,3 +106,20 @@ def interleaved(
             if reset is not None:
                 reset()
     return Timings(samples)
+
+
+def samples_of_script(script: str, *args: str) -> dict[str, list[float]]:
+    """Run ``script`` (Python source) in a process of its own, from the repository root and
+    with it on the path, with ``args``; the samples it printed as JSON on its last line."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        cwd=root,
+    )
+    samples: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return samples

@@ -9,14 +9,7 @@ the variants run in interleaved rounds.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
-from ._env import Timings
+from ._env import Timings, samples_of_script
 
 DEDUPE = "dedupe's client"
 REDIS_PY = "redis-py's Script"
@@ -73,19 +66,9 @@ def name(variant: str, parser: str) -> str:
 
 def run(url: str, rounds: int, calls: int) -> Timings:
     """Microseconds per call of each variant and parser, per round."""
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     samples: dict[str, list[float]] = {}
     for parser in PARSERS:
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(_SCRIPT), url, str(rounds), str(calls), parser],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-            cwd=root,
-        )
-        found: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
+        found = samples_of_script(_SCRIPT, url, str(rounds), str(calls), parser)
         samples[name(DEDUPE, parser)] = found["dedupe"]
         samples[name(REDIS_PY, parser)] = found["redis-py"]
     return Timings(samples)

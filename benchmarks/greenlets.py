@@ -9,14 +9,7 @@ nothing in it is timed too, for scale.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
-from ._env import Timings
+from ._env import Timings, samples_of_script
 
 NEW_GREENLET = "enqueue, each call in a new greenlet"
 KEPT = "enqueue, every call in one greenlet (a kept connection)"
@@ -74,16 +67,6 @@ print(json.dumps(timings.samples))
 
 def run(url: str, rounds: int, calls: int) -> Timings:
     """Microseconds per call of each variant, per round, rounds interleaved."""
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_SCRIPT), url, str(rounds), str(calls)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        cwd=root,
-    )
-    samples: dict[str, list[float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    samples = samples_of_script(_SCRIPT, url, str(rounds), str(calls))
     names = {"new": NEW_GREENLET, "kept": KEPT, "spawn": SPAWN}
     return Timings({names[short]: times for short, times in samples.items()})
