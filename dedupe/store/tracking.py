@@ -169,8 +169,9 @@ class TrackingScriptRunner(ScriptRunner):
         if local.forks != deferred.forks:
             known.clear()  # the parent's memory, and its connection
             return None
+        name = key.encode(self._encoding)
         with local.lock:  # (the sweeper may read this connection too)
-            if known.answer(key.encode(self._encoding)) is None:
+            if known.answer(name) is None:
                 return None
             try:
                 if not self._quiet():
@@ -178,7 +179,7 @@ class TrackingScriptRunner(ScriptRunner):
             except redis.RedisError:
                 self._drop_connection()
                 return None
-            return known.answer(key.encode(self._encoding))
+            return known.answer(name)  # (again: a push just read may have dropped it)
 
     def forget(self, key: str) -> None:
         """Drop this thread's remembered answer for ``key`` (a write of this process's own)."""

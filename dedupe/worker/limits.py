@@ -11,6 +11,7 @@ The call side is :mod:`dedupe.producer.limits`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -18,7 +19,7 @@ from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.run import new_token
 from dedupe.runs.runtime import Runtime, installed
-from dedupe.store.store import Lease
+from dedupe.store.store import Lease, Store
 from dedupe.values.limits import LimitHeader
 from dedupe.values.options import options_for
 from dedupe.values.timing import milliseconds
@@ -141,24 +142,40 @@ def leave_line(task: Any, task_id: str, header: LimitHeader) -> None:
     """``task_revoked`` (the pool's parent) of a limited message revoked or expired before
     its run: its place in line goes now (else it would hold the calls behind it until it
     lapses)."""
-    runtime = installed(task.app)
-    if runtime is None or header.kind != "concurrency" or not task_id:
-        return
-    try:
-        runtime.store.leave_line(header.keys, task_id)
-    except RedisUnavailable as exc:
-        action = "was dropped and its place in line was kept (it lapses)"
-        emit(UNAVAILABLE, task.name, task_id, header.key, action=action, error=exc.cause)
+    _in_parent(
+        task,
+        task_id,
+        header,
+        lambda store: store.leave_line(header.keys, task_id),
+        "was dropped and its place in line was kept (it lapses)",
+    )
 
 
 def free_dead_slots(task: Any, task_id: str, header: LimitHeader) -> None:
     """``task_failure`` (the pool's parent) of a limited run whose child died: its slot is
     freed now, not a lease later."""
+    _in_parent(
+        task,
+        task_id,
+        header,
+        lambda store: store.free_slots_of(header.keys, task_id),
+        "was lost and its slot was not freed (its lease frees it)",
+    )
+
+
+def _in_parent(
+    task: Any,
+    task_id: str,
+    header: LimitHeader,
+    act: Callable[[Store], object],
+    undone: str,
+) -> None:
+    # The pool's parent acts for a concurrency-limited message of its own app (``act`` on
+    # the store), or emits an event saying what was left ``undone``.
     runtime = installed(task.app)
     if runtime is None or header.kind != "concurrency" or not task_id:
         return
     try:
-        runtime.store.free_slots_of(header.keys, task_id)
+        act(runtime.store)
     except RedisUnavailable as exc:
-        action = "was lost and its slot was not freed (its lease frees it)"
-        emit(UNAVAILABLE, task.name, task_id, header.key, action=action, error=exc.cause)
+        emit(UNAVAILABLE, task.name, task_id, header.key, action=undone, error=exc.cause)

@@ -58,11 +58,11 @@ else
   end
 end
 
--- The starts (made and reserved, together, sorted) between lo and hi, exclusive.
-local function times_between(lo, hi)
+-- The scores that read(set) finds in the starts made and in the plan, together, sorted.
+local function times_of(read)
   local times = {}
   for k = 1, 2 do
-    local found = redis.call('ZRANGEBYSCORE', KEYS[k], '(' .. lo, '(' .. hi, 'WITHSCORES')
+    local found = read(KEYS[k])
     for i = 2, #found, 2 do
       times[#times + 1] = tonumber(found[i])
     end
@@ -71,17 +71,18 @@ local function times_between(lo, hi)
   return times
 end
 
--- The last n starts (made and reserved, together, sorted): a long plan is never read whole.
+-- The starts (made and reserved) between lo and hi, exclusive.
+local function times_between(lo, hi)
+  return times_of(function(set)
+    return redis.call('ZRANGEBYSCORE', set, '(' .. lo, '(' .. hi, 'WITHSCORES')
+  end)
+end
+
+-- The last n starts (made and reserved): a long plan is never read whole.
 local function last_times()
-  local times = {}
-  for k = 1, 2 do
-    local found = redis.call('ZRANGE', KEYS[k], -n, -1, 'WITHSCORES')
-    for i = 2, #found, 2 do
-      times[#times + 1] = tonumber(found[i])
-    end
-  end
-  table.sort(times)
-  return times
+  return times_of(function(set)
+    return redis.call('ZRANGE', set, -n, -1, 'WITHSCORES')
+  end)
 end
 
 -- Would a start at t keep every window of a period at N starts or fewer?
