@@ -163,7 +163,7 @@ def test_a_run_whose_reserved_start_came_waits_only_for_the_period_to_free_in_it
     planned = [store.next_start(keys, f"call{n}", 2, 1000) for n in range(6)]
     assert planned[:2] == [0, 0]
     began = time.monotonic()
-    time.sleep(0.2)  # (the first two runs come late)
+    time.sleep(0.4)  # (the first two runs come late)
     assert [store.next_start(keys, f"call{n}", 2, 1000, token="t") for n in (0, 1)] == [0, 0]
     # The next two's reserved starts came; the period of the first two's has not ended.
     time.sleep(max(planned[2], planned[3]) / 1000 + 0.02 - (time.monotonic() - began))

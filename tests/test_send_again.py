@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -48,7 +47,7 @@ class WriteProxy:
 
 
 @pytest.fixture
-def cut_writes(worker_app: Any, tag: str) -> Iterator[tuple[str, WriteProxy]]:
+def cut_writes(worker_app: Any, tag: str) -> Iterator[tuple[str, WriteProxy, WorkerProcess]]:
     broker = urlsplit(str(worker_app.app.conf.broker_url))
     proxy = WriteProxy(broker.port or 6379)
     proxy.start()
@@ -61,23 +60,27 @@ def cut_writes(worker_app: Any, tag: str) -> Iterator[tuple[str, WriteProxy]]:
     )
     worker.start()
     try:
-        yield queue, proxy
+        yield queue, proxy, worker
     finally:
-        proxy.start() if proxy.process is None else None
+        if proxy.process is None:
+            proxy.start()  # (the worker stops through its broker)
         worker.stop()
         proxy.stop()
 
 
 def test_a_run_that_cannot_be_sent_again_at_a_broker_cut_runs_once_the_broker_is_back(
-    worker_app: Any, tag: str, cut_writes: tuple[str, WriteProxy]
+    worker_app: Any, tag: str, cut_writes: tuple[str, WriteProxy, WorkerProcess]
 ) -> None:
-    queue, proxy = cut_writes
+    queue, proxy, worker = cut_writes
     task = worker_app.two_at_once  # (key_concurrency=2, acks_late)
     holding = [task.apply_async((tag, index, 3.0), queue=queue) for index in (0, 1)]
     wait_for(lambda: len(worker_app.runlog(tag).runs()) == 2, message="both slots taken")
     proxy.stop()  # the worker can no longer publish
     waiting = task.apply_async((tag, 2, 0.0), queue=queue)
-    time.sleep(2.0)  # (its run met the full slots, and could not be sent again)
+    wait_for(
+        lambda: f"{waiting.id}] could not be sent again" in worker.log.read_text(errors="replace"),
+        message="its run met the full slots, and could not be sent again",
+    )
     proxy.start()
     assert [result.get(timeout=30) for result in holding] == [0, 1]
     assert waiting.get(timeout=30) == 2
