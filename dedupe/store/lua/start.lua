@@ -20,7 +20,9 @@
 -- else the run, or the call's message, waits that long.
 local now = server_ms()
 local id, n, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - period)
+-- A start made at s counts until s + period, that ms included: the clock is read in whole ms,
+-- so a start let in at exactly s + period could be less than a period after s.
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - period))
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - period)
 
 local function keep(key, ms)
@@ -47,7 +49,7 @@ else
     return 0
   end
   -- N runs started within the period: not before the oldest of them is a period old.
-  earliest = tonumber(started[2]) + period
+  earliest = tonumber(started[2]) + period + 1
   if reserved and tonumber(reserved) <= now then
     -- Its reserved start has come, and the runs of the period before started a moment
     -- after theirs (delivery takes a few ms): it waits for that moment, in its place, not
