@@ -107,7 +107,7 @@ def app_with_a_store_of_its_own(
         task_default_queue=queue,
         dedupe_redis_url=store.url,
         dedupe_key_prefix=worker_app.PREFIX,
-        dedupe_default_lease=worker_app.LEASE,
+        dedupe_default_lease=conf.pop("dedupe_default_lease", worker_app.LEASE),
         broker_connection_retry_on_startup=True,
         **conf,
     )

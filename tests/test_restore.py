@@ -31,12 +31,20 @@ from dedupe.recovery.unacked import Ours, RestartWatch, restorations, restore_un
 from dedupe.runs.runtime import runtime_of
 from dedupe.store.replies import Renewal, Requeue, Restore
 from dedupe.store.store import Lease, Restoration, Store
+from dedupe.values import defaults
 from dedupe.values.header import HEADER, KeyHeader
 from dedupe.values.keys import CallKeys, alive_key
 from dedupe.values.record import pack_provisional, pack_queued, pack_running
 
 from .conftest import RedisFactory
-from .helpers import Lines, WorkerProcess, app_with_a_store_of_its_own, free_port, wait_for
+from .helpers import (
+    Lines,
+    WorkerProcess,
+    app_with_a_store_of_its_own,
+    free_port,
+    producer_stub,
+    wait_for,
+)
 
 LEASE_MS = 5_000
 TTL_MS = 60_000
@@ -268,6 +276,17 @@ def test_the_heartbeat_of_a_started_run_withdraws_its_restored_call_key(
     record = pack_running("A", "t1", "h", 1, time.time())
     lease = Lease(started.run, "A", "t1", LEASE_MS, record, 0, started.call)
     assert store.renew([lease]) == [Renewal.RECREATED]
+    assert store.client.exists(started.call) == 0
+    assert store.enqueue(started, pack_queued("B", time.time(), None), TTL_MS) is None
+
+
+def test_a_started_message_whose_run_holds_its_run_lock_is_not_restored_into_its_call_key(
+    store: Store, started: CallKeys
+) -> None:
+    # It runs (its heartbeat re-created the run lock first): calls made now go after it,
+    # as they would have before the loss, not answered with a run that has begun.
+    assert claim_started(store, started, "A", "t1") is None
+    assert restore(store, started, "A") is Restore.RUNNING
     assert store.client.exists(started.call) == 0
     assert store.enqueue(started, pack_queued("B", time.time(), None), TTL_MS) is None
 
@@ -512,7 +531,8 @@ def test_a_restart_from_a_snapshot_restores_the_keys_written_since(
         holder = dedupe.lookup(work, (1,))
         assert holder is not None
         assert holder.task_id == first.id
-        assert admin.get(alive_key("dedupe")) == admin.info("server")["run_id"].encode()
+        marker = admin.get(alive_key("dedupe"))
+        assert marker.split(b"/")[0] == admin.info("server")["run_id"].encode()
         connection.release()
 
 
@@ -679,3 +699,61 @@ def test_a_dead_workers_unacked_message_keeps_its_key_through_a_dedup_redis_rest
         second.stop()
         broker.close()
     assert [run[0] for run in worker_app.runlog(tag).runs()] == [result.id, result.id]
+
+
+#: A worker lease whose beats (a third of it) come long after the loss: what a call made
+#: during its run meets is then the restore's doing, not the beat's.
+LONG_LEASE = 30.0
+
+
+@pytest.fixture
+def long_lease_producer(worker_app: Any, tag: str, redis_factory: RedisFactory) -> Iterator[Celery]:
+    with app_with_a_store_of_its_own(
+        worker_app,
+        worker_app.BROKER,
+        f"restore-{tag}",
+        redis_factory(),
+        dedupe_default_lease=LONG_LEASE,
+    ) as app:
+        yield app
+
+
+@pytest.mark.slow
+def test_a_call_made_during_a_started_run_after_a_dedup_redis_restart_is_accepted_and_runs_next(
+    worker_app: Any, long_lease_producer: Celery, tag: str
+) -> None:
+    # unique_until="started": a call made during a run runs after it. The running message
+    # (acks_late) is unacked in the broker like a queued one: the restore must not answer
+    # calls with it, nor let the call's run start beside it.
+    producer = long_lease_producer
+    started_mode = producer_stub(
+        producer, worker_app.started_acks_late, unique_until="started", acks_late=True
+    )
+    store = producer.store_server  # type: ignore[attr-defined]
+    env = {
+        "DEDUPE_TEST_QUEUE": producer.conf.task_default_queue,
+        "DEDUPE_TEST_STORE": store.url,
+        "DEDUPE_TEST_LEASE": str(LONG_LEASE),
+    }
+    worker = WorkerProcess(producer, env)
+    worker.start()
+    try:
+        first = started_mode.delay(tag, 6)
+        wait_for(lambda: worker_app.runlog(tag).runs(), message="the first run's start")
+        store.stop()
+        store.start()  # the dedup Redis lost every key; the running message is unacked
+        again = started_mode.delay(tag, 6)  # (decided once the restore finished)
+        assert again.deduplicated is False
+        assert started_mode.delay(tag, 6).id == again.id  # queued: the next call's duplicate
+        # Past the restore of the "started" messages, a few looks of the worker's beat later.
+        time.sleep(defaults.STARTED_RESTORE_PAUSE + 1.5)
+        holder = dedupe.lookup(started_mode, (tag, 6))
+        assert holder is not None
+        assert (holder.task_id, holder.state) == (again.id, "queued")
+        assert first.get(timeout=30) == tag
+        assert again.get(timeout=30) == tag
+    finally:
+        worker.stop()
+    log = worker_app.runlog(tag)
+    assert [run[0] for run in log.runs()] == [first.id, again.id]
+    assert log.overlaps() == []

@@ -245,6 +245,19 @@ def started_mode(self: Any, tag: str, seconds: float) -> str:
     return tag
 
 
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    unique_until="started",
+    acks_late=True,
+    on_running_countdown=0.2,
+)
+def started_acks_late(self: Any, tag: str, seconds: float) -> str:
+    _run(self, tag, seconds)
+    return tag
+
+
 #: Seconds a deferred ``waits_its_turn`` message waits in its worker for its next try.
 WAITS_ITS_TURN = 8.0
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -24,6 +25,7 @@ from dedupe.errors import RedisUnavailable
 from dedupe.events import RESTORED, emit
 from dedupe.store.replies import Restore
 from dedupe.store.store import Restoration, Store
+from dedupe.values import defaults
 from dedupe.values.header import KeyHeader
 from dedupe.values.keys import alive_key
 from dedupe.values.record import RESTORED_MODES
@@ -58,6 +60,8 @@ class RestartWatch:
         # One restore at a time in this process; the others wait for it, then find the marker.
         self._lock = threading.Lock()
         self._disarmed_until = 0.0
+        #: The marker at the last look of changed().
+        self._seen: bytes | None = None
 
     def armed(self) -> bool:
         """False for a third of a lease after a restore failed: calls are decided without
@@ -84,12 +88,26 @@ class RestartWatch:
             # same at every check: say it, and leave the renewals be.
             logger.warning("could not check for a dedup Redis data loss: %r", exc)
 
+    def changed(self) -> bool:
+        """Was the data lost since the last look (the marker gone, or set anew by a restore,
+        here or in another process)? One GET: the heartbeat asks it every
+        :data:`~dedupe.values.defaults.RESTORE_LOOK` seconds while it holds the run locks of
+        ``unique_until="started"`` runs, which it then takes back at once (see
+        :class:`_StartedLater`). Never raises (an unreachable Redis: no news)."""
+        try:
+            found = self._store.marker(self.marker)
+        except Exception:
+            return False
+        seen, self._seen = self._seen, found
+        return found is None or (seen is not None and found != seen)
+
     def _stale(self) -> bytes | None:
         """None while the marker stands for this run of the server (where the server does
         not say which run it is, while it is there); else the run to mark once restored."""
         found = self._store.marker(self.marker)
         run = self._store.server_run()
-        if found is not None and (not run or found == run):
+        # (The marker is "<run>/<restore>": each restore sets a new one, see changed().)
+        if found is not None and (not run or found.split(b"/")[0] == run):
             return None
         return run or b"1"
 
@@ -105,7 +123,7 @@ class RestartWatch:
                 if run is None:
                     return  # (restored by another thread or process meanwhile)
                 restore_unacked(self._app, self._store, self._prefix, self._lease, self._redelivery)
-                self._store.mark_alive(self.marker, run)
+                self._store.mark_alive(self.marker, run + b"/" + os.urandom(6).hex().encode())
             except Exception as exc:
                 reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
                 logger.warning("could not restore the keys of unacked messages: %r", reason)
@@ -118,7 +136,9 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
     """Write back the records of the messages the Redis broker holds unacked (of ``app``'s
     tasks and key prefix: a broker may serve other apps); withdraw those whose message was
     acked meanwhile (their run ended between the read and the write), now and, in a thread,
-    for a second or two after (:class:`AckFollower`). Returns how many were restored."""
+    for a second or two after (:class:`AckFollower`). Returns how many were restored now:
+    of a ``unique_until="started"`` message, only its run lock is (its call key follows,
+    :class:`_StartedLater`)."""
     # kombu's own channel: its client knows the broker's URL forms (Sentinel, sockets, TLS),
     # and the channel the names of the unacked hash and index.
     with app.connection_for_write() as connection:
@@ -136,11 +156,42 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
         items = restorations(messages, delivered, ours, time.time(), lease, redelivery)
         if not items:
             return 0
-        tags = list(items)
-        replies = store.restore([items[tag][1] for tag in tags])
-        gone = _withdraw_acked(channel, store, {tag: items[tag][1] for tag in tags})
+        visibility = redis_visibility(app)
+        started = {tag: item for tag, item in items.items() if _started(item[1])}
+        # A "started" message may be running: its run lock now (no run of its key beside
+        # it), its call key once its worker had a few looks to take the lock back.
+        store.restore_run_locks([item for _, item in started.values()])
+        _withdraw_acked(channel, store, {tag: item for tag, (_, item) in started.items()})
+        finished = {tag: item for tag, item in items.items() if tag not in started}
+        restored = _restore_keys(channel, store, finished, delivered, visibility)
+    if restored:
+        _follow(app, store, restored)
+    if started:
+        later = _StartedLater(app, store, started, delivered, visibility)
+        threading.Thread(target=later, name="dedupe-restore-started", daemon=True).start()
+    return len(restored)
+
+
+def _started(item: Restoration) -> bool:
+    return item.keys.run != item.keys.call
+
+
+def _restore_keys(
+    channel: Any,
+    store: Store,
+    items: Mapping[bytes, tuple[str, Restoration]],
+    delivered: Mapping[bytes, float],
+    visibility: float,
+) -> dict[bytes, tuple[Restoration, float]]:
+    """Write back the records of ``items`` (delivery tag -> task name, restoration), withdraw
+    those whose message was acked meanwhile; returns what stays restored, with until when
+    a message gone from the unacked hash is surely acked (see :class:`AckFollower`)."""
+    if not items:
+        return {}
+    tags = list(items)
+    replies = store.restore([items[tag][1] for tag in tags])
+    gone = _withdraw_acked(channel, store, {tag: items[tag][1] for tag in tags})
     restored: dict[bytes, tuple[Restoration, float]] = {}
-    visibility = redis_visibility(app)
     for tag, reply in zip(tags, replies, strict=True):
         task, item = items[tag]
         if tag not in gone and reply in (Restore.RESTORED, Restore.JOINED):
@@ -148,14 +199,59 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
             # in its queue rather than acked: its record is left to its ttl.)
             restored[tag] = (item, delivered.get(tag, time.time()) + visibility / 2)
             emit(RESTORED, task, item.task_id, item.keys.call)
-    if restored:
-        # A run frees its key before its worker acks the message (acks_late: the pool's
-        # parent acks once the child has reported): one that ended between the read and the
-        # write was still unacked at the check above, and its restored record would hold
-        # the key of a finished task until the record's ttl (the visibility timeout).
-        follow = AckFollower(app, store, restored)
-        threading.Thread(target=follow, name="dedupe-restore-follow", daemon=True).start()
-    return len(restored)
+    return restored
+
+
+def _follow(app: Any, store: Store, restored: Mapping[bytes, tuple[Restoration, float]]) -> None:
+    # A run frees its key before its worker acks the message (acks_late: the pool's parent
+    # acks once the child has reported): one that ended between the read and the write was
+    # still unacked at the check above, and its restored record would hold the key of a
+    # finished task until the record's ttl (the visibility timeout).
+    follow = AckFollower(app, store, restored)
+    threading.Thread(target=follow, name="dedupe-restore-follow", daemon=True).start()
+
+
+class _StartedLater:
+    """The call keys of ``unique_until="started"`` messages, restored
+    :data:`~dedupe.values.defaults.STARTED_RESTORE_PAUSE` seconds after their run locks: a
+    live run's heartbeat takes its run lock back meanwhile (it looks at the marker every
+    :data:`~dedupe.values.defaults.RESTORE_LOOK` seconds), and restore.lua then leaves its
+    call key alone. Calls made in the pause are accepted; each waits for the run lock."""
+
+    def __init__(
+        self,
+        app: Any,
+        store: Store,
+        items: Mapping[bytes, tuple[str, Restoration]],
+        delivered: Mapping[bytes, float],
+        visibility: float,
+    ) -> None:
+        self._app, self._store, self._items = app, store, dict(items)
+        self._delivered, self._visibility = dict(delivered), visibility
+
+    def __call__(self) -> None:
+        time.sleep(defaults.STARTED_RESTORE_PAUSE)
+        try:
+            with self._app.connection_for_write() as connection:
+                connection.ensure_connection(max_retries=0)
+                restored = _restore_keys(
+                    connection.default_channel,
+                    self._store,
+                    self._items,
+                    self._delivered,
+                    self._visibility,
+                )
+        except Exception as exc:
+            reason = exc.cause if isinstance(exc, RedisUnavailable) else exc
+            logger.warning(
+                "could not restore the call keys of %d unique_until='started' message(s), "
+                "which their run locks hold off until their lease ends: %r",
+                len(self._items),
+                reason,
+            )
+            return
+        if restored:
+            AckFollower(self._app, self._store, restored)()
 
 
 class AckFollower:
@@ -211,6 +307,8 @@ def _withdraw_acked(
     """Withdraw the restored records (by delivery tag) whose messages are gone from the
     broker's unacked hash (acked); returns their tags."""
     tags = list(restored)
+    if not tags:
+        return set()
     client = channel.client
     present = client.hmget(_named_for(client, "HMGET", channel.unacked_key), tags)
     gone = {tag for tag, value in zip(tags, present, strict=True) if value is None}

@@ -12,13 +12,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import LEASE_LOST, RECREATED, emit
 from dedupe.store.replies import Renewal
 from dedupe.store.store import Lease, Store
+from dedupe.values import defaults
 
 __all__ = ["Heartbeat"]
 
@@ -27,6 +28,16 @@ logger = logging.getLogger("dedupe.heartbeat")
 # How long an idle thread sleeps between looks. hold() wakes it only for a lease due before
 # its next look: with the default 60 s lease (due in 20 s), starting a run never wakes it.
 _IDLE_WAIT = 1.0
+
+
+class Watch(Protocol):
+    """What the heartbeat watches besides its leases (dedupe.recovery.unacked.RestartWatch)."""
+
+    def __call__(self) -> None:
+        """Look for a data loss of the dedup Redis, and restore after one (never raises)."""
+
+    def changed(self) -> bool:
+        """Was the data lost since the last look (a cheap look; never raises)?"""
 
 
 @dataclass(eq=False)
@@ -42,9 +53,7 @@ class _Held:
 class Heartbeat:
     """Renews the leases of the runs this process holds, in one round trip per beat."""
 
-    def __init__(
-        self, store: Store, watch: Callable[[], None] | None = None, every: float = 1.0
-    ) -> None:
+    def __init__(self, store: Store, watch: Watch | None = None, every: float = 1.0) -> None:
         self._store = store
         #: Called by the thread every ``every`` seconds once it runs, runs held or not (see
         #: dedupe.recovery.unacked.RestartWatch): a worker whose runs are all shorter than a third
@@ -67,6 +76,10 @@ class Heartbeat:
         #: When the thread next calls the watch (monotonic; one period after it starts, so
         #: that a run's own cost stays a claim and a release).
         self._watch_at = 0.0
+        #: When the thread next asks the watch whether the data was lost (monotonic), while
+        #: it holds the run lock of a unique_until="started" run: after a loss, such a run
+        #: takes its lock back before the restore looks at it (its call key then stays free).
+        self._look_at = 0.0
 
     def hold(self, lease: Lease, task_name: str = "") -> None:
         """Start renewing ``lease`` (of a run of ``task_name``, which events name)."""
@@ -101,15 +114,25 @@ class Heartbeat:
         while True:
             with self._wake:
                 due = self._due()
-                while not due and not self._watch_due():
+                while not due and not self._watch_due() and not self._look_due():
                     next_due = self._next_due()
                     wake_at = next_due if next_due is not None else time.monotonic() + _IDLE_WAIT
                     if self._watch is not None:
                         wake_at = min(wake_at, self._watch_at)
+                        if self._holds_run_locks():
+                            wake_at = min(wake_at, self._look_at)
                     self._wake_at = wake_at
                     self._wake.wait(max(wake_at - time.monotonic(), 0))
                     due = self._due()
                 self._wake_at = 0.0
+                look = self._look_due()
+            if look:
+                assert self._watch is not None
+                self._look_at = time.monotonic() + defaults.RESTORE_LOOK
+                if self._watch.changed():
+                    with self._wake:
+                        locks = [held for held in self._held.values() if held.lease.call_key]
+                    due = [*due, *(held for held in locks if held not in due)]
             if due:
                 with self._renewing:
                     self._beat(due)
@@ -121,6 +144,17 @@ class Heartbeat:
                 except Exception:
                     # (The watch says what went wrong itself: this thread must go on.)
                     logger.exception("the heartbeat's watch failed")
+
+    def _holds_run_locks(self) -> bool:
+        # (Under self._wake: hold() and drop() change the leases from other threads.)
+        return any(held.lease.call_key for held in self._held.values())
+
+    def _look_due(self) -> bool:
+        return (
+            self._watch is not None
+            and time.monotonic() >= self._look_at
+            and self._holds_run_locks()
+        )
 
     def _watch_due(self) -> bool:
         return self._watch is not None and time.monotonic() >= self._watch_at

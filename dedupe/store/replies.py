@@ -117,6 +117,9 @@ class Restore(enum.IntEnum):
     OWN = 3
     #: A call accepted since is still being published into the key.
     PENDING = 4
+    #: unique_until="started": the message's run holds its run lock, so it runs: its call
+    #: key is left as it is (a call made now goes after the run, as before the loss).
+    RUNNING = 5
 
 
 _Code = TypeVar("_Code", bound=enum.IntEnum)

@@ -143,6 +143,10 @@ class Restoration:
         """restore.lua's ARGV."""
         return [pack_owner(self.task_id), self.record, self.queued, self.ttl_ms, self.lease_ms]
 
+    def run_lock_args(self) -> list[Any]:
+        """restore_run_lock.lua's ARGV."""
+        return [self.record, self.ttl_ms, self.lease_ms]
+
 
 class DataLossBarrier(Protocol):
     """Keeps calls from being decided on a store that lost its data (a restart without
@@ -191,6 +195,7 @@ class Store:
         self._requeue = self._register("requeue")
         self._wait = self._register("wait")
         self._restore = self._register("restore")
+        self._restore_run_lock = self._register("restore_run_lock")
         self._release = self._register("release")
         self._cancel = self._register("cancel")
         self._withdraw = self._register("withdraw")
@@ -604,10 +609,23 @@ class Store:
             return []
         with reraise_unavailable("restore"):
             replies = self._run.call_many(
-                self._restore, [([item.keys.call], item.args()) for item in restorations]
+                self._restore, [(item.keys.names, item.args()) for item in restorations]
             )
             _raise_first_error(replies)
             return [read_restore(reply) for reply in replies]
+
+    def restore_run_locks(self, restorations: Sequence[Restoration]) -> list[bool]:
+        """Write back the run locks of ``unique_until="started"`` messages the broker holds
+        (restore_run_lock.lua), in one round trip (per master); True where one was written."""
+        if not restorations:
+            return []
+        with reraise_unavailable("restore_run_lock"):
+            replies = self._run.call_many(
+                self._restore_run_lock,
+                [([item.keys.run], item.run_lock_args()) for item in restorations],
+            )
+            _raise_first_error(replies)
+        return [reply == 1 for reply in replies]
 
     def marker(self, key: str) -> bytes | None:
         """The marker ``key``'s value: the run of the server it was set on (see
@@ -661,7 +679,7 @@ class Store:
         True if there was something to withdraw."""
         keys = restoration.keys
         with reraise_unavailable("withdraw", keys.call):
-            reply = self._run(self._withdraw, [keys.call], [restoration.record, restoration.queued])
+            reply = self._run(self._withdraw, keys.names, [restoration.record, restoration.queued])
         return bool(reply)
 
     def cancel(self, keys: CallKeys, task_id: str, *, exactly: bytes | None = None) -> bool:

@@ -24,10 +24,12 @@ __all__ = [
     "PROVISIONAL_TTL",
     "RATE_WEIGHT",
     "REMEMBER_DUPLICATES",
+    "RESTORE_LOOK",
     "RETRIES",
     "RETRY_BACKOFF_BASE",
     "RETRY_BACKOFF_CAP",
     "RUNNING_COUNTDOWN",
+    "STARTED_RESTORE_PAUSE",
     "TTL",
 ]
 
@@ -39,6 +41,14 @@ TTL: Final = 3600.0
 #: Seconds a run holds its key between heartbeats (``dedupe_default_lease``, ``unique_lease``):
 #: how long a killed worker's key outlives it.
 LEASE: Final = 60.0
+#: Seconds between two looks of a worker that runs ``unique_until="started"`` tasks at the
+#: dedup Redis's marker: one that changed says the data was lost (and maybe restored by
+#: another process), and the worker's runs take their run locks back at once.
+RESTORE_LOOK: Final = 1.0
+#: Seconds after a restore that the records of ``unique_until="started"`` messages are
+#: written back: a running one's worker takes its run lock back meanwhile (a few looks), and
+#: the restore leaves its call key alone (its calls go after it, as before the loss).
+STARTED_RESTORE_PAUSE: Final = 3 * RESTORE_LOOK
 #: Seconds before a run that met a live run of its key is tried again the first time
 #: (``on_running_countdown``); each further deferral of its message waits twice as long.
 RUNNING_COUNTDOWN: Final = 0.5

@@ -5,6 +5,8 @@
 -- every call made meanwhile is accepted, one after another as each run ends.
 --
 -- KEYS[1]  record key (the run key too: unique_until="finished")
+-- KEYS[2]  (unique_until="started") the run lock: held by a run of this task id, the message
+--          runs, and its call key stays as the run left it (free, or a call made since)
 -- ARGV[1]  owner (packed task id)
 -- ARGV[2]  the restored record: a running record of token RESTORED (no lease_ends, no next)
 -- ARGV[3]  its queued record, for a run it waits in
@@ -19,7 +21,14 @@
 --   3   its own: the key holds this task id's record
 --   4   not yet: a call accepted since is still being published (a provisional record)
 --   0   left alone: a run another call waits in already
+--   5   running: KEYS[2] holds a live run of this task id (its heartbeat re-created it)
 local id, ttl = ARGV[1], tonumber(ARGV[4])
+if KEYS[2] then
+  local run = load_record(KEYS[2])
+  if run and run[1] == id and run_token(run) and run_token(run) ~= RESTORED then
+    return 5
+  end
+end
 local raw = redis.call('GET', KEYS[1])
 local rec = raw and cmsgpack.unpack(raw)
 if rec and rec[1] == id then

@@ -7,20 +7,22 @@
 -- message of its task id (a retry, a deferral's next try) takes its place again with records
 -- of its own (wait.lua, requeue.lua, claim.lua), which must stay.
 --
--- KEYS[1]  record key
+-- KEYS      the record key, and (unique_until="started") the run lock restore_run_lock.lua
+--           may have written
 -- ARGV[1]  the restored record restore.lua was given (its owner and when it was delivered)
 -- ARGV[2]  the queued record restore.lua was given (its place in a run)
 --
--- Returns 1 if the record or the place was withdrawn, else 0.
-local rec = load_record(KEYS[1])
-if not rec or not run_token(rec) then
-  return 0
-end
+-- Returns 1 if a record or the place was withdrawn, else 0.
 local mine = cmsgpack.unpack(ARGV[1])
-if rec[1] == mine[1] and rec[2] == RESTORED and rec[5] == mine[5] then
-  return end_run(KEYS[1], rec)
+local withdrawn = 0
+for _, key in ipairs(KEYS) do
+  local rec = load_record(key)
+  if rec and run_token(rec) then
+    if rec[1] == mine[1] and rec[2] == RESTORED and rec[5] == mine[5] then
+      withdrawn = math.max(withdrawn, end_run(key, rec))
+    elseif successor(rec) == ARGV[2] then
+      withdrawn = math.max(withdrawn, drop_successor(key, rec))
+    end
+  end
 end
-if successor(rec) == ARGV[2] then
-  return drop_successor(KEYS[1], rec)
-end
-return 0
+return withdrawn
