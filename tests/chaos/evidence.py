@@ -1156,7 +1156,8 @@ class Checks:
         # its lease.
         last: dict[str, float | None] = {}
         for task_id, spans in self.spans.items():
-            last[task_id] = max(spans)[1]
+            if spans:  # (a defaultdict: a task id only asked about has none)
+                last[task_id] = max(spans)[1]
         killed = {
             task_id
             for task_id, end in last.items()
