@@ -407,6 +407,77 @@ def test_each_thread_talks_on_its_own_connection(own_url: str, own_client: redis
     assert len(named) == 3
 
 
+def test_threads_beyond_the_pools_max_connections_share_its_connections(
+    own_url: str, own_client: redis.Redis
+) -> None:
+    client = redis.Redis.from_url(own_url, client_name="runner-capped", max_connections=3)
+    runner = ScriptRunner(client, busy_poll=50e-6)
+    all_called = threading.Barrier(9)
+    wrong: list[tuple[str, Any]] = []
+
+    def call(name: str) -> None:
+        all_called.wait(timeout=10)
+        for n in range(300):  # (calls of threads that share a connection, interleaved)
+            word = f"{name}-{n}"
+            answer = run(runner, client, ECHO, word)
+            if answer != word.encode():
+                wrong.append((word, answer))
+        all_called.wait(timeout=10)  # stay alive (and connected) until counted
+        all_called.wait(timeout=10)
+
+    threads = [threading.Thread(target=call, args=(f"t{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    all_called.wait(timeout=10)
+    all_called.wait(timeout=60)
+    named = [c for c in own_client.client_list() if c["name"] == "runner-capped"]
+    all_called.wait(timeout=10)
+    for thread in threads:
+        thread.join()
+    client.close()
+    assert len(named) == 3
+    assert wrong == []
+
+
+def test_a_child_forked_at_the_cap_calls_though_its_parents_threads_held_the_connections(
+    own_url: str,
+) -> None:
+    # At the cap a new thread shares a connection; in a forked child the parent's connections
+    # (and locks its threads held at the fork) are not there to share.
+    client = redis.Redis.from_url(own_url, max_connections=1)
+    runner = ScriptRunner(client)
+    echo = client.register_script(ECHO)
+    held, let_go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        assert runner(echo, [], ["parent"]) == b"parent"  # the one connection: this thread's
+        with runner._local.lock:
+            held.set()
+            let_go.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:  # the child: one call from a new thread, then out
+        answers: list[Any] = []
+        thread = threading.Thread(target=lambda: answers.append(runner(echo, [], ["child"])))
+        thread.start()
+        thread.join(10)
+        os._exit(0 if answers == [b"child"] else 1)
+    let_go.set()
+    holder.join()
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.close()
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the child's new thread hung on a connection its parent's thread held")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
 # -- polling for a reply before sleeping for it ------------------------------------------------
 
 SLOW = """

@@ -15,7 +15,22 @@ from .remembered import RememberedAnswers
 if TYPE_CHECKING:
     from .deferred import Reply
 
-__all__ = ["ConnectionState", "Holder", "Threads"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "ConnectionState", "Holder", "Threads", "connection_cap"]
+
+
+#: Connections a runner opens at most when its client's pool has no ``max_connections``
+#: (redis-py 8's pools have 100 unless told otherwise; older ones none).
+DEFAULT_MAX_CONNECTIONS = 50
+# Older redis-py pools stand for "no limit" with this.
+_UNLIMITED = 2**31
+
+
+def connection_cap(pool: Any) -> int:
+    """The client pool's ``max_connections`` if it has one, else the default."""
+    limit = getattr(pool, "max_connections", None)
+    if isinstance(limit, int) and 0 < limit < _UNLIMITED:
+        return limit
+    return DEFAULT_MAX_CONNECTIONS
 
 
 class ConnectionState:

@@ -21,17 +21,11 @@ import redis
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from .connection_state import ConnectionState
+from .connection_state import DEFAULT_MAX_CONNECTIONS, ConnectionState, connection_cap
 from .script_runner import Reply, ScriptRunner
 from .tracking import TrackingScriptRunner
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "GreenScriptRunner", "monkey_patched", "script_runner"]
-
-#: Connections a runner shares at most when its client's pool has no ``max_connections``
-#: (redis-py 8's pools have 100 unless told otherwise; older ones none).
-DEFAULT_MAX_CONNECTIONS = 50
-# Older redis-py pools stand for "no limit" with this.
-_UNLIMITED = 2**31
 
 _T = TypeVar("_T")
 
@@ -61,14 +55,6 @@ def script_runner(
     if remember_for > 0:
         return TrackingScriptRunner(client, busy_poll, budget, retry, remember_for)
     return ScriptRunner(client, busy_poll, budget, retry)
-
-
-def _cap(pool: Any) -> int:
-    """The client pool's ``max_connections`` if it has one, else the default."""
-    limit = getattr(pool, "max_connections", None)
-    if isinstance(limit, int) and 0 < limit < _UNLIMITED:
-        return limit
-    return DEFAULT_MAX_CONNECTIONS
 
 
 class _Held:
@@ -117,7 +103,7 @@ class GreenScriptRunner(ScriptRunner):
         super().__init__(client, *args, **kwargs)
         self._busy_poll = 0.0
         self._threads = _Held()
-        self._green = _Pool(_cap(self._pool))
+        self._green = _Pool(connection_cap(self._pool))
 
     @property
     def _local(self) -> ConnectionState:

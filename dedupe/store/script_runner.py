@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import select
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -30,7 +32,7 @@ from redis.retry import Retry
 from dedupe.compat.redis_private import retried_errors, socket_of
 
 from . import deferred
-from .connection_state import ConnectionState, Holder, Threads
+from .connection_state import ConnectionState, Holder, Threads, connection_cap
 from .deferred import DefersReads, Reply, land_all
 from .resp import pack_command, pack_parts
 from .runner import RemembersNothing
@@ -75,6 +77,12 @@ class ScriptRunner(RemembersNothing, DefersReads):
         #: The errors the policy retries.
         self._retried = retried_errors(self._retry)
         self._threads: Holder = Threads()
+        #: The connections threads hold (a thread's goes with it), at most ``_cap``: past
+        #: it, a new thread shares one, each call under the connection's lock.
+        self._cap = connection_cap(self._pool)
+        self._states: weakref.WeakSet[ConnectionState] = weakref.WeakSet()
+        self._states_lock = threading.Lock()
+        self._shared = 0
         self._encoding = str(self._pool.connection_kwargs.get("encoding", "utf-8"))
         #: SHAs of scripts the server answered since the last lost connection.
         self._known: set[str] = set()
@@ -87,8 +95,26 @@ class ScriptRunner(RemembersNothing, DefersReads):
         """This thread's connection (the sweeper's: the one it reads for)."""
         local = self._threads.local
         if local is None:
-            local = self._threads.local = ConnectionState(self._remember_for)
+            local = self._threads.local = self._new_threads_state()
         return local
+
+    def _after_fork(self) -> None:
+        super()._after_fork()
+        # (A parent's thread may have held it at the fork. The parent's other threads'
+        # connections leave the weak set by themselves: their thread-locals go in the child.)
+        self._states_lock = threading.Lock()
+
+    def _new_threads_state(self) -> ConnectionState:
+        """A new thread's connection: its own while fewer than the cap are held, else one
+        it shares (the first threads keep theirs without a lock's wait between calls)."""
+        with self._states_lock:
+            states = list(self._states)
+            if len(states) < self._cap:
+                local = ConnectionState(self._remember_for)
+                self._states.add(local)
+                return local
+            self._shared += 1
+            return states[self._shared % len(states)]
 
     def __call__(
         self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
