@@ -602,12 +602,13 @@ def _release(runtime: Runtime, task: Any, task_id: str, run: Run, *, wait: bool)
     when it has come (:func:`_land_release`)."""
     keys = run.spec.keys
     try:
+        if _latest_mode(task.request, run.spec):
+            # (Sent first: a release waited for lands it too, before the result and the ack.)
+            _send_end_latest(runtime, task.request, task_id, run)
         if wait:
             runtime.store.release(keys, task_id, run.token)
         else:
             runtime.store.send_release(keys, task_id, run.token)
-        if _latest_mode(task.request, run.spec):
-            _send_end_latest(runtime, task.request, task_id, run)
     except RedisUnavailable as exc:
         emit(UNAVAILABLE, task.name, task_id, keys.run, action=_NOT_FREED, error=exc.cause)
     else:
