@@ -83,6 +83,29 @@ def test_a_replacing_message_delivered_again_after_its_run_ended_does_not_run_ag
     wait_for(lambda: dedupe.lookup(worker_app.replaced, (tag, 0)) is None, message="key freed")
 
 
+def test_a_replacing_message_delivered_again_during_a_later_run_is_skipped_not_put_in_line(
+    prefork_worker: WorkerProcess, worker_app: Any, redis_client: redis.Redis, tag: str
+) -> None:
+    task_id, payload = burst_in_a_parked_queue(worker_app.replaced, redis_client, tag)
+    deliver(redis_client, worker_app, payload)
+    assert AsyncResult(task_id, app=worker_app.app).get(timeout=20) == 2
+    later = worker_app.replaced.delay(tag, 5, 3.0)
+    wait_for(lambda: len(worker_app.values_run(tag)) == 2, message="the later call's run")
+    deliver(redis_client, worker_app, payload)  # (the later run holds the key)
+    wait_for(
+        lambda: (
+            f"{task_id}] skipped: its run ended already" in prefork_worker.tail()
+            or f"{task_id}] waits: " in prefork_worker.tail()
+        ),
+        message="the message delivered again was skipped or deferred",
+    )
+    # Deferred, it would wait in the later run's record: calls made meanwhile would be its
+    # duplicates, answered with the ended run's id, their arguments left to nothing.
+    assert f"{task_id}] waits: " not in prefork_worker.tail()
+    assert later.get(timeout=20) == 5
+    assert worker_app.values_run(tag) == [(task_id, "2"), (later.id, "5")]
+
+
 def test_a_debounced_run_killed_before_its_end_runs_again_with_the_bursts_last_arguments(
     worker_app: Any, tag: str
 ) -> None:

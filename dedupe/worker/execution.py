@@ -238,6 +238,15 @@ def on_prerun(
     attach(request, run)
     if latest and run.verdict == "claimed":
         _take_latest(runtime, task, task_id, request, run)
+    elif (
+        latest == "replace"
+        and run.verdict == "held"
+        and _look_latest(runtime, task, task_id, request, spec) is Take.ENDED
+    ):
+        # Its run ended already. Held off, it would be deferred and wait in line in the
+        # holder's place, the calls made meanwhile its duplicates, leaving their arguments
+        # to a message that never runs them. (Asked only where the key is held.)
+        _ended_already(request, spec.keys.run)
 
 
 def _latest_mode(request: Any, spec: RunSpec) -> str | None:
