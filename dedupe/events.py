@@ -122,7 +122,7 @@ SKIPPED = Event(
     run_skipped,
     _runs,
     logging.INFO,
-    "%(task_name)s[%(task_id)s] skipped: %(holder_id)s is %(holder_state)s",
+    "%(task_name)s[%(task_id)s] skipped: %(reason)s",
 )
 RELEASED = Event(
     "key_released", key_released, _keys, logging.DEBUG, "%(task_name)s[%(task_id)s] freed %(key)s"

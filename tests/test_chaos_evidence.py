@@ -157,6 +157,12 @@ def test_the_key_of_a_message_kombu_lost_is_shown_apart_and_any_other_key_left_f
     assert (kombu.verdict, kombu.details) == ("not ours", [left[0]])
 
 
+def test_the_tombstone_of_an_ended_debounced_run_is_no_key_left() -> None:
+    left = [f"p:{{t.debounced:ab}}:ran ttl 3702s ended run of {HOLDER} retries 0"]
+    ours, _ = _never_run([], keys_left=left).keys_left_rows()
+    assert ours.verdict == "ok"
+
+
 def test_a_call_answered_with_a_message_kombu_lost_is_shown_apart_and_any_other_lost_fails() -> (
     None
 ):

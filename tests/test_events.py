@@ -252,6 +252,7 @@ def test_every_event_has_a_signal_a_family_logger_and_a_line_that_formats() -> N
         "deferral": 1,
         "action": "ran unguarded",
         "error": "down",
+        "reason": "h is running",
     }
     for name, event in events.EVENTS.items():
         assert getattr(events, name) is event.signal

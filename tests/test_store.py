@@ -943,12 +943,12 @@ def test_a_take_of_the_latest_arguments_sent_again_answers_as_it_did(
     store.enqueue(started, pack_queued("holder", 0.0, None), 60_000)
     latest = LatestWrite(pack_arguments((7,), {}, "json"), time.time(), None, None)
     assert store.enqueue_latest(started, pack_provisional("dup", 1), 60_000, latest) is not None
-    first = store.take_latest(started, "holder")
-    again = store.take_latest(started, "holder")
+    first = store.take_latest(started, "holder", 0)
+    again = store.take_latest(started, "holder", 0)
     assert first is not None
     assert again is not None
     assert unpack_arguments(first.body) == unpack_arguments(again.body) == ([7], {})
-    assert store.take_latest(started, "another run") is None
+    assert store.take_latest(started, "another run", 0) is None
 
 
 def test_the_last_take_keeps_the_latest_arguments_hash_s_ttl(
@@ -960,5 +960,5 @@ def test_the_last_take_keeps_the_latest_arguments_hash_s_ttl(
     store.enqueue(started, pack_queued("holder", 0.0, None), 60_000)
     latest = LatestWrite(pack_arguments((7,), {}, "json"), time.time(), None, None)
     assert store.enqueue_latest(started, pack_provisional("dup", 1), 60_000, latest) is not None
-    assert store.take_latest(started, "holder") is not None
+    assert store.take_latest(started, "holder", 0) is not None
     assert 0 < store.client.pttl(started.latest) <= 60_000 + 1_000

@@ -413,6 +413,37 @@ def replaced_after_run(self: Any, tag: str, value: Any, seconds: float = 0.0) ->
     return _ran_with(self, tag, value, seconds)
 
 
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    unique_on=("tag",),
+    debounce=1,
+    acks_late=True,
+)
+def debounced_late(self: Any, tag: str, value: Any) -> Any:
+    """Debounced, acks_late: its first run works for long (a test kills its worker), the
+    runs of its message delivered again at once."""
+    first = _events.incr(f"deliveries:{tag}") == 1
+    return _ran_with(self, tag, value, 30 if first else 0)
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    unique_on=("tag",),
+    debounce=1,
+    max_retries=1,
+)
+def debounced_retried(self: Any, tag: str, value: Any) -> Any:
+    """Debounced, and retried once by its first run."""
+    _ran_with(self, tag, value, 0)
+    if self.request.retries == 0:
+        raise self.retry(countdown=0.2)
+    return value
+
+
 def values_run(tag: str) -> list[tuple[str, str]]:
     """(task id, value) of each run of a ``_ran_with`` task, in start order."""
     return [tuple(raw.decode().split(" ", 1)) for raw in _events.lrange(f"values:{tag}", 0, -1)]  # type: ignore[misc]

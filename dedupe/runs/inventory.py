@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from celery import Celery
 
 from dedupe.store.clients import DedupRedis
-from dedupe.values.keys import LATEST_SUFFIX, RUN_SUFFIX, tag_safe, task_name_of_tag
+from dedupe.values.keys import LATEST_SUFFIX, RAN_SUFFIX, RUN_SUFFIX, tag_safe, task_name_of_tag
 from dedupe.values.limits import LIMIT_KEY_NAMES
 from dedupe.values.record import Holder
 
@@ -28,7 +28,7 @@ __all__ = [
 
 _BATCH = 500
 #: The names of flow control's keys beside a record (values.keys, values.limits).
-_FLOW_SUFFIXES = (LATEST_SUFFIX, *(f":{name}" for name in LIMIT_KEY_NAMES))
+_FLOW_SUFFIXES = (LATEST_SUFFIX, RAN_SUFFIX, *(f":{name}" for name in LIMIT_KEY_NAMES))
 
 
 def task_of_key(prefix: str, key: str) -> str | None:
@@ -106,8 +106,8 @@ def _pattern(prefix: str, task: str | None) -> str:
 def _is_of(prefix: str, task: str | None, key: bytes) -> bool:
     # The pattern's "*" also matches the rest of a longer name ("reports:eu" for "reports"):
     # only a key that parses back to the very name is the task's. The keys of flow control
-    # beside a record (a debounced call's latest arguments, a limited key's line and slots)
-    # are no records: never listed (another program's keys are, as unknown).
+    # beside a record (a debounced call's latest arguments and ended runs, a limited key's
+    # line and slots) are no records: never listed (another program's keys are, as unknown).
     name = key.decode()
     if task is None:
         return not name.endswith(_FLOW_SUFFIXES)

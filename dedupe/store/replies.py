@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from dedupe.errors import UnexpectedReply
+from dedupe.values.latest import Latest
 from dedupe.values.record import Holder
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "Renewal",
     "Requeue",
     "Restore",
+    "Take",
     "Wait",
     "first_holder",
     "not_decided",
@@ -30,6 +32,7 @@ __all__ = [
     "read_renew",
     "read_requeue",
     "read_restore",
+    "read_take",
     "read_wait",
     "run_id_of",
 ]
@@ -122,6 +125,14 @@ class Restore(enum.IntEnum):
     RUNNING = 5
 
 
+class Take(enum.IntEnum):
+    """take_latest.lua's answer when no arguments are taken, nor looked at."""
+
+    #: This task id's run of the delivery's retry count ended already (end_latest.lua's
+    #: tombstone): the message is a redelivery (its ack was lost) and must not run again.
+    ENDED = 2
+
+
 _Code = TypeVar("_Code", bound=enum.IntEnum)
 
 
@@ -197,6 +208,17 @@ def read_cancel(reply: Any) -> bool:
     if reply not in (0, 1):
         raise UnexpectedReply("cancel", reply)
     return bool(reply)
+
+
+def read_take(reply: Any) -> Latest | Take | None:
+    """What a run takes in place of its message's arguments, or looks at; None: nothing left
+    for it; :attr:`Take.ENDED`: its run ended already."""
+    if isinstance(reply, list) and len(reply) == 1:
+        return _code(Take, "take_latest", reply[0])
+    try:
+        return Latest.read(reply)
+    except (TypeError, ValueError) as exc:
+        raise UnexpectedReply("take_latest", reply) from exc
 
 
 def first_holder(names: Sequence[str], replies: Sequence[Any]) -> Holder | None:

@@ -35,6 +35,7 @@ from .replies import (
     Renewal,
     Requeue,
     Restore,
+    Take,
     Wait,
     first_holder,
     not_decided,
@@ -47,6 +48,7 @@ from .replies import (
     read_renew,
     read_requeue,
     read_restore,
+    read_take,
     read_wait,
     run_id_of,
 )
@@ -204,7 +206,7 @@ class Store:
         self._enqueue_latest = self._register("enqueue_latest")
         self._publish_latest = self._register("publish_latest")
         self._take_latest = self._register("take_latest")
-        self._drop_taken = self._register("drop_taken")
+        self._end_latest = self._register("end_latest")
         self._ticket = self._register("ticket")
         self._slot = self._register("slot")
         self._renew_slot = self._register("renew_slot")
@@ -280,21 +282,26 @@ class Store:
                 reply = self._run(self._enqueue_latest, marked[:2], argv)
         return read_enqueue(keys.call, reply)
 
-    def take_latest(self, keys: CallKeys, task_id: str, now: float = 0.0) -> Latest | None:
+    def take_latest(
+        self, keys: CallKeys, task_id: str, retries: int, now: float = 0.0
+    ) -> Latest | Take | None:
         """The arguments the duplicates of ``task_id``'s call left for its run, taken
-        (None: none left). ``now``: only look, and say whether the deadline passed."""
+        (None: none left). ``now``: only look, and say whether the deadline passed.
+        :attr:`Take.ENDED`: the run of this task id and ``retries`` ended already
+        (:meth:`send_end_latest`), and nothing is taken."""
+        argv = [pack_owner(task_id), repr(now), retries]
         with reraise_unavailable("take_latest", keys.call):
-            reply = self._run(self._take_latest, [keys.latest], [pack_owner(task_id), repr(now)])
-        try:
-            return Latest.read(reply)
-        except (TypeError, ValueError) as exc:
-            raise UnexpectedReply("take_latest", reply) from exc
+            reply = self._run(self._take_latest, [keys.latest, keys.ran], argv)
+        return read_take(reply)
 
-    def send_drop_taken(self, keys: CallKeys, task_id: str) -> None:
-        """The end of a run that took the latest arguments: drop the take kept for a resend
-        (and the hash, if that was all), without waiting for the reply."""
-        with reraise_unavailable("drop_taken", keys.call):
-            self._run.send(self._drop_taken, [keys.latest], [pack_owner(task_id)])
+    def send_end_latest(self, keys: CallKeys, task_id: str, retries: int, horizon_ms: int) -> None:
+        """The end of a debounced or replacing run that claimed its key: drop the take kept
+        for a resend (and the hash, if that was all), and leave the run's tombstone for
+        ``horizon_ms`` (a delivery of the same task id and ``retries`` then does not run),
+        without waiting for the reply."""
+        argv = [pack_owner(task_id), retries, horizon_ms]
+        with reraise_unavailable("end_latest", keys.call):
+            self._run.send(self._end_latest, [keys.latest, keys.ran], argv)
 
     def _remember(self, key: str, reply: bytes, tracked_at: float) -> Holder:
         holder = read_enqueue(key, reply)

@@ -28,6 +28,7 @@ from .options import SEPARATE_RUN_LOCK, UniqueOptions
 __all__ = [
     "KEY_VERSION",
     "LATEST_SUFFIX",
+    "RAN_SUFFIX",
     "RUN_SUFFIX",
     "Binder",
     "CallKeys",
@@ -52,6 +53,8 @@ KEY_VERSION = b"dedupe-key-v1"
 RUN_SUFFIX = ":run"
 #: The suffix of a call key's latest-arguments hash (:attr:`CallKeys.latest`).
 LATEST_SUFFIX = ":latest"
+#: The suffix of a call key's ended runs (:attr:`CallKeys.ran`).
+RAN_SUFFIX = ":ran"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,13 @@ class CallKeys:
         """The hash of the latest arguments left by the duplicates of a debounced or
         replacing call, one field per task id (same hash tag as the call key)."""
         return self.call + LATEST_SUFFIX
+
+    @property
+    def ran(self) -> str:
+        """The runs of a debounced or replacing call that ended, each a task id and its
+        retry count (no arguments), kept while the broker may deliver their messages again
+        (same hash tag as the call key)."""
+        return self.call + RAN_SUFFIX
 
     @property
     def names(self) -> list[str]:

@@ -42,7 +42,7 @@ from dedupe.runs.run import (
 )
 from dedupe.runs.runtime import Runtime, installed, runtime_of
 from dedupe.store.checks import eviction_risk
-from dedupe.store.replies import Requeue
+from dedupe.store.replies import Requeue, Take
 from dedupe.store.script_runner import land_all
 from dedupe.store.store import Lease
 from dedupe.values.config import SettingReader
@@ -223,9 +223,12 @@ def on_prerun(
     # message deferred before carries the key of its re-publication, not of an acceptance.
     headers = getattr(request, "headers", None)
     accepted = spec.carried and not deferrals_of(headers)
-    latest = (headers or {}).get(LATEST) if spec.carried else None
+    latest = _latest_mode(request, spec)
     if latest == "debounce":
-        early = _look_latest(runtime, task, task_id, spec)
+        early = _look_latest(runtime, task, task_id, request, spec)
+        if early is Take.ENDED:
+            _ended_already(request, spec.keys.run)  # (claims nothing: guard() skips it)
+            return
         if early is not None and not early.due:
             # Before its burst's deadline: claim nothing (the burst goes on), and go again
             # for the deadline, with the latest arguments (guard()).
@@ -235,11 +238,32 @@ def on_prerun(
     attach(request, run)
     if latest and run.verdict == "claimed":
         _take_latest(runtime, task, task_id, request, run)
+    elif (
+        latest == "replace"
+        and run.verdict == "held"
+        and _look_latest(runtime, task, task_id, request, spec) is Take.ENDED
+    ):
+        # Its run ended already. Held off, it would be deferred and wait in line in the
+        # holder's place, the calls made meanwhile its duplicates, leaving their arguments
+        # to a message that never runs them. (Asked only where the key is held.)
+        _ended_already(request, spec.keys.run)
 
 
-def _look_latest(runtime: Runtime, task: Any, task_id: str, spec: RunSpec) -> Latest | None:
+def _latest_mode(request: Any, spec: RunSpec) -> str | None:
+    """``"debounce"`` or ``"replace"``: the run of a call whose duplicates leave their
+    arguments for it (only a message the producer accepted says so); else None."""
+    if not spec.carried:
+        return None
+    mode = (getattr(request, "headers", None) or {}).get(LATEST)
+    return str(mode) if mode else None
+
+
+def _look_latest(
+    runtime: Runtime, task: Any, task_id: str, request: Any, spec: RunSpec
+) -> Latest | Take | None:
+    retries = int(request.retries or 0)
     try:
-        return runtime.store.take_latest(spec.keys, task_id, now=time.time())
+        return runtime.store.take_latest(spec.keys, task_id, retries, now=time.time())
     except RedisUnavailable as exc:
         action = "runs now (its deadline unknown)"
         emit(UNAVAILABLE, task.name, task_id, spec.keys.latest, action=action, error=exc.cause)
@@ -251,10 +275,13 @@ def _take_latest(runtime: Runtime, task: Any, task_id: str, request: Any, run: R
     # is a duplicate of the run, or, unique_until="started", the next call). It takes the
     # last ones left, in place of its message's.
     try:
-        latest = runtime.store.take_latest(run.spec.keys, task_id)
+        latest = runtime.store.take_latest(run.spec.keys, task_id, int(request.retries or 0))
     except RedisUnavailable as exc:
         action = "runs with its message's arguments"
         emit(UNAVAILABLE, task.name, task_id, run.spec.keys.latest, action=action, error=exc.cause)
+        return
+    if latest is Take.ENDED:
+        _ended_already(request, run.spec.keys.run)  # (its claim is freed as it ends)
         return
     if latest is None:
         return
@@ -262,6 +289,25 @@ def _take_latest(runtime: Runtime, task: Any, task_id: str, request: Any, run: R
     run.latest, run.arguments = latest, (args, kwargs)
     # (What Celery reports of the run, and a retry from its body, carry them too.)
     request.args, request.kwargs = args, kwargs
+
+
+# On the request of a message whose run ended already (a redelivery: its ack was lost): the
+# run's key, for guard() to name as it skips the run.
+_ENDED_ALREADY = "_dedupe_ended_already"
+
+
+def _ended_already(request: Any, key: str) -> None:
+    setattr(request, _ENDED_ALREADY, key)
+
+
+def _skip_ended(task: Task[Any, Any], task_id: str, key: str) -> NoReturn:
+    # The broker delivered again the message of a run that ended (a broker cut or a killed
+    # worker lost its ack): running it would be the burst's second run, with its message's
+    # own arguments, the burst's first call's. Its result is the ended run's (kept: nothing
+    # is stored); Ignore acks the message. A claim it made is released as it ends.
+    reason = "its run ended already (the message was delivered again)"
+    emit(SKIPPED, task.name, task_id, key, None, reason=reason)
+    raise Ignore()
 
 
 def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec, accepted: bool) -> Run:
@@ -356,6 +402,10 @@ def _bare_runtime(app: Any) -> Runtime:
 def guard(task: Task[Any, Any], task_id: str) -> None:
     """Stop a run whose key another run holds: skip it (Ignore) or try it again later."""
     request = task.request
+    ended = getattr(request, _ENDED_ALREADY, None)
+    if ended is not None:
+        setattr(request, _ENDED_ALREADY, None)
+        _skip_ended(task, task_id, ended)
     limits.wait_turn(task)
     run = run_of(request)
     if run is not None and run.verdict == "early":
@@ -402,7 +452,8 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
         reason = f"gave up after {deferrals} deferrals (dedupe_max_deferrals)"
     else:
         reason = "on_running='skip'"
-    emit(SKIPPED, task.name, task_id, spec.keys.run, holder)
+    held_by = f"{holder.task_id} is {holder.state}"
+    emit(SKIPPED, task.name, task_id, spec.keys.run, holder, reason=held_by)
     _store_skipped(task, request, task_id, holder, reason)
     raise Ignore()
 
@@ -560,16 +611,27 @@ def _release(runtime: Runtime, task: Any, task_id: str, run: Run, *, wait: bool)
     when it has come (:func:`_land_release`)."""
     keys = run.spec.keys
     try:
+        if _latest_mode(task.request, run.spec):
+            # (Sent first: a release waited for lands it too, before the result and the ack.)
+            _send_end_latest(runtime, task.request, task_id, run)
         if wait:
             runtime.store.release(keys, task_id, run.token)
         else:
             runtime.store.send_release(keys, task_id, run.token)
-        if run.latest is not None:
-            runtime.store.send_drop_taken(keys, task_id)  # (kept for a resend of the take)
     except RedisUnavailable as exc:
         emit(UNAVAILABLE, task.name, task_id, keys.run, action=_NOT_FREED, error=exc.cause)
     else:
         emit(RELEASED, task.name, task_id, keys.run)
+
+
+def _send_end_latest(runtime: Runtime, request: Any, task_id: str, run: Run) -> None:
+    # The take kept for a resend goes, and the run's tombstone stays for as long as the broker
+    # may deliver its message again: that delivery finds it, and does not run the burst twice
+    # (a run killed before this point has none, and runs again with the take it kept).
+    spec = run.spec
+    horizon_ms = milliseconds(horizon(runtime.redis_redelivery, spec.lease, spec.ttl))
+    retries = int(request.retries or 0)
+    runtime.store.send_end_latest(spec.keys, task_id, retries, horizon_ms)
 
 
 #: What a run's end did not do, when Redis could not be reached.

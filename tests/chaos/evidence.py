@@ -550,6 +550,8 @@ class Checks:
         for line in self.e.keys_left:
             if LATEST_LEFT in line or _limit_key(line):
                 continue  # (no record: the debounced and limited rows judge it)
+            if ENDED_LEFT in line:
+                continue  # (a tombstone: no record, no arguments; it lives its horizon)
             holder = re.search(r" held by (\S+)$", line)
             (transport if holder and holder.group(1) in lost else ours).append(line)
         return _ours_and_kombus(
@@ -1334,6 +1336,9 @@ class Checks:
 #: TAKEN, the hash's field of the last take (take_latest.lua).
 LATEST_LEFT = " latest arguments of "
 TAKEN = " (taken)"
+#: The form of a run's tombstone in the keys left (end_latest.lua): it holds no key, and
+#: lives for its message's redelivery horizon by design.
+ENDED_LEFT = " ended run of "
 
 
 def _limit_key(line: str) -> str:

@@ -42,11 +42,22 @@ from kombu import Connection
 from dedupe import events
 from dedupe.demo.server import RedisServer
 from dedupe.errors import RecordFormatError
-from dedupe.values.keys import LATEST_SUFFIX
+from dedupe.values.keys import LATEST_SUFFIX, RAN_SUFFIX
 from dedupe.values.record import Holder, unpack_owner
 from tests.helpers import LOGDIR, ProcessGroup, WorkerProcess, free_port, keys_with_prefix
 
-from .evidence import TAKEN, Call, Checks, Evidence, Fault, Row, _limit_key, failed, table
+from .evidence import (
+    ENDED_LEFT,
+    TAKEN,
+    Call,
+    Checks,
+    Evidence,
+    Fault,
+    Row,
+    _limit_key,
+    failed,
+    table,
+)
 
 AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
 AMQP_URL = f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}//"
@@ -299,7 +310,9 @@ class RedisBroker(Broker):
 def _keys_left(client: redis.Redis, key: bytes) -> list[str]:
     """``<key> ttl <s>s held by <task id>`` for a record (the form
     :meth:`Checks.keys_left_rows` reads); ``<key> ttl <s>s latest arguments of <task id>``
-    for each field of a latest-arguments hash; ``<key> (<type>) ttl <s>s`` for any other."""
+    for each field of a latest-arguments hash; ``<key> ttl <s>s ended run of <task id> retries
+    <n>`` for each tombstone of a debounced or replacing run (end_latest.lua);
+    ``<key> (<type>) ttl <s>s`` for any other."""
     kind = client.type(key).decode()
     if kind == "string":
         return [_key_left(client, key)]
@@ -315,6 +328,12 @@ def _keys_left(client: redis.Redis, key: bytes) -> list[str]:
                 + (TAKEN if taken else "")
             )
         return lines
+    if kind == "zset" and name.endswith(RAN_SUFFIX):
+        ended = [msgpack.unpackb(raw, raw=True) for raw in client.zrange(key, 0, -1)]
+        return [
+            f"{name} {_ttl(pttl)}{ENDED_LEFT}{unpack_owner(owner)} retries {retries}"
+            for owner, retries in ended
+        ]
     if kind == "zset":
         # (The limits' sets: evidence.Checks.limits_left_rows reads these lines.)
         seconds, micro = client.time()
@@ -342,7 +361,7 @@ def _waits(line: str) -> bool:
     """A line of the keys left that says work is still to come: a record, a place in a
     limited key's line, a slot whose lease runs (a run still on, or a killed run's lease:
     at most ``lease`` seconds), a rated key's start reserved for later."""
-    if " latest arguments of " in line:
+    if " latest arguments of " in line or ENDED_LEFT in line:
         return False
     suffix = _limit_key(line)
     if suffix == ":slots":

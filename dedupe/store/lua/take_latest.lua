@@ -2,11 +2,15 @@
 -- left (enqueue_latest.lua), or, debounced, learns that it came before its deadline.
 --
 -- KEYS[1]  the call's latest-arguments hash
+-- KEYS[2]  the call's ended runs (end_latest.lua's tombstones)
 -- ARGV[1]  owner (packed task id)
 -- ARGV[2]  now, seconds (the worker's clock): only look (nothing is taken), and say whether
 --          the deadline passed; 0: take the arguments (the run claimed its key)
+-- ARGV[3]  the delivery's retry count (request.retries)
 --
 -- Returns
+--   {2}              this task id's run of this retry count has ended already: the message
+--                    is delivered again (its ack was lost), and must not run again
 --   nil              nothing was left for this task id: the message's own arguments stand
 --   {1, entry}       taken (or, when looking, due): entry is msgpack {first, deadline, args}
 --   {0, entry}       looking, and the deadline has not come: the message is early
@@ -15,6 +19,10 @@
 -- that the same take sent again (its reply lost with its connection) answers as it did:
 -- only the key's one claimed run takes, so the last take is the only one to keep.
 local now = tonumber(ARGV[2])
+local ended = redis.call('ZSCORE', KEYS[2], cmsgpack.pack({ARGV[1], tonumber(ARGV[3])}))
+if ended and tonumber(ended) > server_ms() then
+  return {2}
+end
 local entry = redis.call('HGET', KEYS[1], ARGV[1])
 if not entry then
   local taken = now == 0 and redis.call('HGET', KEYS[1], 'taken')
