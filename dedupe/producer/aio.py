@@ -62,6 +62,9 @@ async def _decide(prepared: PreparedCall) -> DedupeResult:
                 # another run of the task id.
                 token = prepared.token if prepared.token is not None else NO_RUN
                 outcome = await store.requeue(*prepared.requeue_arguments(token))
+            elif prepared.latest is not None:
+                keys, provisional, ttl_ms = prepared.enqueue_arguments()
+                outcome = await store.enqueue_latest(keys, provisional, ttl_ms, prepared.latest)
             else:
                 outcome = await store.enqueue(*prepared.enqueue_arguments())
         except RedisUnavailable as exc:

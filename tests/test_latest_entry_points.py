@@ -1,0 +1,95 @@
+"""debounce and on_duplicate="replace" through every producer entry point: a duplicate made
+through apply_many, aapply_many or aapply_async (and the task methods on them) leaves its
+arguments for the holder's run, as one made through delay does; calls of one key within one
+batch collapse, the last one's arguments winning. Real Redis, a real prefork worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+import dedupe
+from dedupe.producer.guard import keys_of_call
+from dedupe.runs.runtime import runtime_of
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefork_worker")]
+
+
+def test_a_batch_duplicate_of_a_debounced_call_leaves_its_arguments_for_the_run(
+    worker_app: Any, tag: str
+) -> None:
+    first = worker_app.debounced.delay(tag, 0)
+    [again] = dedupe.apply_many(worker_app.debounced, [((tag, 1), {})])
+    assert (again.deduplicated, again.id) == (True, first.id)
+    assert first.get(timeout=20) == 1
+    time.sleep(1.5)  # (a second run would have started by now)
+    assert worker_app.values_run(tag) == [(first.id, "1")]
+
+
+def test_calls_of_one_debounced_key_in_one_batch_run_once_with_the_last_ones_arguments(
+    worker_app: Any, tag: str
+) -> None:
+    results = worker_app.debounced.map_unique([(tag, value) for value in range(4)])
+    assert [result.deduplicated for result in results] == [False, True, True, True]
+    assert {result.id for result in results} == {results[0].id}
+    assert results[0].get(timeout=20) == 3
+    time.sleep(1.5)
+    assert worker_app.values_run(tag) == [(results[0].id, "3")]
+
+
+def test_a_batch_duplicate_moves_the_debounce_deadline(worker_app: Any, tag: str) -> None:
+    task = worker_app.debounced
+    first = task.delay(tag, 0)
+    made = time.time()
+    dedupe.apply_many(task, [((tag, 1), {})])
+    _, keys = keys_of_call(task, (tag, 0), None, None, {})
+    latest = runtime_of(worker_app.app).store.take_latest(keys, first.id, now=made)
+    assert latest is not None
+    assert latest.deadline >= made + 1.0  # (debounce=1: a second after the batch's call)
+
+
+def test_a_burst_made_through_aapply_async_runs_once_with_the_last_arguments_under_one_id(
+    worker_app: Any, tag: str
+) -> None:
+    async def burst() -> list[dedupe.DedupeResult]:
+        results = []
+        for value in range(6):
+            results.append(await dedupe.aapply_async(worker_app.debounced, args=(tag, value)))
+            await asyncio.sleep(0.1)
+        return results
+
+    results = asyncio.run(burst())
+    assert [result.deduplicated for result in results] == [False] + [True] * 5
+    assert {result.id for result in results} == {results[0].id}
+    assert results[0].get(timeout=20) == 5
+    time.sleep(1.5)
+    assert worker_app.values_run(tag) == [(results[0].id, "5")]
+
+
+def test_a_queued_call_replaced_by_async_calls_runs_with_the_last_replacements_arguments(
+    worker_app: Any, tag: str
+) -> None:
+    first = worker_app.replaced.apply_async((tag, 0), countdown=2)
+
+    async def replacements() -> list[dedupe.DedupeResult]:
+        return [await worker_app.replaced.adelay_unique(tag, value) for value in range(1, 9)]
+
+    later = asyncio.run(replacements())
+    assert [(result.deduplicated, result.id) for result in later] == [(True, first.id)] * 8
+    assert first.get(timeout=20) == 8
+    time.sleep(1)
+    assert worker_app.values_run(tag) == [(first.id, "8")]
+
+
+def test_a_queued_call_replaced_through_an_async_batch_runs_with_the_last_replacement(
+    worker_app: Any, tag: str
+) -> None:
+    first = worker_app.replaced.apply_async((tag, 0), countdown=1)
+    batch = asyncio.run(dedupe.aapply_many(worker_app.replaced, [((tag, 1), {}), ((tag, 2), {})]))
+    assert [(result.deduplicated, result.id) for result in batch] == [(True, first.id)] * 2
+    assert first.get(timeout=20) == 2
+    time.sleep(1)
+    assert worker_app.values_run(tag) == [(first.id, "2")]
