@@ -31,6 +31,7 @@ from dedupe.values.record import Holder
 from .call import Call, publisher_for, resolve_task
 from .call_sender import CallSender
 from .guard import PreparedCall, forget_result, publish_prepared
+from .limited_calls import is_limited, publish_limited_many
 from .publish_seam import declaring_once, pushing_through_many, within_budget
 from .record_state import RecordState
 from .result import DedupeResult
@@ -53,7 +54,10 @@ def apply_many(
 
     ``calls`` holds ``(args, kwargs)`` pairs; ``options`` are Celery's apply_async options
     and the dedup call options, the same for every call (no ``task_id``: each call gets its
-    own).
+    own). A debounced or replacing call that is a duplicate leaves its arguments for the
+    holder's run, as its ``delay`` would (calls of one key in the batch: the last one's).
+    A task with ``key_concurrency`` or ``key_rate_limit`` deduplicates nothing: each call
+    takes its place in line (or reserves its start) and is published, in call order.
 
     .. code-block:: python
 
@@ -72,6 +76,8 @@ def apply_many(
     ]
     if not batch:
         return []
+    if is_limited(batch[0]):
+        return publish_limited_many(batch)
     # Calls of one task with the same options: prepared alike, but for their arguments.
     first = PreparedCall(batch[0], decide_first=True)
     shape = first.shape
