@@ -164,12 +164,12 @@ def _decide(
     each leaving its arguments as it would alone: the last one's are what the run takes.
     Returns the accepted leaders; the duplicates' results are set."""
     runtime: Runtime = prepared[leaders[0]].runtime
-    store = runtime.store
     plain = [index for index in leaders if prepared[index].latest is None]
     leaving = [index for index in followers if prepared[index].latest is not None]
     latest = sorted([index for index in leaders if prepared[index].latest is not None] + leaving)
     outcomes: dict[int, Holder | None] = {}
     try:
+        store = runtime.store  # (made on first use: a Cluster no node of which answers)
         if plain:
             calls = [prepared[index].enqueue_arguments() for index in plain]
             outcomes.update(zip(plain, store.enqueue_many(calls), strict=True))
