@@ -10,10 +10,12 @@ import time
 from typing import Any
 
 import pytest
+from celery import Celery
 
 import dedupe
 from dedupe.producer.guard import keys_of_call
 from dedupe.runs.runtime import runtime_of
+from dedupe.values.latest import unpack_arguments
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefork_worker")]
 
@@ -99,3 +101,37 @@ def test_a_queued_call_replaced_through_an_async_batch_runs_with_the_last_replac
     assert first.get(timeout=20) == 2
     time.sleep(1)
     assert worker_app.values_run(tag) == [(first.id, "2")]
+
+
+@pytest.fixture
+def replacing(app: Celery) -> Any:
+    @app.task(
+        shared=False, base=dedupe.DedupeTask, unique=True, unique_on=("x",), on_duplicate="replace"
+    )
+    def replacing(x: int, value: int) -> None: ...
+
+    return replacing
+
+
+def _left_for(task: Any, task_id: str) -> Any:
+    """The arguments the duplicates of ``task_id``'s call (``x=1``) left for its run."""
+    runtime, keys = keys_of_call(task, (1, 0), None, None, {})
+    latest = runtime.store.take_latest(keys, task_id)
+    return None if latest is None else unpack_arguments(latest.body)
+
+
+def test_a_batchs_calls_of_one_replacing_key_leave_the_last_ones_arguments_on_any_broker(
+    replacing: Any,
+) -> None:
+    results = dedupe.apply_many(replacing, [((1, value), {}) for value in range(3)])
+    assert [result.deduplicated for result in results] == [False, True, True]
+    assert _left_for(replacing, results[0].id) == ([1, 2], {})
+
+
+def test_an_async_duplicate_of_a_replacing_call_leaves_its_arguments_on_any_broker(
+    replacing: Any,
+) -> None:
+    first = replacing.apply_async((1, 0), countdown=60)
+    again = asyncio.run(dedupe.aapply_async(replacing, args=(1, 1)))
+    assert (again.deduplicated, again.id) == (True, first.id)
+    assert _left_for(replacing, first.id) == ([1, 1], {})
