@@ -5,7 +5,9 @@ points that deduplicate other tasks' calls (``dedupe.apply_many``, ``aapply_many
 reserved, then its message sent. Nothing is deduplicated: every call is accepted.
 
 A batch's calls go one after the other, in call order (the order of their places, or of
-their starts): each takes its place in its own round trip, as a ``delay`` does.
+their starts): each takes its place in its own round trip, as a ``delay`` does. Not
+pipelined: publish_limited prepares, reserves and publishes in one function, and a batch
+that reserved first would need a copy of its preparation (keys, header, the place's ttl).
 """
 
 from __future__ import annotations
