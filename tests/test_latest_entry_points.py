@@ -135,3 +135,14 @@ def test_an_async_duplicate_of_a_replacing_call_leaves_its_arguments_on_any_brok
     again = asyncio.run(dedupe.aapply_async(replacing, args=(1, 1)))
     assert (again.deduplicated, again.id) == (True, first.id)
     assert _left_for(replacing, first.id) == ([1, 1], {})
+
+
+def test_a_keys_last_call_in_a_later_chunk_of_a_large_batch_leaves_its_arguments(
+    replacing: Any,
+) -> None:
+    # (A batch is decided 256 calls per script: the key's first call and its last are in
+    # two scripts of one round trip.)
+    calls = [((1, 0), {}), *(((x, 0), {}) for x in range(2, 300)), ((1, 299), {})]
+    results = dedupe.apply_many(replacing, calls)
+    assert (results[-1].deduplicated, results[-1].id) == (True, results[0].id)
+    assert _left_for(replacing, results[0].id) == ([1, 299], {})
