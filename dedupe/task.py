@@ -178,6 +178,8 @@ class DedupeTask(AnyTask):
             results = report.map_unique([("2026-11-22",), ("2026-11-23",)], queue="reports")
         """
         options.pop("unique", None)
+        if self._limited():
+            raise ConfigurationError(_never_unique(self.name))
         return apply_many(self, [(args, {}) for args in arguments], **options)
 
     async def amap_unique(
@@ -185,6 +187,8 @@ class DedupeTask(AnyTask):
     ) -> list[DedupeResult]:
         """:meth:`map_unique` for asyncio code."""
         options.pop("unique", None)
+        if self._limited():
+            raise ConfigurationError(_never_unique(self.name))
         return await aapply_many(self, [(args, {}) for args in arguments], **options)
 
     async def aapply_async_unique(
@@ -200,6 +204,8 @@ class DedupeTask(AnyTask):
             result = await report.aapply_async_unique(args=("2026-11-22",))
         """
         options.pop("unique", None)
+        if self._limited():
+            raise ConfigurationError(_never_unique(self.name))
         return await apublish_unique(self._call(args, kwargs, options))
 
     async def adelay_unique(self, *args: Any, **kwargs: Any) -> DedupeResult:
@@ -260,7 +266,8 @@ def _never_unique(name: str) -> str:
     return (
         f"task {name!r}: a task with key_concurrency or key_rate_limit accepts every call "
         f"(each runs in turn); it is never deduplicated: call delay/apply_async, without "
-        f"unique=True or *_unique"
+        f"unique=True or *_unique (for a batch, or from asyncio code: dedupe.apply_many, "
+        f"dedupe.aapply_many, dedupe.aapply_async, which publish each call in turn)"
     )
 
 

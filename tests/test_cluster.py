@@ -27,7 +27,9 @@ from dedupe.beat import DedupeScheduler
 from dedupe.cli import dedupe as dedupe_cli
 from dedupe.demo.server import find_redis_server
 from dedupe.producer.guard import keys_of_call
+from dedupe.runs.runtime import runtime_of
 from dedupe.store.checks import eviction_risk
+from dedupe.values.latest import unpack_arguments
 from dedupe.values.urls import cluster_target
 
 from .conftest import in_process_worker
@@ -212,6 +214,28 @@ def test_a_batch_decides_calls_on_every_master(job: Any, cluster: ClusterSet) ->
     )
     assert results[0].id == held.id
     assert [r.id for r in results[len(args) :]] == [r.id for r in results[: len(args)]]
+
+
+def test_a_replacing_batch_leaves_each_keys_last_arguments_on_every_master(
+    cluster_app: Celery, cluster: ClusterSet
+) -> None:
+    @cluster_app.task(
+        shared=False, base=dedupe.DedupeTask, unique=True, unique_on=("x",), on_duplicate="replace"
+    )
+    def replaced(x: int, value: int = 0) -> None: ...
+
+    args = _args_on_every_master(replaced, cluster, per_master=1)
+    first = [replaced.delay(x, 0) for x in args]
+    batch = dedupe.apply_many(replaced, [((x, value), {}) for value in (1, 2) for x in args])
+    assert [r.id for r in batch] == [r.id for r in first] * 2
+    store = runtime_of(cluster_app).store
+    left = [
+        store.take_latest(keys_of_call(replaced, (x, 0), None, None, {})[1], result.id)
+        for x, result in zip(args, first, strict=True)
+    ]
+    assert [unpack_arguments(latest.body) if latest else None for latest in left] == [
+        ([x, 2], {}) for x in args
+    ]
 
 
 def test_runs_claim_and_free_their_keys_on_every_master(

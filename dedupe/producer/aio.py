@@ -26,6 +26,7 @@ from dedupe.values.generics import TaskOrName
 from dedupe.values.record import Holder
 
 from .guard import Call, PreparedCall, keys_of_call
+from .limited_calls import apublish_limited, is_limited
 from .result import DedupeResult
 
 __all__ = ["aapply_async", "alookup", "apublish_unique"]
@@ -43,6 +44,8 @@ async def apublish_unique(call: Call) -> DedupeResult:
     publish after freeing its key (a second task), or leave a provisional record that makes
     calls duplicates of a task that never runs until it expires.
     """
+    if is_limited(call):
+        return await apublish_limited(call)
     prepared = PreparedCall(call)
     if prepared.kind == "eager":
         return await asyncio.to_thread(prepared.publish)
@@ -62,6 +65,9 @@ async def _decide(prepared: PreparedCall) -> DedupeResult:
                 # another run of the task id.
                 token = prepared.token if prepared.token is not None else NO_RUN
                 outcome = await store.requeue(*prepared.requeue_arguments(token))
+            elif prepared.latest is not None:
+                keys, provisional, ttl_ms = prepared.enqueue_arguments()
+                outcome = await store.enqueue_latest(keys, provisional, ttl_ms, prepared.latest)
             else:
                 outcome = await store.enqueue(*prepared.enqueue_arguments())
         except RedisUnavailable as exc:
@@ -85,7 +91,9 @@ async def aapply_async(
     app: Celery | None = None,
     **options: Any,
 ) -> DedupeResult:
-    """:func:`dedupe.apply_async`, awaitable: the producer guard for async views.
+    """:func:`dedupe.apply_async`, awaitable: the producer guard for async views. A call of
+    a task with ``key_concurrency`` or ``key_rate_limit`` is published as its ``delay``
+    would be (its place in line, or its start, then its message), in the default executor.
 
     .. code-block:: python
 

@@ -24,12 +24,14 @@ from celery import Celery
 from dedupe.errors import ConfigurationError, RedisUnavailable
 from dedupe.runs.runtime import Runtime
 from dedupe.store.replies import Push
+from dedupe.store.store import LatestCall
 from dedupe.values.generics import TaskOrName
 from dedupe.values.record import Holder
 
 from .call import Call, publisher_for, resolve_task
 from .call_sender import CallSender
 from .guard import PreparedCall, forget_result, publish_prepared
+from .limited_calls import is_limited, publish_limited_many
 from .publish_seam import declaring_once, pushing_through_many, within_budget
 from .record_state import RecordState
 from .result import DedupeResult
@@ -52,7 +54,10 @@ def apply_many(
 
     ``calls`` holds ``(args, kwargs)`` pairs; ``options`` are Celery's apply_async options
     and the dedup call options, the same for every call (no ``task_id``: each call gets its
-    own).
+    own). A debounced or replacing call that is a duplicate leaves its arguments for the
+    holder's run, as its ``delay`` would (calls of one key in the batch: the last one's).
+    A task with ``key_concurrency`` or ``key_rate_limit`` deduplicates nothing: each call
+    takes its place in line (or reserves its start) and is published, in call order.
 
     .. code-block:: python
 
@@ -71,6 +76,8 @@ def apply_many(
     ]
     if not batch:
         return []
+    if is_limited(batch[0]):
+        return publish_limited_many(batch)
     # Calls of one task with the same options: prepared alike, but for their arguments.
     first = PreparedCall(batch[0], decide_first=True)
     shape = first.shape
@@ -134,7 +141,7 @@ def _publish_prepared(prepared: list[PreparedCall]) -> list[DedupeResult]:
             followers.append((index, first))
     holders: dict[int, Holder] = {}
     if leaders:
-        accepted = _decide(prepared, leaders, results, holders)
+        accepted = _decide(prepared, leaders, [index for index, _ in followers], results, holders)
         _publish_accepted(prepared, accepted, results, holders)
     for index, first in followers:
         holder = holders.get(first) or _holder_of(prepared[first])
@@ -148,14 +155,28 @@ def _publish_prepared(prepared: list[PreparedCall]) -> list[DedupeResult]:
 def _decide(
     prepared: list[PreparedCall],
     leaders: list[int],
+    followers: list[int],
     results: list[DedupeResult | None],
     holders: dict[int, Holder],
 ) -> list[int]:
-    """The first round trip: enqueue every leader's provisional record. Returns the
-    accepted leaders; the duplicates' results are set."""
+    """The first round trip: enqueue every leader's provisional record. A debounced or
+    replacing call's followers (later calls of its key) go with the leaders, in call order,
+    each leaving its arguments as it would alone: the last one's are what the run takes.
+    Returns the accepted leaders; the duplicates' results are set."""
     runtime: Runtime = prepared[leaders[0]].runtime
+    plain = [index for index in leaders if prepared[index].latest is None]
+    leaving = [index for index in followers if prepared[index].latest is not None]
+    latest = sorted([index for index in leaders if prepared[index].latest is not None] + leaving)
+    outcomes: dict[int, Holder | None] = {}
     try:
-        outcomes = runtime.store.enqueue_many([prepared[i].enqueue_arguments() for i in leaders])
+        store = runtime.store  # (made on first use: a Cluster no node of which answers)
+        if plain:
+            calls = [prepared[index].enqueue_arguments() for index in plain]
+            outcomes.update(zip(plain, store.enqueue_many(calls), strict=True))
+        if latest:
+            outcomes.update(
+                zip(latest, store.enqueue_latest_many(_latest_calls(prepared, latest)), strict=True)
+            )
     except RedisUnavailable as exc:
         for index in leaders:
             prepared[index].first_write_failed(exc)  # raises under dedupe_on_redis_error=raise
@@ -163,11 +184,12 @@ def _decide(
             results[index] = prepared[index].publish_unrecorded()
         return []
     except BaseException:
-        for index in leaders:
+        for index in [*leaders, *leaving]:
             prepared[index].withdraw_first_write()
         raise
     accepted = []
-    for index, outcome in zip(leaders, outcomes, strict=True):
+    for index in leaders:
+        outcome = outcomes[index]
         duplicate = prepared[index].first_write_done(outcome)
         if duplicate is None:
             accepted.append(index)
@@ -175,7 +197,23 @@ def _decide(
             assert outcome is not None
             holders[index] = outcome
             results[index] = duplicate
+    for index in leaving:
+        if outcomes[index] is None:
+            # Decided before its key's first call (a Cluster runs a redirected call again
+            # after the others): its own record goes, and it answers as its first call's
+            # duplicate.
+            prepared[index].first_write_done(None)
+            prepared[index].cancel_record()
     return accepted
+
+
+def _latest_calls(prepared: list[PreparedCall], indices: list[int]) -> list[LatestCall]:
+    calls = []
+    for index in indices:
+        call = prepared[index]
+        assert call.latest is not None
+        calls.append((*call.enqueue_arguments(), call.latest))
+    return calls
 
 
 def _publish_accepted(

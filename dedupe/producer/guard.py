@@ -116,7 +116,8 @@ class CallShape:
             raise ConfigurationError(
                 f"task {call.task_name!r}: a task with key_concurrency or key_rate_limit "
                 f"accepts every call (each runs in turn); it is never deduplicated: call its "
-                f"delay/apply_async"
+                f"delay/apply_async (dedupe.apply_many, aapply_many and aapply_async also "
+                f"publish its calls in turn)"
             )
         #: The task's own ``expires`` (a call's ``expires`` option comes first).
         self.task_expires: Any = getattr(call.task, "expires", None)

@@ -14,9 +14,11 @@ from typing import Any, TypeVar
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import FullJitterBackoff
+from redis.commands.core import AsyncScript
 
 from dedupe.values import defaults
 from dedupe.values.keys import CallKeys
+from dedupe.values.latest import LatestWrite
 from dedupe.values.record import Holder, pack_owner
 from dedupe.values.urls import SENTINEL_OPTIONS
 
@@ -40,6 +42,7 @@ class AsyncStore:
         self.client = client
         self._budget = budget or None
         self._enqueue = client.register_script(script_text("enqueue"))
+        self._enqueue_latest = client.register_script(script_text("enqueue_latest"))
         self._requeue = client.register_script(script_text("requeue"))
         self._cancel = client.register_script(script_text("cancel"))
 
@@ -81,17 +84,29 @@ class AsyncStore:
             ) from None
 
     async def enqueue(self, keys: CallKeys, record: bytes, ttl_ms: int) -> Holder | None:
+        return await self._decide(self._enqueue, keys, [keys.call], [record, ttl_ms])
+
+    async def enqueue_latest(
+        self, keys: CallKeys, record: bytes, ttl_ms: int, latest: LatestWrite
+    ) -> Holder | None:
+        """:meth:`dedupe.store.store.Store.enqueue_latest`: a duplicate leaves ``latest``."""
+        args = [record, ttl_ms, *latest.argv()]
+        return await self._decide(self._enqueue_latest, keys, [keys.call, keys.latest], args)
+
+    async def _decide(
+        self, script: AsyncScript, keys: CallKeys, names: list[str], args: list[Any]
+    ) -> Holder | None:
+        """Run an enqueue script (its marker key after ``names`` while the barrier is armed;
+        the records restored and the script run again if the store lost its data)."""
         barrier = self.barrier if self.barrier is not None and self.barrier.armed() else None
-        marked = [keys.call, barrier.marker] if barrier else [keys.call]
+        marked = [*names, barrier.marker] if barrier else names
         with reraise_unavailable("enqueue", keys.call):
-            reply = await self._within_budget(self._enqueue(keys=marked, args=[record, ttl_ms]))
+            reply = await self._within_budget(script(keys=marked, args=args))
         if barrier is not None and not_decided(reply):
             # The restore reads the broker through kombu, which blocks: not on the loop.
             await asyncio.to_thread(barrier.restore)
             with reraise_unavailable("enqueue", keys.call):
-                reply = await self._within_budget(
-                    self._enqueue(keys=[keys.call], args=[record, ttl_ms])
-                )
+                reply = await self._within_budget(script(keys=names, args=args))
         return read_enqueue(keys.call, reply)
 
     async def requeue(

@@ -57,6 +57,8 @@ from .script_runner import Reply
 
 __all__ = [
     "DataLossBarrier",
+    "EnqueueCall",
+    "LatestCall",
     "Lease",
     "PendingPush",
     "Restoration",
@@ -204,6 +206,7 @@ class Store:
         self._publish = self._register("publish")
         self._confirm = self._register("confirm")
         self._enqueue_latest = self._register("enqueue_latest")
+        self._enqueue_latest_many = self._register("enqueue_latest_many")
         self._publish_latest = self._register("publish_latest")
         self._take_latest = self._register("take_latest")
         self._end_latest = self._register("end_latest")
@@ -324,42 +327,63 @@ class Store:
         )
         return remembered
 
-    def enqueue_many(self, calls: Sequence[tuple[CallKeys, bytes, int]]) -> list[Holder | None]:
+    def enqueue_many(self, calls: Sequence[EnqueueCall]) -> list[Holder | None]:
         """:meth:`enqueue` for many calls in one round trip; the answers in order. On one
         server, ``enqueue_many.lua`` decides up to ``_ENQUEUE_CHUNK`` calls per script (half
         the cost of a script per call); on a Cluster each call goes to its own slot's master."""
+        return self._enqueue_all(
+            calls, self._enqueue, self._enqueue_many, _enqueue_call, _enqueue_many_call
+        )
+
+    def enqueue_latest_many(self, calls: Sequence[LatestCall]) -> list[Holder | None]:
+        """:meth:`enqueue_latest` for many calls in one round trip, decided in order (a
+        later call of a key leaves its arguments for the earlier call's run); the answers in
+        order. Chunked as :meth:`enqueue_many` (``enqueue_latest_many.lua``)."""
+        return self._enqueue_all(
+            calls,
+            self._enqueue_latest,
+            self._enqueue_latest_many,
+            _enqueue_latest_call,
+            _enqueue_latest_many_call,
+        )
+
+    def _enqueue_all(
+        self,
+        calls: Sequence[_Call],
+        single: Script,
+        many: Script,
+        one: Callable[[_Call], tuple[list[Any], list[Any]]],
+        chunk_of: Callable[[Sequence[_Call], str | None], tuple[list[Any], list[Any]]],
+    ) -> list[Holder | None]:
         key = calls[0][0].call if calls else None
         with reraise_unavailable("enqueue", key):
             if self._run.spans_calls:
-                replies = self._enqueue_chunks(calls)
+                replies = self._enqueue_chunks(calls, many, chunk_of)
             else:
-                replies = self._run.call_many(
-                    self._enqueue,
-                    [([keys.call], [record, ttl_ms]) for keys, record, ttl_ms in calls],
-                )
+                replies = self._run.call_many(single, [one(call) for call in calls])
             _raise_first_error(replies)
         return [
-            read_enqueue(keys.call, reply)
-            for (keys, _, _), reply in zip(calls, replies, strict=True)
+            read_enqueue(call[0].call, reply) for call, reply in zip(calls, replies, strict=True)
         ]
 
-    def _enqueue_chunks(self, calls: Sequence[tuple[CallKeys, bytes, int]]) -> list[Any]:
-        # One server: enqueue_many.lua per chunk, all in one round trip; the chunks sent
-        # while the store's data was lost and not restored go again after the restore.
+    def _enqueue_chunks(
+        self,
+        calls: Sequence[_Call],
+        many: Script,
+        chunk_of: Callable[[Sequence[_Call], str | None], tuple[list[Any], list[Any]]],
+    ) -> list[Any]:
+        # One server: a script per chunk, all in one round trip; the chunks sent while the
+        # store's data was lost and not restored go again after the restore.
         chunks = [
             calls[start : start + _ENQUEUE_CHUNK] for start in range(0, len(calls), _ENQUEUE_CHUNK)
         ]
         barrier = self._barrier()
         marker = barrier.marker if barrier else None
-        answers = self._run.call_many(
-            self._enqueue_many, [_enqueue_many_call(chunk, marker) for chunk in chunks]
-        )
+        answers = self._run.call_many(many, [chunk_of(chunk, marker) for chunk in chunks])
         lost = [index for index, answer in enumerate(answers) if not_decided(answer)]
         if lost:
             self._restore_lost(barrier)
-            again = self._run.call_many(
-                self._enqueue_many, [_enqueue_many_call(chunks[index], None) for index in lost]
-            )
+            again = self._run.call_many(many, [chunk_of(chunks[index], None) for index in lost])
             for index, answer in zip(lost, again, strict=True):
                 answers[index] = answer
         return [
@@ -414,26 +438,39 @@ class Store:
 
     def push(self, push: PendingPush) -> Push | Holder:
         """:meth:`publish`, its arguments held in one value."""
-        script = self._publish if push.latest is None else self._publish_latest
         with reraise_unavailable("publish", push.keys.call):
             # (Not sent again once written: pushed, then freed by its run, it would push twice.)
-            reply = self._run(script, *push.script_call(), resend=False)
+            reply = self._run(self._script_of(push), *push.script_call(), resend=False)
         return read_publish(push.keys.call, reply)
 
     def publish_many(self, pushes: Sequence[PendingPush]) -> list[Push | Holder]:
-        """:meth:`publish` for many calls in one round trip; the outcomes in order. (A
-        batch's calls leave no latest arguments: see :meth:`push` for one that does.)"""
-        if any(push.latest is not None for push in pushes):
-            raise ValueError("a batch of pushes cannot leave latest arguments")
+        """:meth:`publish` for many calls in one round trip (two when a batch mixes pushes
+        that leave latest arguments with pushes that do not: a pipeline runs one script);
+        the outcomes in order."""
         key = pushes[0].keys.call if pushes else None
+        replies: list[Any] = [None] * len(pushes)
         with reraise_unavailable("publish", key):
-            replies = self._run.call_many(
-                self._publish, [push.script_call() for push in pushes], resend=False
-            )
+            for script, indices in self._by_script(pushes).items():
+                # (Not sent again once written: pushed, then freed by its run, it would push
+                # twice.)
+                answers = self._run.call_many(
+                    script, [pushes[index].script_call() for index in indices], resend=False
+                )
+                for index, answer in zip(indices, answers, strict=True):
+                    replies[index] = answer
             _raise_first_error(replies)
         return [
             read_publish(push.keys.call, reply) for push, reply in zip(pushes, replies, strict=True)
         ]
+
+    def _by_script(self, pushes: Sequence[PendingPush]) -> dict[Script, list[int]]:
+        groups: dict[Script, list[int]] = {}
+        for index, push in enumerate(pushes):
+            groups.setdefault(self._script_of(push), []).append(index)
+        return groups
+
+    def _script_of(self, push: PendingPush) -> Script:
+        return self._publish if push.latest is None else self._publish_latest
 
     def confirm(self, keys: CallKeys, provisional: bytes, queued: bytes, ttl_ms: int) -> bool:
         """Make a published call's provisional record durable."""
@@ -779,14 +816,49 @@ class PendingPush:
 #: this many, pipelined, so that no script holds the server for long.
 _ENQUEUE_CHUNK = 256
 
+#: One call of :meth:`Store.enqueue_many`: its keys, provisional record and its ttl, ms.
+EnqueueCall = tuple[CallKeys, bytes, int]
+#: One call of :meth:`Store.enqueue_latest_many`: as :data:`EnqueueCall`, and what it leaves
+#: as a duplicate.
+LatestCall = tuple[CallKeys, bytes, int, LatestWrite]
+_Call = TypeVar("_Call", EnqueueCall, LatestCall)
+
+
+def _enqueue_call(call: EnqueueCall) -> tuple[list[Any], list[Any]]:
+    keys, record, ttl_ms = call
+    return [keys.call], [record, ttl_ms]
+
+
+def _enqueue_latest_call(call: LatestCall) -> tuple[list[Any], list[Any]]:
+    keys, record, ttl_ms, latest = call
+    return [keys.call, keys.latest], [record, ttl_ms, *latest.argv()]
+
 
 def _enqueue_many_call(
-    chunk: Sequence[tuple[CallKeys, bytes, int]], marker: str | None
+    chunk: Sequence[EnqueueCall], marker: str | None
 ) -> tuple[list[Any], list[Any]]:
     """The keys and arguments of enqueue_many.lua for a chunk of calls (and the marker key,
     flagged by one more argument)."""
     keys: list[Any] = [keys.call for keys, _, _ in chunk]
     args: list[Any] = [part for _, record, ttl_ms in chunk for part in (record, ttl_ms)]
+    return _marked(keys, args, marker)
+
+
+def _enqueue_latest_many_call(
+    chunk: Sequence[LatestCall], marker: str | None
+) -> tuple[list[Any], list[Any]]:
+    """The keys and arguments of enqueue_latest_many.lua for a chunk of calls (and the
+    marker key, flagged by one more argument)."""
+    keys: list[Any] = []
+    args: list[Any] = []
+    for call in chunk:
+        call_keys, call_args = _enqueue_latest_call(call)
+        keys.extend(call_keys)
+        args.extend(call_args)
+    return _marked(keys, args, marker)
+
+
+def _marked(keys: list[Any], args: list[Any], marker: str | None) -> tuple[list[Any], list[Any]]:
     if marker is not None:
         keys.append(marker)
         args.append(1)

@@ -228,8 +228,8 @@ end
 
 -- enqueue.lua's transition for one call (enqueue_many.lua makes it for many): create the
 -- provisional record if the key is absent; 1 created, 2 these very bytes (a resend), else
--- the holder's answer (see held).
-local function enqueue_call(key, record, ttl)
+-- the holder's answer (see held), after on_held(raw) if given (enqueue_latest.lua's).
+local function enqueue_call(key, record, ttl, on_held)
   local raw = redis.call('GET', key)
   if not raw then
     redis.call('SET', key, record, 'PX', ttl)
@@ -238,5 +238,18 @@ local function enqueue_call(key, record, ttl)
   if raw == record then
     return 2
   end
+  if on_held then
+    on_held(raw)
+  end
   return held(key, raw)
+end
+
+-- enqueue_latest.lua's transition for one call (enqueue_latest_many.lua makes it for many):
+-- enqueue_call's, and a duplicate leaves its arguments for the holder's run (leave_latest).
+-- The strings of `now`, `debounce` and `max_wait` as the scripts get them.
+local function enqueue_latest_call(key, latest_key, record, ttl, arguments, now, debounce, max_wait)
+  return enqueue_call(key, record, ttl, function(raw)
+    leave_latest(key, latest_key, raw, arguments, tonumber(now), tonumber(debounce),
+      tonumber(max_wait))
+  end)
 end

@@ -19,15 +19,4 @@
 if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 0 then
   return 0
 end
-local raw = redis.call('GET', KEYS[1])
-if not raw then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if raw == ARGV[1] then
-  return 2
-end
-leave_latest(
-  KEYS[1], KEYS[2], raw, ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-)
-return held(KEYS[1], raw)
+return enqueue_latest_call(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
