@@ -54,7 +54,7 @@ def test_a_batch_duplicate_moves_the_debounce_deadline(worker_app: Any, tag: str
 def _deadline(worker_app: Any, tag: str, task_id: str) -> float:
     """The deadline the duplicates of ``task_id``'s call left for its run (looked at only)."""
     _, keys = keys_of_call(worker_app.debounced, (tag, 0), None, None, {})
-    latest = runtime_of(worker_app.app).store.take_latest(keys, task_id, now=time.time())
+    latest = runtime_of(worker_app.app).store.take_latest(keys, task_id, 0, now=time.time())
     assert latest is not None
     return latest.deadline
 
@@ -116,7 +116,7 @@ def replacing(app: Celery) -> Any:
 def _left_for(task: Any, task_id: str) -> Any:
     """The arguments the duplicates of ``task_id``'s call (``x=1``) left for its run."""
     runtime, keys = keys_of_call(task, (1, 0), None, None, {})
-    latest = runtime.store.take_latest(keys, task_id)
+    latest = runtime.store.take_latest(keys, task_id, 0)
     return None if latest is None else unpack_arguments(latest.body)
 
 
