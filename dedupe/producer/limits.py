@@ -8,12 +8,15 @@ The run side (a slot, or a start checked again) is :mod:`dedupe.worker.limits`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
-from dedupe.runs.runtime import runtime_of
+from dedupe.runs.runtime import Runtime, runtime_of
 from dedupe.store.store import Store
 from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
@@ -23,7 +26,9 @@ from dedupe.values.options import options_for, pop_call_options
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
 from .call import Call
+from .call_sender import sender_for
 from .guard import new_task_id
+from .publish_seam import LinePlan, pushing_in_line
 from .result import DedupeResult, mark_result
 
 __all__ = ["publish_limited"]
@@ -68,6 +73,11 @@ def publish_limited(call: Call) -> DedupeResult:
         limit = concurrency_of(unique.concurrency, call.task_name, call.args, call.kwargs)
         header = LimitHeader("concurrency", keys.call, limit, 0.0, unique.lease)
     store = runtime.store
+    unavailable = _on_unavailable(runtime, call.task_name, task_id, keys.call)
+    if header.kind == "concurrency" and runtime.one_step:
+        ttl_ms = milliseconds(_place_for(call, unique.ttl, delay, now))
+        plan = LinePlan(lambda: runtime.store, header.keys, task_id, ttl_ms, unavailable)
+        return _publish_in_line(call, header, plan)
     try:
         if header.kind == "rate":
             wait_ms = store.next_start(
@@ -85,15 +95,8 @@ def publish_limited(call: Call) -> DedupeResult:
                 header.keys, task_id, milliseconds(_place_for(call, unique.ttl, delay, now))
             )
     except RedisUnavailable as exc:
-        if runtime.config.on_redis_error == "raise":
-            raise
-        # Published all the same: its run asks again (a run without a place joins the back
-        # of the line; a start is checked at the run either way).
-        action = "is published without its place in line (its run asks for one)"
-        emit(UNAVAILABLE, call.task_name, task_id, keys.call, action=action, error=exc.cause)
-    headers = dict(options.get("headers") or {})
-    headers[LIMIT] = header.encode()
-    options["headers"] = headers
+        unavailable(exc)
+    _add_header(options, header)
     try:
         with publishing():
             sent = call.publish(call.args, call.kwargs, options)
@@ -101,14 +104,59 @@ def publish_limited(call: Call) -> DedupeResult:
         # No message, or none known: the place goes, else it would hold the calls behind
         # it until it lapses. (A reserved start lapses as it passes: a start lost, no more.)
         if header.kind == "concurrency":
-            _leave_line(store, header, task_id)
+            _leave_line(store, header.keys, task_id)
         raise
     return mark_result(sent, deduplicated=False)
 
 
-def _leave_line(store: Store, header: LimitHeader, task_id: str) -> None:
+def _publish_in_line(call: Call, header: LimitHeader, plan: LinePlan) -> DedupeResult:
+    """Publish a call of a task with ``key_concurrency`` on a Redis broker that is the dedup
+    store: its place in line taken with its message, in one round trip (ticket_publish.lua)."""
+    options = call.options
+    _add_header(options, header)
+    given = options.get("producer")
+    # What Celery's producer_or_acquire does: the seam is installed on the producer's channel.
+    acquired = call.app.producer_pool.acquire(block=True) if given is None else None
+    with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
+        options["producer"] = producer
+        try:
+            with pushing_in_line(producer, plan), publishing():
+                sent = (sender_for(call, producer) or call.publish)(call.args, call.kwargs, options)
+        except BaseException:
+            # Only a place taken apart from its push goes: once ticket_publish.lua is sent,
+            # its place and its message are both there or neither.
+            if plan.owns_a_place_alone:
+                _leave_line(plan.store, header.keys, plan.task_id)
+            raise
+    return mark_result(sent, deduplicated=False)
+
+
+def _add_header(options: dict[str, Any], header: LimitHeader) -> None:
+    headers = dict(options.get("headers") or {})
+    headers[LIMIT] = header.encode()
+    options["headers"] = headers
+
+
+def _on_unavailable(
+    runtime: Runtime, task_name: str, task_id: str, key: str
+) -> Callable[[RedisUnavailable], None]:
+    """What a call does when its place or its start cannot be had: raises, or (the policy
+    says so) says it publishes without them."""
+
+    def unavailable(exc: RedisUnavailable) -> None:
+        if runtime.config.on_redis_error == "raise":
+            raise exc
+        # Published all the same: its run asks again (a run without a place joins the back
+        # of the line; a start is checked at the run either way).
+        action = "is published without its place in line (its run asks for one)"
+        emit(UNAVAILABLE, task_name, task_id, key, action=action, error=exc.cause)
+
+    return unavailable
+
+
+def _leave_line(store: Store, keys: Mapping[str, str], task_id: str) -> None:
     try:
-        store.leave_line(header.keys, task_id)
+        store.leave_line(keys, task_id)
     except RedisUnavailable as exc:
         logger.warning("%s keeps its place in line until it lapses: %s", task_id, exc.cause)
 

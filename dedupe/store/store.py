@@ -201,6 +201,7 @@ class Store:
         self._take_latest = self._register("take_latest")
         self._drop_taken = self._register("drop_taken")
         self._ticket = self._register("ticket")
+        self._ticket_publish = self._register("ticket_publish")
         self._slot = self._register("slot")
         self._renew_slot = self._register("renew_slot")
         self._free_slot = self._register("free_slot")
@@ -515,6 +516,29 @@ class Store:
                 self._ticket, [keys["line"], keys["due"], keys["seq"]], [task_id, ttl_ms]
             )
         return _integer("ticket", reply)
+
+    def take_ticket_and_push(
+        self,
+        keys: Mapping[str, str],
+        task_id: str,
+        ttl_ms: int,
+        message: str | bytes,
+        lists: Sequence[str],
+        *,
+        expiring: Sequence[str] = (),
+        expire_ms: int = 0,
+    ) -> int:
+        """:meth:`take_ticket` and the push of the call's message to ``lists``, in one step
+        (ticket_publish.lua): the place and the message both, or neither. Its ticket."""
+        with reraise_unavailable("ticket_publish", keys["line"]):
+            # (Not sent again once written: a second run would push the message twice.)
+            reply = self._run(
+                self._ticket_publish,
+                [keys["line"], keys["due"], keys["seq"], *lists, *expiring],
+                [task_id, ttl_ms, message, len(lists), expire_ms],
+                resend=False,
+            )
+        return _integer("ticket_publish", reply)
 
     def take_slot(
         self,

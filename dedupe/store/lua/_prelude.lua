@@ -195,6 +195,37 @@ local function leave_latest(key, latest_key, raw, arguments, now, debounce, max_
   end
 end
 
+-- Push message to the broker lists KEYS[first .. first + lists - 1], as kombu's Redis
+-- transport pushes it, and extend the expiry of the lists after them (KEYS[first + lists ..],
+-- queues declared with x-expires) to expire_ms.
+local function push_message(first, lists, message, expire_ms)
+  for i = first, first + lists - 1 do
+    redis.call('LPUSH', KEYS[i], message)
+  end
+  for i = first + lists, #KEYS do
+    redis.call('PEXPIRE', KEYS[i], expire_ms)
+  end
+end
+
+-- ticket.lua's transition (ticket_publish.lua's too): the task id takes its place at the
+-- back of its key's line, or keeps the one it has (a re-sent command, the same task id
+-- again); the line's keys live ttl_ms at least. Returns the ticket.
+local function take_ticket(line, due, seq, id, ttl_ms)
+  local now = server_ms()
+  local ticket = redis.call('ZSCORE', line, id)
+  if not ticket then
+    ticket = redis.call('INCR', seq)
+    redis.call('ZADD', line, ticket, id)
+    redis.call('ZADD', due, now + ttl_ms, id)
+  end
+  for _, key in ipairs({line, due, seq}) do
+    if redis.call('PTTL', key) < ttl_ms then
+      redis.call('PEXPIRE', key, ttl_ms)
+    end
+  end
+  return tonumber(ticket)
+end
+
 -- publish.lua's transition (publish_latest.lua's too), on the script's KEYS and ARGV: the
 -- broker lists are KEYS[first .. first + n - 1], the lists to keep alive after them; a
 -- duplicate calls on_held(raw) before it answers with its holder.
@@ -213,13 +244,7 @@ local function publish_call(first, on_held)
   if mine then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   end
-  local lists = tonumber(ARGV[5])
-  for i = first, first + lists - 1 do
-    redis.call('LPUSH', KEYS[i], ARGV[4])
-  end
-  for i = first + lists, #KEYS do
-    redis.call('PEXPIRE', KEYS[i], ARGV[7])
-  end
+  push_message(first, tonumber(ARGV[5]), ARGV[4], ARGV[7])
   if mine then
     return 1
   end
