@@ -1,7 +1,9 @@
 """Flow control per key at the call: a call of a task with ``key_concurrency`` takes its
 place in its key's line; a call of a task with ``key_rate_limit`` reserves the next free
-start of its key, published with the countdown to it. One round trip to the dedup Redis,
-then the publish. Every call is accepted: nothing here refuses or deduplicates.
+start of its key, published with the countdown to it. A place in line goes with its message
+in one round trip on a Redis broker that is the dedup store's server and db (the publish
+seam); else, as a start always does, one round trip to the dedup Redis, then the publish.
+Every call is accepted: nothing here refuses or deduplicates.
 
 The run side (a slot, or a start checked again) is :mod:`dedupe.worker.limits`.
 """
