@@ -42,8 +42,8 @@ _enable_utc = SettingReader("enable_utc")
 
 
 def publish_limited(call: Call) -> DedupeResult:
-    """Publish a call of a limited task: its place in line taken (concurrency) or its start
-    reserved (rate), then its message sent, carrying its key and limit for its run."""
+    """Publish a call of a limited task: its start reserved (rate), its place in line taken
+    (concurrency), its message sent carrying its key and limits for its run."""
     app, options = call.app, call.options
     # A call may name its key's arguments (unique_on, unique_key); the options of dedup are
     # refused by options_for, as on the task.
@@ -68,44 +68,59 @@ def publish_limited(call: Call) -> DedupeResult:
     delay = (
         delay_seconds(countdown, eta, now, enable_utc=_enable_utc(app)) if countdown or eta else 0.0
     )
-    if unique.rate is not None:
-        header = LimitHeader("rate", keys.call, unique.rate.count, unique.rate.period, 0.0)
-    else:
-        assert unique.concurrency is not None
-        limit = concurrency_of(unique.concurrency, call.task_name, call.args, call.kwargs)
+    rate, concurrency = unique.rate, unique.concurrency
+    limit = (
+        None
+        if concurrency is None
+        else concurrency_of(concurrency, call.task_name, call.args, call.kwargs)
+    )
+    if rate is None:
+        assert limit is not None
         header = LimitHeader("concurrency", keys.call, limit, 0.0, unique.lease)
+    elif limit is None:
+        header = LimitHeader("rate", keys.call, rate.count, rate.period, 0.0)
+    else:
+        header = LimitHeader("both", keys.call, limit, rate.period, unique.lease, starts=rate.count)
     store = runtime.store
     unavailable = _on_unavailable(runtime, call.task_name, task_id, keys.call)
-    if header.kind == "concurrency" and runtime.one_step:
-        ttl_ms = milliseconds(_place_for(call, unique.ttl, delay, now))
-        plan = LinePlan(lambda: runtime.store, header.keys, task_id, ttl_ms, unavailable)
-        return _publish_in_line(call, header, plan)
-    try:
-        if header.kind == "rate":
+    if rate is not None:
+        # The start first: its countdown is in the message, and a place waits as long.
+        try:
             wait_ms = store.next_start(
                 header.keys,
                 task_id,
-                header.limit,
-                milliseconds(header.period),
+                rate.count,
+                milliseconds(rate.period),
                 earliest_ms=milliseconds(delay) if delay else 0,
             )
             if wait_ms > milliseconds(delay):
                 options.pop("eta", None)
-                options["countdown"] = wait_ms / 1000
-        else:
-            store.take_ticket(
-                header.keys, task_id, milliseconds(_place_for(call, unique.ttl, delay, now))
-            )
+                options["countdown"] = delay = wait_ms / 1000
+        except RedisUnavailable as exc:
+            unavailable(exc)
+    if not header.holds_slots:
+        return _publish_with(call, header, store, task_id)
+    place_ms = milliseconds(_place_for(call, unique.ttl, delay, now))
+    if runtime.one_step:
+        plan = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
+        return _publish_in_line(call, header, plan)
+    try:
+        store.take_ticket(header.keys, task_id, place_ms)
     except RedisUnavailable as exc:
         unavailable(exc)
-    _add_header(options, header)
+    return _publish_with(call, header, store, task_id)
+
+
+def _publish_with(call: Call, header: LimitHeader, store: Store, task_id: str) -> DedupeResult:
+    """Publish a limited call whose place or start was taken (or could not be)."""
+    _add_header(call.options, header)
     try:
         with publishing():
-            sent = call.publish(call.args, call.kwargs, options)
+            sent = call.publish(call.args, call.kwargs, call.options)
     except BaseException:
         # No message, or none known: the place goes, else it would hold the calls behind
         # it until it lapses. (A reserved start lapses as it passes: a start lost, no more.)
-        if header.kind == "concurrency":
+        if header.holds_slots:
             _leave_line(store, header.keys, task_id)
         raise
     return mark_result(sent, deduplicated=False)
