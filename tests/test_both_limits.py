@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 
+import dedupe
 from dedupe.producer.guard import keys_of_call
 from dedupe.store.store import Store
 from dedupe.values.config import DedupeConfig
@@ -123,3 +125,51 @@ def test_a_run_asking_again_after_it_started_is_still_started(store: Store, tag:
     assert _ask(store, keys, "a") == (0, 0)  # (a re-sent command: one slot, one start)
     assert store.client.zcard(keys["slots"]) == 1
     assert store.client.zcard(keys["starts"]) == 1
+
+
+def test_on_rabbitmq_six_calls_all_run_never_two_at_once_never_more_than_two_starts_a_second(
+    worker_app: Any, rabbitmq_url: str, tag: str
+) -> None:
+    # The call takes its start, then its place, then publishes (no one-step push here).
+    queue = f"both-amqp-{tag}"
+    env = {
+        "DEDUPE_TEST_BROKER": rabbitmq_url,
+        "DEDUPE_TEST_REDIS": worker_app.REDIS,
+        "DEDUPE_TEST_QUEUE": queue,
+    }
+    producer = Celery(
+        "worker_app", broker=rabbitmq_url, backend=worker_app.REDIS, set_as_current=False
+    )
+    producer.conf.update(
+        task_default_queue=queue,
+        dedupe_redis_url=worker_app.REDIS,
+        dedupe_key_prefix=worker_app.PREFIX,
+        broker_transport_options={"confirm_publish": True},
+        broker_connection_retry_on_startup=True,
+    )
+    dedupe.install(producer)
+
+    @producer.task(
+        shared=False,
+        name=worker_app.one_at_once_two_per_second.name,
+        base=dedupe.DedupeTask,
+        unique_on=("tag",),
+        key_concurrency=1,
+        key_rate_limit="2/s",
+    )
+    def one_at_once_two_per_second(tag: str, index: int, seconds: float) -> int: ...
+
+    worker = WorkerProcess(producer, env, concurrency=4)  # (pinged through RabbitMQ)
+    worker.start()
+    try:
+        results = [one_at_once_two_per_second.delay(tag, index, 0.1) for index in range(6)]
+        assert [result.get(timeout=60) for result in results] == list(range(6))
+    finally:
+        worker.stop()
+        with producer.connection_for_write() as connection:
+            connection.default_channel.queue_delete(queue)
+        producer.close()
+    runs = worker_app.runlog(tag).runs()
+    assert len(runs) == 6
+    assert most_at_once(runs) == 1
+    assert most_starts_within([start for _, start, _ in runs], 1.0 - _LOG_LAG) <= 2
