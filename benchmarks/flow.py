@@ -30,6 +30,10 @@ MODES: dict[str, dict[str, Any]] = {
 LIMITS: dict[str, dict[str, Any]] = {
     "key_concurrency=2": {"key_concurrency": 2},
     'key_rate_limit="10/s"': {"key_rate_limit": "10/s"},
+    'key_concurrency=2 with key_rate_limit="10/s"': {
+        "key_concurrency": 2,
+        "key_rate_limit": "10/s",
+    },
 }
 
 

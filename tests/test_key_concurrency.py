@@ -176,7 +176,10 @@ def _pids(worker_app: Any, tag: str) -> list[int]:
         ({"key_concurrency": 2, "unique_until": "started"}, "unique_until has no meaning"),
         ({"key_concurrency": 2, "debounce": 1}, "debounce has no meaning"),
         ({"key_concurrency": 2, "on_duplicate": "replace"}, "on_duplicate has no meaning"),
-        ({"key_concurrency": 2, "key_rate_limit": "2/s"}, "keep one"),
+        (
+            {"key_concurrency": 2, "key_rate_limit": "2/s", "debounce": 1},
+            "debounce has no meaning with key_concurrency with key_rate_limit",
+        ),
     ],
 )
 def test_an_invalid_combination_is_refused_naming_the_task_and_the_fix(

@@ -493,6 +493,20 @@ def two_per_second(self: Any, tag: str, index: int) -> int:
     base=dedupe.DedupeTask,
     unique_on=("tag",),
     key_concurrency=1,
+    key_rate_limit="2/s",
+    on_running_countdown=0.2,
+)
+def one_at_once_two_per_second(self: Any, tag: str, index: int, seconds: float) -> int:
+    """One run per tag at a time, at most two starts per tag in any second."""
+    _run(self, tag, seconds)
+    return index
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique_on=("tag",),
+    key_concurrency=1,
     on_running_countdown=0.2,
 )
 def one_at_a_time(self: Any, tag: str, index: int, seconds: float) -> int:

@@ -1,19 +1,24 @@
 """Flow control per key at the call: a call of a task with ``key_concurrency`` takes its
 place in its key's line; a call of a task with ``key_rate_limit`` reserves the next free
-start of its key, published with the countdown to it. One round trip to the dedup Redis,
-then the publish. Every call is accepted: nothing here refuses or deduplicates.
+start of its key, published with the countdown to it. A place in line goes with its message
+in one round trip on a Redis broker that is the dedup store's server and db (the publish
+seam); else, as a start always does, one round trip to the dedup Redis, then the publish.
+Every call is accepted: nothing here refuses or deduplicates.
 
 The run side (a slot, or a start checked again) is :mod:`dedupe.worker.limits`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
-from dedupe.runs.runtime import runtime_of
+from dedupe.runs.runtime import Runtime, runtime_of
 from dedupe.store.store import Store
 from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
@@ -23,7 +28,9 @@ from dedupe.values.options import options_for, pop_call_options
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
 from .call import Call
+from .call_sender import sender_for
 from .guard import new_task_id
+from .publish_seam import LinePlan, pushing_in_line
 from .result import DedupeResult, mark_result
 
 __all__ = ["publish_limited"]
@@ -35,8 +42,8 @@ _enable_utc = SettingReader("enable_utc")
 
 
 def publish_limited(call: Call) -> DedupeResult:
-    """Publish a call of a limited task: its place in line taken (concurrency) or its start
-    reserved (rate), then its message sent, carrying its key and limit for its run."""
+    """Publish a call of a limited task: its start reserved (rate), its place in line taken
+    (concurrency), its message sent carrying its key and limits for its run."""
     app, options = call.app, call.options
     # A call may name its key's arguments (unique_on, unique_key); the options of dedup are
     # refused by options_for, as on the task.
@@ -61,54 +68,112 @@ def publish_limited(call: Call) -> DedupeResult:
     delay = (
         delay_seconds(countdown, eta, now, enable_utc=_enable_utc(app)) if countdown or eta else 0.0
     )
-    if unique.rate is not None:
-        header = LimitHeader("rate", keys.call, unique.rate.count, unique.rate.period, 0.0)
-    else:
-        assert unique.concurrency is not None
-        limit = concurrency_of(unique.concurrency, call.task_name, call.args, call.kwargs)
+    rate, concurrency = unique.rate, unique.concurrency
+    limit = (
+        None
+        if concurrency is None
+        else concurrency_of(concurrency, call.task_name, call.args, call.kwargs)
+    )
+    if rate is None:
+        assert limit is not None
         header = LimitHeader("concurrency", keys.call, limit, 0.0, unique.lease)
+    elif limit is None:
+        header = LimitHeader("rate", keys.call, rate.count, rate.period, 0.0)
+    else:
+        header = LimitHeader("both", keys.call, limit, rate.period, unique.lease, starts=rate.count)
     store = runtime.store
-    try:
-        if header.kind == "rate":
+    unavailable = _on_unavailable(runtime, call.task_name, task_id, keys.call)
+    if rate is not None:
+        # The start first: its countdown is in the message, and a place waits as long.
+        try:
             wait_ms = store.next_start(
                 header.keys,
                 task_id,
-                header.limit,
-                milliseconds(header.period),
+                rate.count,
+                milliseconds(rate.period),
                 earliest_ms=milliseconds(delay) if delay else 0,
             )
             if wait_ms > milliseconds(delay):
                 options.pop("eta", None)
-                options["countdown"] = wait_ms / 1000
-        else:
-            store.take_ticket(
-                header.keys, task_id, milliseconds(_place_for(call, unique.ttl, delay, now))
-            )
+                options["countdown"] = delay = wait_ms / 1000
+        except RedisUnavailable as exc:
+            unavailable(exc)
+    if not header.holds_slots:
+        return _publish_with(call, header, store, task_id)
+    place_ms = milliseconds(_place_for(call, unique.ttl, delay, now))
+    if runtime.one_step:
+        plan = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
+        return _publish_in_line(call, header, plan)
+    try:
+        store.take_ticket(header.keys, task_id, place_ms)
     except RedisUnavailable as exc:
-        if runtime.config.on_redis_error == "raise":
-            raise
-        # Published all the same: its run asks again (a run without a place joins the back
-        # of the line; a start is checked at the run either way).
-        action = "is published without its place in line (its run asks for one)"
-        emit(UNAVAILABLE, call.task_name, task_id, keys.call, action=action, error=exc.cause)
-    headers = dict(options.get("headers") or {})
-    headers[LIMIT] = header.encode()
-    options["headers"] = headers
+        unavailable(exc)
+    return _publish_with(call, header, store, task_id)
+
+
+def _publish_with(call: Call, header: LimitHeader, store: Store, task_id: str) -> DedupeResult:
+    """Publish a limited call whose place or start was taken (or could not be)."""
+    _add_header(call.options, header)
     try:
         with publishing():
-            sent = call.publish(call.args, call.kwargs, options)
+            sent = call.publish(call.args, call.kwargs, call.options)
     except BaseException:
         # No message, or none known: the place goes, else it would hold the calls behind
         # it until it lapses. (A reserved start lapses as it passes: a start lost, no more.)
-        if header.kind == "concurrency":
-            _leave_line(store, header, task_id)
+        if header.holds_slots:
+            _leave_line(store, header.keys, task_id)
         raise
     return mark_result(sent, deduplicated=False)
 
 
-def _leave_line(store: Store, header: LimitHeader, task_id: str) -> None:
+def _publish_in_line(call: Call, header: LimitHeader, plan: LinePlan) -> DedupeResult:
+    """Publish a call of a task with ``key_concurrency`` on a Redis broker that is the dedup
+    store: its place in line taken with its message, in one round trip (ticket_publish.lua)."""
+    options = call.options
+    _add_header(options, header)
+    given = options.get("producer")
+    # What Celery's producer_or_acquire does: the seam is installed on the producer's channel.
+    acquired = call.app.producer_pool.acquire(block=True) if given is None else None
+    with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
+        options["producer"] = producer
+        try:
+            with pushing_in_line(producer, plan), publishing():
+                sent = (sender_for(call, producer) or call.publish)(call.args, call.kwargs, options)
+        except BaseException:
+            # Only a place taken apart from its push goes: once ticket_publish.lua is sent,
+            # its place and its message are both there or neither.
+            if plan.owns_a_place_alone:
+                _leave_line(plan.store, header.keys, plan.task_id)
+            raise
+    return mark_result(sent, deduplicated=False)
+
+
+def _add_header(options: dict[str, Any], header: LimitHeader) -> None:
+    headers = dict(options.get("headers") or {})
+    headers[LIMIT] = header.encode()
+    options["headers"] = headers
+
+
+def _on_unavailable(
+    runtime: Runtime, task_name: str, task_id: str, key: str
+) -> Callable[[RedisUnavailable], None]:
+    """What a call does when its place or its start cannot be had: raises, or (the policy
+    says so) says it publishes without them."""
+
+    def unavailable(exc: RedisUnavailable) -> None:
+        if runtime.config.on_redis_error == "raise":
+            raise exc
+        # Published all the same: its run asks again (a run without a place joins the back
+        # of the line; a start is checked at the run either way).
+        action = "is published without its place in line (its run asks for one)"
+        emit(UNAVAILABLE, task_name, task_id, key, action=action, error=exc.cause)
+
+    return unavailable
+
+
+def _leave_line(store: Store, keys: Mapping[str, str], task_id: str) -> None:
     try:
-        store.leave_line(header.keys, task_id)
+        store.leave_line(keys, task_id)
     except RedisUnavailable as exc:
         logger.warning("%s keeps its place in line until it lapses: %s", task_id, exc.cause)
 

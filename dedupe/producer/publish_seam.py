@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from kombu.exceptions import OperationalError
 from kombu.transport import redis as kombu_redis
@@ -42,11 +42,13 @@ from .record_state import RecordState
 
 __all__ = [
     "BrokerBudget",
+    "LinePlan",
     "PendingDecision",
     "PushPlan",
     "Refused",
     "deciding_at_push",
     "is_redis_channel",
+    "pushing_in_line",
     "pushing_through",
     "pushing_through_many",
     "within_budget",
@@ -124,6 +126,36 @@ class PushPlan:
         return self._queued
 
 
+@dataclass(eq=False)
+class LinePlan:
+    """What the publish of a call with ``key_concurrency`` writes with its message: its
+    place in its key's line (ticket.lua), and what became of it."""
+
+    store_of: Callable[[], Store]
+    #: The key's line, due and seq keys (:class:`~dedupe.values.limits.LimitHeader`'s).
+    keys: Mapping[str, str]
+    task_id: str
+    #: How long the place waits for its message's first run, ms.
+    ttl_ms: int
+    #: Called when a place taken apart from the push cannot be had (Redis unreachable):
+    #: raises to refuse the publish, or returns to publish without the place.
+    unavailable: Callable[[RedisUnavailable], None]
+    #: absent: nothing written; sent: ticket_publish.lua was sent (the place and the message
+    #: both, or neither); placed: the place taken apart, its message not pushed yet; pushed:
+    #: the place and its message; dropped: routed nowhere, so no place either.
+    state: Literal["absent", "sent", "placed", "pushed", "dropped"] = "absent"
+
+    @property
+    def store(self) -> Store:
+        return self.store_of()
+
+    @property
+    def owns_a_place_alone(self) -> bool:
+        """Is a place of this call's in line with no message known to go with it? (A failed
+        publish must free it, or it holds the calls behind it until it lapses.)"""
+        return self.state == "placed"
+
+
 def is_redis_channel(channel: Any) -> bool:
     """A channel of kombu's Redis transport (Sentinel's included)."""
     return isinstance(channel, kombu_redis.Channel)
@@ -167,6 +199,17 @@ def pushing_through_many(producer: Any, plans: Mapping[str, PushPlan]) -> Contex
     return seam.installed()
 
 
+def pushing_in_line(producer: Any, plan: LinePlan) -> ContextManager[None]:
+    """Publish through ``producer`` with ``plan``'s place in line, for the duration of the
+    block: on a Redis broker that is the dedup store, the place and the message in one round
+    trip; else the place first, then the message (a publish that is not kombu's Redis
+    transport's goes out as it would, and takes no place here)."""
+    channel = producer.channel
+    if not is_redis_channel(channel):
+        return nullcontext()
+    return _Seam(channel, {plan.task_id: plan}).installed()
+
+
 @contextmanager
 def _both(first: ContextManager[None], second: ContextManager[None]) -> Iterator[None]:
     with first, second:
@@ -177,7 +220,7 @@ class _Seam:
     """The channel's ``basic_publish`` and ``_put`` for a block of publishes: shadowed once for
     the block (a batch makes many publishes through it)."""
 
-    def __init__(self, channel: Any, plans: Mapping[str, PushPlan]) -> None:
+    def __init__(self, channel: Any, plans: Mapping[str, PushPlan | LinePlan]) -> None:
         self.channel = channel
         self.plans = plans
         self.kombu = type(channel)
@@ -220,9 +263,12 @@ class _Seam:
             self.kombu.basic_publish(self.channel, message, exchange, routing_key, **kwargs)
         finally:
             self.queues = None
+        if isinstance(plan, LinePlan):
+            _publish_in_line(self, plan, message, queues, fanouts)
+            return None
         return _publish(self, plan, message, queues, fanouts)
 
-    def on_same_server(self, plan: PushPlan) -> bool:
+    def on_same_server(self, plan: PushPlan | LinePlan) -> bool:
         store = plan.store
         known = self.same_server.get(id(store))
         if known is None:
@@ -271,7 +317,7 @@ class _HeldBack:
         """Is the push of this publish sure to be held back, with no I/O on its way?"""
         plan = self.seam.plans.get(str((kwargs.get("headers") or {}).get("id")))
         return (
-            plan is not None
+            isinstance(plan, PushPlan)
             and plan.deferred
             and kwargs.get("exchange") == ""  # a direct route: to the one list it names
             and bool(kwargs.get("routing_key"))
@@ -333,18 +379,7 @@ def _publish(
     if fanouts or len(expiries) > 1 or not seam.on_same_server(plan):
         _publish_provisionally(channel, plan, message, queues, fanouts)
         return None
-    pri = kombu_private.message_priority(channel, message)
-    lists = [kombu_private.priority_list(channel, queue, pri) for queue in queues]
-    expire_ms = expiries.pop() if expiries else 0
-    expiring = (
-        [
-            kombu_private.priority_list(channel, q, step)
-            for q in queues
-            for step in kombu_private.priority_steps(channel)
-        ]
-        if expire_ms
-        else []
-    )
+    lists, expiring, expire_ms = _lists_of(channel, message, queues, expiries)
     push = PendingPush(
         plan.keys,
         plan.queued,
@@ -366,6 +401,79 @@ def _publish(
         raise Refused(outcome)
     plan.pushed(outcome)
     return None
+
+
+def _lists_of(
+    channel: Any, message: dict[str, Any], queues: list[str], expiries: set[int]
+) -> tuple[list[str], list[str], int]:
+    """The lists kombu would push ``message`` to for ``queues``, the lists whose expiry a
+    push extends (queues declared with x-expires, every priority step), and that expiry."""
+    pri = kombu_private.message_priority(channel, message)
+    lists = [kombu_private.priority_list(channel, queue, pri) for queue in queues]
+    expire_ms = expiries.pop() if expiries else 0
+    expiring = (
+        [
+            kombu_private.priority_list(channel, q, step)
+            for q in queues
+            for step in kombu_private.priority_steps(channel)
+        ]
+        if expire_ms
+        else []
+    )
+    return lists, expiring, expire_ms
+
+
+def _publish_in_line(
+    seam: _Seam,
+    plan: LinePlan,
+    message: dict[str, Any],
+    queues: list[str],
+    fanouts: list[tuple[Any, ...]],
+) -> None:
+    """Take ``plan``'s place in line with the message kombu routed to ``queues``."""
+    channel = seam.channel
+    if not queues and not fanouts:
+        # kombu drops what no queue is bound for: a place would hold the line for nothing.
+        plan.state = "dropped"
+        return
+    queue_expiry = kombu_private.queue_expiries(channel)
+    expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
+    if fanouts or len(expiries) > 1 or not seam.on_same_server(plan):
+        _place_then_push(channel, plan, message, queues, fanouts)
+        return
+    lists, expiring, expire_ms = _lists_of(channel, message, queues, expiries)
+    plan.state = "sent"  # its fate is the script's from here: never left on a failure
+    plan.store.take_ticket_and_push(
+        plan.keys,
+        plan.task_id,
+        plan.ttl_ms,
+        dumps(message),
+        lists,
+        expiring=expiring,
+        expire_ms=expire_ms,
+    )
+    plan.state = "pushed"
+
+
+def _place_then_push(
+    channel: Any,
+    plan: LinePlan,
+    message: dict[str, Any],
+    queues: list[str],
+    fanouts: list[tuple[Any, ...]],
+) -> None:
+    logger.debug("%s: no one-step publish here, taking its place first", plan.task_id)
+    try:
+        plan.store.take_ticket(plan.keys, plan.task_id, plan.ttl_ms)
+        plan.state = "placed"
+    except RedisUnavailable as exc:
+        plan.unavailable(exc)
+    for queue in queues:
+        kombu_private.put(channel, queue, message)
+    for args, kwargs in fanouts:
+        kombu_private.put_fanout(channel, *args, **kwargs)
+    if plan.state == "placed":
+        plan.state = "pushed"
 
 
 def _publish_provisionally(

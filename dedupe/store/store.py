@@ -211,7 +211,9 @@ class Store:
         self._take_latest = self._register("take_latest")
         self._end_latest = self._register("end_latest")
         self._ticket = self._register("ticket")
+        self._ticket_publish = self._register("ticket_publish")
         self._slot = self._register("slot")
+        self._slot_start = self._register("slot_start")
         self._renew_slot = self._register("renew_slot")
         self._free_slot = self._register("free_slot")
         self._start = self._register("start")
@@ -565,6 +567,29 @@ class Store:
             )
         return _integer("ticket", reply)
 
+    def take_ticket_and_push(
+        self,
+        keys: Mapping[str, str],
+        task_id: str,
+        ttl_ms: int,
+        message: str | bytes,
+        lists: Sequence[str],
+        *,
+        expiring: Sequence[str] = (),
+        expire_ms: int = 0,
+    ) -> int:
+        """:meth:`take_ticket` and the push of the call's message to ``lists``, in one step
+        (ticket_publish.lua): the place and the message both, or neither. Its ticket."""
+        with reraise_unavailable("ticket_publish", keys["line"]):
+            # (Not sent again once written: a second run would push the message twice.)
+            reply = self._run(
+                self._ticket_publish,
+                [keys["line"], keys["due"], keys["seq"], *lists, *expiring],
+                [task_id, ttl_ms, message, len(lists), expire_ms],
+                resend=False,
+            )
+        return _integer("ticket_publish", reply)
+
     def take_slot(
         self,
         keys: Mapping[str, str],
@@ -584,6 +609,31 @@ class Store:
                 [task_id, token, lease_ms, limit, come_back_ms, ttl_ms],
             )
         return _integer("slot", reply)
+
+    def take_slot_and_start(
+        self,
+        keys: Mapping[str, str],
+        task_id: str,
+        token: str,
+        lease_ms: int,
+        limit: int,
+        come_back_ms: int,
+        ttl_ms: int,
+        starts: int,
+        period_ms: int,
+    ) -> tuple[int, int]:
+        """A run of a key with both limits asks for a slot and a start together
+        (slot_start.lua): ``(0, 0)`` started; ``(n, 0)`` n calls (this one included) are
+        ahead of a free slot; ``(0, ms)`` its turn has come, its start in ``ms``."""
+        with reraise_unavailable("slot_start", keys["slots"]):
+            reply = self._run(
+                self._slot_start,
+                [keys[name] for name in ("slots", "line", "due", "seq", "starts", "plan")],
+                [task_id, token, lease_ms, limit, come_back_ms, ttl_ms, starts, period_ms],
+            )
+        if not isinstance(reply, list) or len(reply) != 2:
+            raise UnexpectedReply("slot_start", reply)
+        return _integer("slot_start", reply[0]), _integer("slot_start", reply[1])
 
     def leave_line(self, keys: Mapping[str, str], task_id: str) -> bool:
         """A limited call whose message was dropped (revoked, expired) leaves its key's line

@@ -2,8 +2,8 @@
 message header that carries a limited call's key and limit to its run.
 
 Pure values, no I/O: the Redis side is ``dedupe/store/lua/ticket.lua`` (a call's place in
-line), ``slot.lua`` / ``renew_slot.lua`` / ``free_slot.lua`` (a run's slot, a lease) and
-``start.lua`` (the schedule of a key's starts).
+line), ``slot.lua`` / ``renew_slot.lua`` / ``free_slot.lua`` (a run's slot, a lease),
+``start.lua`` (the schedule of a key's starts) and ``slot_start.lua`` (both limits).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ __all__ = [
     "parse_rate",
 ]
 
-#: The header of a limited call's message: ``"<kind>|<limit>|<period>|<lease>|<key>"``.
+#: The header of a limited call's message: ``"<kind>|<limit>|<period>|<lease>|<key>"``; for
+#: both limits, ``<limit>`` is ``"<runs at once>/<starts per period>"``.
 LIMIT = "celery_dedupe_limit"
 
 #: Celery's ``rate_limit`` units (``celery.utils.time.rate``): seconds per unit.
@@ -110,6 +111,13 @@ def limit_keys(base: str) -> dict[str, str]:
     return {name: f"{base}:{name}" for name in LIMIT_KEY_NAMES}
 
 
+_KINDS: dict[str, Literal["concurrency", "rate", "both"]] = {
+    "concurrency": "concurrency",
+    "rate": "rate",
+    "both": "both",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class LimitHeader:
     """What a limited call's message tells its run: the key, the kind and size of the limit,
@@ -118,19 +126,32 @@ class LimitHeader:
     >>> header = LimitHeader("concurrency", "dedupe:{t:ab}", 2, 0.0, 60.0)
     >>> LimitHeader.read({LIMIT: header.encode()}) == header
     True
+    >>> both = LimitHeader("both", "dedupe:{t:ab}", 1, 1.0, 60.0, starts=2)
+    >>> both.encode()
+    'both|1/2|1.0|60.0|dedupe:{t:ab}'
+    >>> LimitHeader.read({LIMIT: both.encode()}) == both
+    True
     """
 
-    kind: Literal["concurrency", "rate"]
+    kind: Literal["concurrency", "rate", "both"]
     key: str
-    #: Runs at once (concurrency), or starts per period (rate).
+    #: Runs at once (concurrency, both), or starts per period (rate).
     limit: int
     #: Seconds of the rate's period (0 for concurrency).
     period: float
-    #: Seconds a slot is held between heartbeats (concurrency).
+    #: Seconds a slot is held between heartbeats (concurrency, both).
     lease: float
+    #: Starts per period (both; 0 otherwise).
+    starts: int = 0
 
     def encode(self) -> str:
-        return f"{self.kind}|{self.limit}|{self.period!r}|{self.lease!r}|{self.key}"
+        limit = f"{self.limit}/{self.starts}" if self.kind == "both" else str(self.limit)
+        return f"{self.kind}|{limit}|{self.period!r}|{self.lease!r}|{self.key}"
+
+    @property
+    def holds_slots(self) -> bool:
+        """Does a run of this header hold a slot (a place in line before it)?"""
+        return self.kind != "rate"
 
     @classmethod
     def read(cls, headers: Mapping[str, Any] | None) -> LimitHeader | None:
@@ -139,16 +160,17 @@ class LimitHeader:
         if not isinstance(raw, str):
             return None
         parts = raw.split("|", 4)
-        if len(parts) != 5 or parts[0] not in ("concurrency", "rate") or not parts[4]:
+        if len(parts) != 5 or parts[0] not in _KINDS or not parts[4]:
+            return None
+        limit_text, _, starts_text = parts[1].partition("/")
+        if (parts[0] == "both") != bool(starts_text):
             return None
         try:
-            limit, period, lease = int(parts[1]), float(parts[2]), float(parts[3])
+            limit, period, lease = int(limit_text), float(parts[2]), float(parts[3])
+            starts = int(starts_text) if starts_text else 0
         except ValueError:
             return None
-        kind: Literal["concurrency", "rate"] = (
-            "concurrency" if parts[0] == "concurrency" else "rate"
-        )
-        return cls(kind, parts[4], limit, period, lease)
+        return cls(_KINDS[parts[0]], parts[4], limit, period, lease, starts)
 
     @property
     def keys(self) -> dict[str, str]:

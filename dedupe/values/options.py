@@ -215,12 +215,12 @@ def _limits(
     )
     rate = None if given_rate is None else parse_rate(given_rate, task_name)
     where = f"task {task_name!r}"
-    if concurrency is not None and rate is not None:
-        raise ConfigurationError(
-            f"{where}: key_concurrency and key_rate_limit on one task are not supported in this "
-            f"version: keep one (two tasks, one calling the other, can have one each)"
-        )
-    option = "key_concurrency" if concurrency is not None else "key_rate_limit"
+    if rate is None:
+        option = "key_concurrency"
+    elif concurrency is None:
+        option = "key_rate_limit"
+    else:
+        option = "key_concurrency with key_rate_limit"
     if getattr(task, "unique", False) is True or getattr(task, "exclusive", False) is True:
         flag = "unique" if getattr(task, "unique", False) is True else "exclusive"
         raise ConfigurationError(

@@ -1,7 +1,8 @@
 """Flow control per key at the run: a run of a ``key_concurrency`` task takes a slot (a
 lease, renewed by the heartbeat, freed at its end or, if its worker dies, when the lease is
 over) when its turn in line has come; a run of a ``key_rate_limit`` task starts when fewer
-than N runs of its key started in the last period. A run that must wait is sent again under
+than N runs of its key started in the last period; a run of a task with both takes its slot
+and its start together, or neither. A run that must wait is sent again under
 the same task id (its delivery ends as ``RETRY``), for its place in line or its next start;
 it is never dropped and never gives up.
 
@@ -72,15 +73,33 @@ def enter(runtime: Runtime, task: Any, task_id: str, header: LimitHeader) -> Non
             return
         options = options_for(task, task.name, runtime.config)
         lease_ms = milliseconds(header.lease)
-        ahead = store.take_slot(
-            header.keys,
-            task_id,
-            token,
-            lease_ms,
-            header.limit,
-            milliseconds(_come_back(options.running_countdown, 1, runtime.config.deferral_cap)),
-            milliseconds(options.ttl),
+        come_back_ms = milliseconds(
+            _come_back(options.running_countdown, 1, runtime.config.deferral_cap)
         )
+        if header.kind == "both":
+            # One script: a slot taken while its start is refused would hold the key idle.
+            ahead, wait_ms = store.take_slot_and_start(
+                header.keys,
+                task_id,
+                token,
+                lease_ms,
+                header.limit,
+                come_back_ms,
+                milliseconds(options.ttl),
+                header.starts,
+                milliseconds(header.period),
+            )
+        else:
+            wait_ms = 0
+            ahead = store.take_slot(
+                header.keys,
+                task_id,
+                token,
+                lease_ms,
+                header.limit,
+                come_back_ms,
+                milliseconds(options.ttl),
+            )
     except RedisUnavailable as exc:
         # The message is consumed already: running it beats losing it.
         action = "runs without its limit"
@@ -88,6 +107,9 @@ def enter(runtime: Runtime, task: Any, task_id: str, header: LimitHeader) -> Non
         return
     if ahead:
         run.countdown = _come_back(options.running_countdown, ahead, runtime.config.deferral_cap)
+        return
+    if wait_ms:
+        run.countdown = wait_ms / 1000
         return
     slots = header.keys["slots"]
     run.lease = Lease(slots, task_id, token, lease_ms, b"", slot=True)
@@ -170,10 +192,10 @@ def _in_parent(
     act: Callable[[Store], object],
     undone: str,
 ) -> None:
-    # The pool's parent acts for a concurrency-limited message of its own app (``act`` on
+    # The pool's parent acts for a message of its own app that holds slots (``act`` on
     # the store), or emits an event saying what was left ``undone``.
     runtime = installed(task.app)
-    if runtime is None or header.kind != "concurrency" or not task_id:
+    if runtime is None or not header.holds_slots or not task_id:
         return
     try:
         act(runtime.store)

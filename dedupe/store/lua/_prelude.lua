@@ -195,6 +195,106 @@ local function leave_latest(key, latest_key, raw, arguments, now, debounce, max_
   end
 end
 
+-- Push message to the broker lists KEYS[first .. first + lists - 1], as kombu's Redis
+-- transport pushes it, and extend the expiry of the lists after them (KEYS[first + lists ..],
+-- queues declared with x-expires) to expire_ms.
+local function push_message(first, lists, message, expire_ms)
+  for i = first, first + lists - 1 do
+    redis.call('LPUSH', KEYS[i], message)
+  end
+  for i = first + lists, #KEYS do
+    redis.call('PEXPIRE', KEYS[i], expire_ms)
+  end
+end
+
+-- ticket.lua's transition (ticket_publish.lua's too): the task id takes its place at the
+-- back of its key's line, or keeps the one it has (a re-sent command, the same task id
+-- again); the line's keys live ttl_ms at least. Returns the ticket.
+local function take_ticket(line, due, seq, id, ttl_ms)
+  local now = server_ms()
+  local ticket = redis.call('ZSCORE', line, id)
+  if not ticket then
+    ticket = redis.call('INCR', seq)
+    redis.call('ZADD', line, ticket, id)
+    redis.call('ZADD', due, now + ttl_ms, id)
+  end
+  for _, key in ipairs({line, due, seq}) do
+    if redis.call('PTTL', key) < ttl_ms then
+      redis.call('PEXPIRE', key, ttl_ms)
+    end
+  end
+  return tonumber(ticket)
+end
+
+-- Extend key's expiry to ms at least.
+local function keep_alive(key, ms)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, math.ceil(ms))
+  end
+end
+
+-- slot.lua's look at a key's slots and line (slot_start.lua's too): dead runs' slots are
+-- freed, places whose message never came lapse (a few at a time), a run without a place
+-- takes one at the back. Returns true when member holds a slot already; else false and how
+-- many calls (this one included) are ahead of a free slot: 0 or less, its turn has come.
+local function slot_turn(slots, line, due, seq, id, member, limit, now)
+  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)  -- (dead runs' slots are free)
+  if redis.call('ZSCORE', slots, member) then
+    return true, 0
+  end
+  local lapsed = redis.call('ZRANGEBYSCORE', due, '-inf', now, 'LIMIT', 0, 100)
+  for _, gone in ipairs(lapsed) do
+    if gone ~= id then
+      redis.call('ZREM', line, gone)
+      redis.call('ZREM', due, gone)
+    end
+  end
+  if not redis.call('ZSCORE', line, id) then
+    -- No place: a message the producer did not see, a retry, a redelivery after its place
+    -- lapsed. It goes to the back of the line.
+    redis.call('ZADD', line, redis.call('INCR', seq), id)
+  end
+  local rank = redis.call('ZRANK', line, id)
+  local free = limit - redis.call('ZCARD', slots)
+  return false, rank - math.max(free, 0) + 1
+end
+
+-- The run (member, of task id) whose turn came leaves the line for a slot, leased lease ms.
+local function claim_slot(slots, line, due, seq, id, member, lease, now)
+  redis.call('ZREM', line, id)
+  redis.call('ZREM', due, id)
+  if redis.call('EXISTS', line) == 0 then
+    redis.call('DEL', seq)  -- (nobody waits: the count starts again, nothing left behind)
+  end
+  redis.call('ZADD', slots, now + lease, member)
+  keep_alive(slots, lease)
+end
+
+-- A run that waits keeps its place: it lapses a lease after the run is due back (come_back
+-- ms from now), if it never comes (its worker died with the message); the line lives ttl ms.
+local function keep_place(line, due, seq, id, now, come_back, lease, ttl)
+  redis.call('ZADD', due, now + come_back + lease, id)
+  local keep = math.max(ttl, come_back + lease)
+  for _, key in ipairs({line, due, seq}) do
+    keep_alive(key, keep)
+  end
+end
+
+-- start.lua's clock of a key's starts (slot_start.lua's too): a start made at s counts until
+-- s + period, that ms included (the clock is read in whole ms, so a start let in at exactly
+-- s + period could be less than a period after s); a reserved start is forgotten a period on.
+local function forget_starts(starts, plan, now, period)
+  redis.call('ZREMRANGEBYSCORE', starts, '-inf', '(' .. (now - period))
+  redis.call('ZREMRANGEBYSCORE', plan, '-inf', now - period)
+end
+
+-- The starts made in the last period, as ZRANGE WITHSCORES gives them (the last n at most):
+-- a run may start now when fewer than n are there; else not before the first is a period
+-- old (+1 ms, see forget_starts).
+local function last_starts(starts, n)
+  return redis.call('ZRANGE', starts, -n, -1, 'WITHSCORES')
+end
+
 -- publish.lua's transition (publish_latest.lua's too), on the script's KEYS and ARGV: the
 -- broker lists are KEYS[first .. first + n - 1], the lists to keep alive after them; a
 -- duplicate calls on_held(raw) before it answers with its holder.
@@ -213,13 +313,7 @@ local function publish_call(first, on_held)
   if mine then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   end
-  local lists = tonumber(ARGV[5])
-  for i = first, first + lists - 1 do
-    redis.call('LPUSH', KEYS[i], ARGV[4])
-  end
-  for i = first + lists, #KEYS do
-    redis.call('PEXPIRE', KEYS[i], ARGV[7])
-  end
+  push_message(first, tonumber(ARGV[5]), ARGV[4], ARGV[7])
   if mine then
     return 1
   end

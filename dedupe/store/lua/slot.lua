@@ -18,43 +18,13 @@
 local now = server_ms()
 local id, member = ARGV[1], ARGV[1] .. ' ' .. ARGV[2]
 local lease, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)  -- (dead runs' slots are free)
-if redis.call('ZSCORE', KEYS[1], member) then
+local held, ahead = slot_turn(KEYS[1], KEYS[2], KEYS[3], KEYS[4], id, member, limit, now)
+if held then
   return 0
 end
--- Places whose message never came (lost before any worker saw it, or whose worker died
--- while it waited) lapse, a few at a time.
-local lapsed = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
-for _, gone in ipairs(lapsed) do
-  if gone ~= id then
-    redis.call('ZREM', KEYS[2], gone)
-    redis.call('ZREM', KEYS[3], gone)
-  end
-end
-if not redis.call('ZSCORE', KEYS[2], id) then
-  -- No place: a message the producer did not see, a retry, a redelivery after its place
-  -- lapsed. It goes to the back of the line.
-  redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), id)
-end
-local rank = redis.call('ZRANK', KEYS[2], id)
-local free = limit - redis.call('ZCARD', KEYS[1])
-if rank < free then
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('ZREM', KEYS[3], id)
-  if redis.call('EXISTS', KEYS[2]) == 0 then
-    redis.call('DEL', KEYS[4])  -- (nobody waits: the count starts again, nothing left behind)
-  end
-  redis.call('ZADD', KEYS[1], now + lease, member)
-  if redis.call('PTTL', KEYS[1]) < lease then
-    redis.call('PEXPIRE', KEYS[1], lease)
-  end
+if ahead <= 0 then
+  claim_slot(KEYS[1], KEYS[2], KEYS[3], KEYS[4], id, member, lease, now)
   return 0
 end
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[5]) + lease, id)
-local keep = math.max(tonumber(ARGV[6]), tonumber(ARGV[5]) + lease)
-for i = 2, 4 do
-  if redis.call('PTTL', KEYS[i]) < keep then
-    redis.call('PEXPIRE', KEYS[i], keep)
-  end
-end
-return rank - math.max(free, 0) + 1
+keep_place(KEYS[2], KEYS[3], KEYS[4], id, now, tonumber(ARGV[5]), lease, tonumber(ARGV[6]))
+return ahead

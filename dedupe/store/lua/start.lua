@@ -20,16 +20,7 @@
 -- else the run, or the call's message, waits that long.
 local now = server_ms()
 local id, n, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
--- A start made at s counts until s + period, that ms included: the clock is read in whole ms,
--- so a start let in at exactly s + period could be less than a period after s.
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - period))
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - period)
-
-local function keep(key, ms)
-  if redis.call('PTTL', key) < ms then
-    redis.call('PEXPIRE', key, math.ceil(ms))
-  end
-end
+forget_starts(KEYS[1], KEYS[2], now, period)
 
 local earliest = now
 if ARGV[4] == 'call' then
@@ -42,10 +33,10 @@ else
   local token = string.sub(ARGV[4], 5)
   local reserved = redis.call('ZSCORE', KEYS[2], id)
   redis.call('ZREM', KEYS[2], id)  -- (its reservation is used now, or moved)
-  local started = redis.call('ZRANGE', KEYS[1], -n, -1, 'WITHSCORES')
+  local started = last_starts(KEYS[1], n)
   if #started < 2 * n then
     redis.call('ZADD', KEYS[1], now, id .. ' ' .. token)
-    keep(KEYS[1], period)
+    keep_alive(KEYS[1], period)
     return 0
   end
   -- N runs started within the period: not before the oldest of them is a period old.
@@ -55,7 +46,7 @@ else
     -- after theirs (delivery takes a few ms): it waits for that moment, in its place, not
     -- behind every start reserved since (which put runs out of order, and a period late).
     redis.call('ZADD', KEYS[2], earliest, id)
-    keep(KEYS[2], earliest - now + period)
+    keep_alive(KEYS[2], earliest - now + period)
     return math.max(math.ceil(earliest - now), 1)
   end
 end
@@ -110,7 +101,7 @@ if not fits(at) then
   end
 end
 redis.call('ZADD', KEYS[2], at, id)
-keep(KEYS[2], at - now + period)
+keep_alive(KEYS[2], at - now + period)
 if ARGV[4] == 'call' then
   return math.max(math.ceil(at - now), 0)
 end

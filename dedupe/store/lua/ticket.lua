@@ -9,17 +9,4 @@
 -- ARGV[2]  how long the place waits for its message's first run, ms (unique_ttl + countdown)
 --
 -- Returns the ticket (a re-sent command, or the same task id again, keeps its first one).
-local now = server_ms()
-local ttl = tonumber(ARGV[2])
-local ticket = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not ticket then
-  ticket = redis.call('INCR', KEYS[3])
-  redis.call('ZADD', KEYS[1], ticket, ARGV[1])
-  redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
-end
-for i = 1, 3 do
-  if redis.call('PTTL', KEYS[i]) < ttl then
-    redis.call('PEXPIRE', KEYS[i], ttl)
-  end
-end
-return tonumber(ticket)
+return take_ticket(KEYS[1], KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]))
