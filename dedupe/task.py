@@ -266,8 +266,9 @@ def _never_unique(name: str) -> str:
     return (
         f"task {name!r}: a task with key_concurrency or key_rate_limit accepts every call "
         f"(each runs in turn); it is never deduplicated: call delay/apply_async, without "
-        f"unique=True or *_unique (for a batch, or from asyncio code: dedupe.apply_many, "
-        f"dedupe.aapply_many, dedupe.aapply_async, which publish each call in turn)"
+        f"unique=True or *_unique (or dedupe.apply_async; for a batch, or from asyncio code: "
+        f"dedupe.apply_many, dedupe.aapply_many, dedupe.aapply_async, which publish each call "
+        f"in turn)"
     )
 
 

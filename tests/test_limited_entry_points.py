@@ -1,6 +1,7 @@
-"""key_concurrency and key_rate_limit through apply_many, aapply_many and aapply_async: every
-call is accepted and takes its place in line (or reserves its start), as through delay.
-Real Redis, real prefork workers; the runs' start and end times are written by the tasks."""
+"""key_concurrency and key_rate_limit through dedupe.apply_async, apply_many, aapply_many and
+aapply_async: every call is accepted and takes its place in line (or reserves its start), as
+through delay. Real Redis, real prefork workers; the runs' start and end times are written by
+the tasks."""
 
 from __future__ import annotations
 
@@ -61,6 +62,17 @@ def test_six_limited_calls_through_aapply_async_all_run_never_more_than_two_at_o
         ]
 
     results = asyncio.run(calls())
+    assert [result.deduplicated for result in results] == [False] * 6
+    assert [result.get(timeout=30) for result in results] == list(range(6))
+    assert most_at_once(worker_app.runlog(tag).runs()) == 2
+
+
+def test_six_limited_calls_through_dedupe_apply_async_all_run_never_more_than_two_at_once(
+    worker_app: Any, tag: str, queue: str
+) -> None:
+    # The producer guard a web view imports takes a limited task's calls as its delay does.
+    task = worker_app.two_at_once
+    results = [dedupe.apply_async(task, args=(tag, index, 1.0), queue=queue) for index in range(6)]
     assert [result.deduplicated for result in results] == [False] * 6
     assert [result.get(timeout=30) for result in results] == list(range(6))
     assert most_at_once(worker_app.runlog(tag).runs()) == 2

@@ -3,6 +3,7 @@ without deduplicating it again."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -13,7 +14,7 @@ from celery.result import AsyncResult
 from dedupe.compat.celery_private import current_app, unproxied
 from dedupe.values.generics import AnyTask, TaskOrName
 
-__all__ = ["Call", "Publish", "TaskPublish", "publisher_for", "resolve_task"]
+__all__ = ["Call", "Publish", "TaskPublish", "new_task_id", "publisher_for", "resolve_task"]
 
 #: Publishes a call: ``publish(args, kwargs, options)`` with Celery's apply_async options.
 Publish: TypeAlias = (
@@ -93,3 +94,14 @@ class TaskPublish:
     ) -> AsyncResult[Any]:
         result: AsyncResult[Any] = self.task.apply_async(args, kwargs, **options)
         return result
+
+
+def new_task_id() -> str:
+    """A new task id: a random UUID (version 4) in its usual text form, as Celery makes them.
+
+    Formatted here from 16 random bytes: uuid.uuid4() builds a UUID object first, which
+    costs a producer call more than the rest of its key and record together.
+    """
+    digits = os.urandom(16).hex()
+    variant = "89ab"[int(digits[16], 16) & 3]
+    return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,8 +40,10 @@ from dedupe.values.options import UniqueOptions, options_for, pop_call_options
 from dedupe.values.record import Holder, new_nonce, pack_provisional
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
-from .call import Call, Publish, TaskPublish, publisher_for, resolve_task
+from .call import Call, Publish, TaskPublish, new_task_id, publisher_for, resolve_task
 from .call_sender import sender_for
+from .limited_calls import is_limited
+from .limits import publish_limited
 from .publish_seam import (
     PendingDecision,
     PushPlan,
@@ -66,7 +67,6 @@ __all__ = [
     "clear",
     "forget_result",
     "lookup",
-    "new_task_id",
     "publish_prepared",
     "publish_unique",
     "publisher_for",
@@ -116,8 +116,8 @@ class CallShape:
             raise ConfigurationError(
                 f"task {call.task_name!r}: a task with key_concurrency or key_rate_limit "
                 f"accepts every call (each runs in turn); it is never deduplicated: call its "
-                f"delay/apply_async (dedupe.apply_many, aapply_many and aapply_async also "
-                f"publish its calls in turn)"
+                f"delay/apply_async (dedupe.apply_async, apply_many, aapply_many and "
+                f"aapply_async also publish its calls in turn)"
             )
         #: The task's own ``expires`` (a call's ``expires`` option comes first).
         self.task_expires: Any = getattr(call.task, "expires", None)
@@ -778,17 +778,6 @@ def _in_canvas(options: Mapping[str, Any]) -> bool:
     return False
 
 
-def new_task_id() -> str:
-    """A new task id: a random UUID (version 4) in its usual text form, as Celery makes them.
-
-    Formatted here from 16 random bytes: uuid.uuid4() builds a UUID object first, which
-    costs a producer call more than the rest of its key and record together.
-    """
-    digits = os.urandom(16).hex()
-    variant = "89ab"[int(digits[16], 16) & 3]
-    return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"
-
-
 # -- the entry points ------------------------------------------------------------------------
 
 
@@ -805,7 +794,8 @@ def apply_async(
     The producer guard: works for a task of any base class and for a task name this
     process does not import (the ``send_task`` path). ``options`` are Celery's apply_async
     options plus ``unique_on``, ``unique_key``, ``unique_ttl``, ``unique_until`` and
-    ``on_duplicate``.
+    ``on_duplicate``. A call of a task with ``key_concurrency`` or ``key_rate_limit`` is
+    published as its ``delay`` publishes it (every call accepted, each in turn).
 
     .. code-block:: python
 
@@ -813,7 +803,10 @@ def apply_async(
         result.deduplicated                                            # False
         dedupe.apply_async("reports.refresh", args=(42,), app=app).deduplicated   # True
     """
-    return publish_unique(Call.of(task_or_name, args, kwargs, options, app))
+    call = Call.of(task_or_name, args, kwargs, options, app)
+    if is_limited(call):
+        return publish_limited(call)  # (every call accepted, as its delay publishes it)
+    return publish_unique(call)
 
 
 def keys_of_call(

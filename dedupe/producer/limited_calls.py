@@ -34,8 +34,10 @@ _in_flight: set[asyncio.Future[DedupeResult]] = set()
 def is_limited(call: Call) -> bool:
     """Is ``call`` of a task with ``key_concurrency`` or ``key_rate_limit``? (A task's
     declaration says so: no call option makes a call limited.)"""
-    if _always_eager(call.app):
-        return False  # (nothing to limit, nor to deduplicate: the guard runs it)
+    if call.task is None or _always_eager(call.app):
+        # (A name this process does not import has no declaration to say so; eager:
+        # nothing to limit, nor to deduplicate: the guard runs it.)
+        return False
     return options_for(call.task, call.task_name, runtime_of(call.app).config).limited
 
 

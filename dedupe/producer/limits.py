@@ -27,9 +27,8 @@ from dedupe.values.limits import LIMIT, LimitHeader, concurrency_of
 from dedupe.values.options import options_for, pop_call_options
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
-from .call import Call
+from .call import Call, new_task_id
 from .call_sender import sender_for
-from .guard import new_task_id
 from .publish_seam import LinePlan, pushing_in_line
 from .result import DedupeResult, mark_result
 
