@@ -76,30 +76,15 @@ def enter(runtime: Runtime, task: Any, task_id: str, header: LimitHeader) -> Non
         come_back_ms = milliseconds(
             _come_back(options.running_countdown, 1, runtime.config.deferral_cap)
         )
+        slot = (header.keys, task_id, token, lease_ms, header.limit, come_back_ms)
+        ttl_ms = milliseconds(options.ttl)
         if header.kind == "both":
             # One script: a slot taken while its start is refused would hold the key idle.
-            ahead, wait_ms = store.take_slot_and_start(
-                header.keys,
-                task_id,
-                token,
-                lease_ms,
-                header.limit,
-                come_back_ms,
-                milliseconds(options.ttl),
-                header.starts,
-                milliseconds(header.period),
-            )
+            period_ms = milliseconds(header.period)
+            ahead, wait_ms = store.take_slot_and_start(*slot, ttl_ms, header.starts, period_ms)
         else:
             wait_ms = 0
-            ahead = store.take_slot(
-                header.keys,
-                task_id,
-                token,
-                lease_ms,
-                header.limit,
-                come_back_ms,
-                milliseconds(options.ttl),
-            )
+            ahead = store.take_slot(*slot, ttl_ms)
     except RedisUnavailable as exc:
         # The message is consumed already: running it beats losing it.
         action = "runs without its limit"
