@@ -21,7 +21,7 @@ import redis
 from celery.app.task import Task
 from celery.backends.redis import ResultConsumer
 
-from dedupe.values.keys import alive_key, watch_keys
+from dedupe.values.keys import RAN_SUFFIX, alive_key, watch_keys
 
 # Celery 5.7 requeues a timed-out acks_late message (acks_on_timeout off) and can retry a run
 # lost with its child (retry_on_worker_lost); before, such a message is gone.
@@ -87,8 +87,14 @@ def keys_with_prefix(client: redis.Redis, prefix: str) -> list[bytes]:
     return sorted(
         key
         for key in client.scan_iter(match=f"{prefix}:*", count=1000)
-        if key != marker and not key.startswith(watch)
+        if key != marker and not key.startswith(watch) and not _tombstones(client, key)
     )
+
+
+def _tombstones(client: redis.Redis, key: bytes) -> bool:
+    # The ended runs of a debounced or replacing key live their messages' redelivery horizon
+    # by design (an hour with the defaults): with a ttl they are no leak; without one they are.
+    return key.endswith(RAN_SUFFIX.encode()) and client.pttl(key) > 0
 
 
 @contextlib.contextmanager

@@ -230,7 +230,7 @@ def test_a_replacing_batch_leaves_each_keys_last_arguments_on_every_master(
     assert [r.id for r in batch] == [r.id for r in first] * 2
     store = runtime_of(cluster_app).store
     left = [
-        store.take_latest(keys_of_call(replaced, (x, 0), None, None, {})[1], result.id)
+        store.take_latest(keys_of_call(replaced, (x, 0), None, None, {})[1], result.id, 0)
         for x, result in zip(args, first, strict=True)
     ]
     assert [unpack_arguments(latest.body) if latest else None for latest in left] == [
