@@ -176,6 +176,17 @@ def _produce(seed: int, params: Params, barrier: Any) -> None:
         chaos_app.evidence.rpush(sink, *batch)
 
 
+#: How a limited task's key is called: bursts of so many calls (20-100 ms apart) whose runs
+#: last so long (seconds), then a pause; each key keeps up over its pauses (its backlog drains
+#: within the drain). ``paced`` (one run at once, three starts a second) is called about
+#: once a second, and its runs are now shorter than its rate's spacing, now longer.
+BURSTS: dict[str, tuple[tuple[int, int], tuple[float, float], tuple[float, float]]] = {
+    "limited": ((2, 5), (0.2, 0.5), (0.5, 2.0)),
+    "rated": ((2, 6), (0.05, 0.05), (0.8, 2.5)),
+    "paced": ((2, 5), (0.05, 0.45), (1.5, 3.5)),
+}
+
+
 class _FlowProducer:
     """A flow producer: one thread per key it owns (key % flow_producers == seed), each
     calling a flow-control task in bursts for ``duration`` seconds. Debounced: its argument
@@ -242,18 +253,11 @@ class _FlowProducer:
                     time.sleep(rng.uniform(0.03, 0.25))
                 time.sleep(rng.uniform(0.1, 1.5))
                 continue
-            limited = name == "limited"
-            for _ in range(rng.randint(2, 5) if limited else rng.randint(2, 6)):
-                seconds = (
-                    rng.uniform(0.2, 0.5)
-                    if limited
-                    else rng.uniform(0.05, 0.45)
-                    if name == "paced"
-                    else 0.05
-                )
-                made.append(self.call(name, key, (key, seconds)))
+            calls, seconds, pause = BURSTS[name]
+            for _ in range(rng.randint(*calls)):
+                made.append(self.call(name, key, (key, rng.uniform(*seconds))))
                 time.sleep(rng.uniform(0.02, 0.1))
-            time.sleep(rng.uniform(0.5, 2.0) if limited else rng.uniform(0.8, 2.5))
+            time.sleep(rng.uniform(*pause))
         if made:
             self.app.evidence.rpush(f"{self.app.PREFIX}:calls", *made)
 
