@@ -53,7 +53,7 @@ def test_chaos_short_form_keeps_the_invariants(tmp_path: Path, broker: str) -> N
     # The debounced task was called, in bursts (fewer accepted calls than calls).
     assert counts["debounced: calls / bursts / runs"] > 50
     # The limited tasks were called beyond their limits (deliveries sent again to wait).
-    assert counts["limited / rated: calls"] > 50
+    assert counts["limited / rated / paced: calls"] > 50
 
 
 @pytest.mark.timeout(120)

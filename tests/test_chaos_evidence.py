@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.chaos.evidence import LIMITED, RATED, Call, Checks, Evidence, Fault
+from tests.chaos.evidence import LIMITED, PACED, RATED, Call, Checks, Evidence, Fault
 
 HOLDER, LATER = "aaaaaaaa-holder", "bbbbbbbb-later"
 
@@ -528,7 +528,9 @@ def test_starts_across_a_dedup_restart_may_reach_twice_the_rate() -> None:
     assert rows["rated: up to 6 in 1s across a dedup restart (starts lost)"].count == 1
 
 
-NEVER = "limited / rated: calls that never ran"
+NEVER = "limited / rated / paced: calls that never ran"
+ACKED = "limited / rated / paced: Celery acked as failed, its child killed before the run"
+KOMBU = "limited / rated / paced: kombu lost the message (popped before it was unacked)"
 
 
 def test_a_limited_call_that_never_ran_fails_but_for_kombu_or_celery() -> None:
@@ -539,7 +541,7 @@ def test_a_limited_call_that_never_ran_fails_but_for_kombu_or_celery() -> None:
     lost = _judged(calls, worker_lost={A: [(1.5, 5)]}, prerun={A: [(1.4, 10)]})
     rows = {row.check: row for row in lost.limit_rows()}
     assert rows[NEVER].verdict == "ok"
-    assert rows["limited / rated: Celery acked as failed, its child killed before the run"].count
+    assert rows[ACKED].count
     _, ran = _limited(LIMITED, [(A, 1.0, 1.2)])
     assert ran[NEVER].verdict == "ok"
     # Its delivery failed (the message sent again to wait could not be published at a
@@ -551,7 +553,7 @@ def test_a_limited_call_that_never_ran_fails_but_for_kombu_or_celery() -> None:
     assert "failed with OperationalError at 1.50s (after broker cut" in row.details[0]
 
 
-STUCK = "limited / rated: places or slots stuck after the drain"
+STUCK = "limited / rated / paced: places or slots stuck after the drain"
 
 
 def test_a_place_or_a_live_slot_left_after_the_drain_is_stuck_but_not_a_killed_runs() -> None:
@@ -592,9 +594,79 @@ def test_a_limited_message_sent_again_and_lost_by_kombu_is_kombus_but_not_once_d
 
     lost = rows([(1.0, 10)])
     assert lost[NEVER].verdict == "ok"
-    assert lost["limited / rated: kombu lost the message (popped before it was unacked)"].count
+    assert lost[KOMBU].count
     # A delivery after the cut: the message was not lost there; what became of it is ours.
     assert rows([(1.0, 10), (6.0, 11)])[NEVER].verdict == "FAIL"
+
+
+# -- the paced task: both limits (key_concurrency=1, key_rate_limit="3/s") ------------------
+
+PACED_OVER = "paced: more than 1 run of one key at once"
+PACED_RATE_ROW = "paced: more than 3 starts of one key in 1s"
+
+
+def test_two_runs_of_a_paced_key_at_once_fail_and_one_after_the_other_pass() -> None:
+    overlapping = [(A, 1.0, 1.5), (B, 1.2, 1.6)]
+    _, bad = _limited(PACED, overlapping)
+    assert (bad[PACED_OVER].verdict, bad[PACED_OVER].count) == ("FAIL", 1)
+    assert B in bad[PACED_OVER].details[0]
+    assert bad[PACED_RATE_ROW].verdict == "ok"
+    _, good = _limited(PACED, [(A, 1.0, 1.5), (B, 1.5, 1.7)])
+    assert good[PACED_OVER].verdict == "ok"
+    # Each task is judged by its own limit: two at once are within the limited task's.
+    _, limited = _limited(LIMITED, overlapping)
+    assert limited[OVER].verdict == "ok"
+    assert limited[PACED_OVER].count == 0
+
+
+def test_a_second_paced_run_just_after_a_dedup_restart_beside_an_older_one_is_shown() -> None:
+    restart = Fault("dedup restart", 1.2, 1.25, "data lost")
+    _, rows = _limited(PACED, [(A, 1.0, 2.0), (B, 1.3, 1.8)], faults=[restart])
+    assert rows[PACED_OVER].verdict == "ok"
+    assert rows["paced: up to 2 at once across a dedup restart (slots lost)"].count == 1
+    # Three: beyond twice the limit, restart or not.
+    runs = [(A, 1.0, 2.0), (B, 1.3, 2.0), (C, 1.4, 1.8)]
+    _, rows = _limited(PACED, runs, faults=[restart])
+    assert rows[PACED_OVER].verdict == "FAIL"
+    # Both began after the restart: the slot was counted from then on.
+    _, rows = _limited(PACED, [(A, 1.3, 2.0), (B, 1.4, 1.8)], faults=[restart])
+    assert rows[PACED_OVER].verdict == "FAIL"
+
+
+def test_four_starts_of_a_paced_key_within_a_period_fail_though_one_at_a_time() -> None:
+    def rows(fourth: float, **found: Any) -> dict[str, Any]:
+        runs = [(A, 1.0, 1.1), (B, 1.3, 1.4), (C, 1.6, 1.7), (D, fourth, fourth + 0.05)]
+        return _limited(PACED, runs, **found)[1]
+
+    bad = rows(1.9)
+    assert (bad[PACED_RATE_ROW].verdict, bad[PACED_RATE_ROW].count) == ("FAIL", 1)
+    assert bad[PACED_OVER].verdict == "ok"
+    assert bad[RATE_ROW].count == 0  # (the rated task's row judges the rated task only)
+    assert rows(1.995)[PACED_RATE_ROW].verdict == "ok"
+    assert rows(2.2)[PACED_RATE_ROW].verdict == "ok"
+    # Across a dedup restart, up to twice the rate: shown, not failed.
+    restart = Fault("dedup restart", 1.2, 1.25, "data lost")
+    across = rows(1.9, faults=[restart])
+    assert across[PACED_RATE_ROW].verdict == "ok"
+    assert across["paced: up to 6 in 1s across a dedup restart (starts lost)"].count == 1
+
+
+def test_a_paced_call_that_never_ran_or_a_place_left_after_the_drain_fails() -> None:
+    calls = [Call(PACED, 1, A, False, 1.0, 1.0)]
+    assert {row.check: row for row in _judged(calls).limit_rows()}[NEVER].verdict == "FAIL"
+    line = f"p:{{t.paced:ab}}:line ttl 3600s member {A} ticket 4"
+    slot = f"p:{{t.paced:ab}}:slots ttl 9s member {A} tok lease ends in 8.00s"
+    _, ran = _limited(PACED, [(A, 1.0, 1.2)])
+    assert (ran[NEVER].verdict, ran[STUCK].verdict) == ("ok", "ok")
+    _, rows = _limited(PACED, [(A, 1.0, 1.2)], keys_left=[line])
+    assert rows[STUCK].verdict == "FAIL"
+    _, rows = _limited(PACED, [(A, 1.0, 1.2)], keys_left=[slot])
+    assert rows[STUCK].verdict == "FAIL"
+    # Killed at 1.1 s: the lease frees its slot; its start, reserved or made, is forgotten.
+    plan = f"p:{{t.paced:ab}}:plan ttl 2s member {A} at -0.50s"
+    checks, _ = _limited(PACED, [(A, 1.0, 1.1)], keys_left=[slot, plan])
+    checks.e.completed.clear()
+    assert {row.check: row for row in checks.limit_rows()}[STUCK].verdict == "ok"
 
 
 def test_a_call_answered_with_a_run_restored_across_a_dedup_restart_is_shown_not_failed() -> None:

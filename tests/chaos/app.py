@@ -24,7 +24,7 @@ from celery import Celery, signals
 import dedupe
 from tests.helpers import RunLog, worker_conf
 
-from .evidence import LIMIT, PERIOD, RATE
+from .evidence import LIMIT, PACED_LIMIT, PACED_RATE, PERIOD, RATE
 
 BROKER = os.environ.get("CHAOS_BROKER", "redis://127.0.0.1:6379/0")
 DEDUP = os.environ.get("CHAOS_DEDUP", BROKER)
@@ -186,6 +186,19 @@ assert PERIOD == 1.0  # (the rate's unit below)
 def rated(self: Any, key: int, seconds: float) -> None:
     """At most RATE starts of a key in any PERIOD; every call runs."""
     _run(self, "rated", key, seconds)
+
+
+@app.task(
+    **common,
+    base=dedupe.DedupeTask,
+    unique_on=("key",),
+    key_concurrency=PACED_LIMIT,
+    key_rate_limit=f"{PACED_RATE}/s",
+)
+def paced(self: Any, key: int, seconds: float) -> None:
+    """Both limits: at most PACED_LIMIT runs of a key at once and at most PACED_RATE starts
+    of a key in any PERIOD; every call runs, in call order."""
+    _run(self, "paced", key, seconds)
 
 
 #: The soft time limit of ``interrupted``: it fires in the middle of a call, most of the time.

@@ -26,11 +26,21 @@ from tests.helpers import RunLog
 #: The dedup tasks the first rows judge (the flow-control tasks have rows of their own).
 TASKS = ("finished", "started")
 DEBOUNCED = "debounced"
-#: The flow-control tasks of issue 31: ``limited`` (``key_concurrency=LIMIT``) and ``rated``
-#: (``key_rate_limit``: RATE starts per PERIOD seconds). Every call is accepted and runs.
-LIMITED, RATED = "limited", "rated"
+#: The flow-control tasks of issue 31: ``limited`` (``key_concurrency=LIMIT``), ``rated``
+#: (``key_rate_limit``: RATE starts per PERIOD seconds) and ``paced``, with both
+#: (``key_concurrency=PACED_LIMIT, key_rate_limit``: PACED_RATE per PERIOD). Every call is
+#: accepted and runs.
+LIMITED, RATED, PACED = "limited", "rated", "paced"
 LIMIT = 2
 RATE, PERIOD = 3, 1.0
+PACED_LIMIT, PACED_RATE = 1, 3
+#: The flow-control tasks, and the limits each declares: at most so many runs of a key at
+#: once (CONCURRENCY), at most so many starts of a key in any PERIOD (RATES).
+FLOW = (LIMITED, RATED, PACED)
+CONCURRENCY = {LIMITED: LIMIT, PACED: PACED_LIMIT}
+RATES = {RATED: RATE, PACED: PACED_RATE}
+#: How the rows of all of them are named ("limited / rated / paced: ...").
+FLOW_ROWS = " / ".join(FLOW)
 #: The keys of the limits (dedupe.values.limits.limit_keys), after the call key's hash tag.
 LIMIT_SUFFIXES = (":slots", ":line", ":due", ":seq", ":starts", ":plan")
 
@@ -954,13 +964,14 @@ class Checks:
     # -- the limited tasks ---------------------------------------------------------------------
 
     def limit_rows(self) -> list[Row]:
-        """The limited tasks' rows (see docs/chaos.md): never more than LIMIT runs of a
-        ``limited`` key at once, never more than RATE starts of a ``rated`` key in a
-        period, every call run, nothing left that holds later calls back."""
-        calls = Counter(call.task for call in self.e.calls if call.task in (LIMITED, RATED))
+        """The limited tasks' rows (see docs/chaos.md): never more runs of a key at once than
+        its task's ``key_concurrency`` (CONCURRENCY: ``limited``, ``paced``), never more
+        starts of a key in a period than its ``key_rate_limit`` (RATES: ``rated``,
+        ``paced``), every call run, nothing left that holds later calls back."""
+        calls = Counter(call.task for call in self.e.calls if call.task in FLOW)
         runs = {
             task: sum(len(runs) for (name, _), runs in self.e.runs.items() if name == task)
-            for task in (LIMITED, RATED)
+            for task in FLOW
         }
         again = {
             task: sum(
@@ -968,17 +979,17 @@ class Checks:
                 for call in self.e.calls
                 if call.task == task
             )
-            for task in (LIMITED, RATED)
+            for task in FLOW
         }
         return [
             Row(
-                "limited / rated: calls",
+                f"{FLOW_ROWS}: calls",
                 sum(calls.values()),
                 "info",
                 [
                     f"{task}: {calls[task]} calls, {runs[task]} runs, {again[task]} deliveries "
                     "sent again to wait their turn"
-                    for task in (LIMITED, RATED)
+                    for task in FLOW
                 ],
             ),
             *self.concurrency_rows(),
@@ -1001,13 +1012,17 @@ class Checks:
         return restarts[-1] if restarts else None
 
     def concurrency_rows(self) -> list[Row]:
-        """At most LIMIT runs of one ``limited`` key at once (a killed run ends at its kill).
-        More, up to twice the limit, only just after a dedup-Redis restart and with a run
-        that began before it among them: the restart lost the slots, and the live runs'
+        """The concurrency rows of each task with ``key_concurrency`` (CONCURRENCY)."""
+        return [row for task, limit in CONCURRENCY.items() for row in self.at_once(task, limit)]
+
+    def at_once(self, task: str, limit: int) -> list[Row]:
+        """At most ``limit`` runs of one key of ``task`` at once (a killed run ends at its
+        kill). More, up to twice the limit, only just after a dedup-Redis restart and with a
+        run that began before it among them: the restart lost the slots, and the live runs'
         heartbeats count theirs again at their next renewal (docs/flow-control.md)."""
         ours, restart = [], []
-        for (task, key), runs in sorted(self.e.runs.items()):
-            if task != LIMITED:
+        for (name, key), runs in sorted(self.e.runs.items()):
+            if name != task:
                 continue
             live: list[tuple[str, float, float | None]] = []
             for run in sorted(runs, key=lambda run: run[1]):
@@ -1015,29 +1030,30 @@ class Checks:
                 if self.unlimited(task_id, start):
                     continue
                 live = [r for r in live if r[2] is None or r[2] > start] + [run]
-                if len(live) <= LIMIT:
+                if len(live) <= limit:
                     continue
-                line = f"limited[{key}] {len(live)} runs at {self.t(start)}: " + ", ".join(
+                line = f"{task}[{key}] {len(live)} runs at {self.t(start)}: " + ", ".join(
                     f"{r[0]} {self.t(r[1])}-{self.t(r[2]) if r[2] else '?'}" for r in live
                 )
                 fault = self.restart_before(start)
                 if (
                     fault is not None
-                    and len(live) <= 2 * LIMIT
+                    and len(live) <= 2 * limit
                     and any(r[1] < fault.start for r in live)
                 ):
                     restart.append(f"{line}; after the dedup restart at {self.t(fault.start)}")
                 else:
                     ours.append(f"{line}; {self.before(start)}")
+        runs = "run" if limit == 1 else "runs"
         return [
             Row(
-                f"limited: more than {LIMIT} runs of one key at once",
+                f"{task}: more than {limit} {runs} of one key at once",
                 len(ours),
                 _fail(ours),
                 ours,
             ),
             Row(
-                f"limited: up to {2 * LIMIT} at once across a dedup restart (slots lost)",
+                f"{task}: up to {2 * limit} at once across a dedup restart (slots lost)",
                 len(restart),
                 "info",
                 restart,
@@ -1045,35 +1061,40 @@ class Checks:
         ]
 
     def rate_rows(self) -> list[Row]:
-        """At most RATE starts of one ``rated`` key in any PERIOD. A start is made in Redis
-        between its delivery's prerun and its body's start: RATE + 1 starts whose bodies all
-        began within a period of the earliest of their preruns broke the limit for sure. Up
-        to twice the rate only across a dedup-Redis restart (the starts made were lost)."""
+        """The rate rows of each task with ``key_rate_limit`` (RATES)."""
+        return [row for task, rate in RATES.items() for row in self.in_a_period(task, rate)]
+
+    def in_a_period(self, task: str, rate: int) -> list[Row]:
+        """At most ``rate`` starts of one key of ``task`` in any PERIOD. A start is made in
+        Redis between its delivery's prerun and its body's start: ``rate`` + 1 starts whose
+        bodies all began within a period of the earliest of their preruns broke the limit for
+        sure. Up to twice the rate only across a dedup-Redis restart (the starts made were
+        lost)."""
         ours, restart = [], []
-        for (task, key), runs in sorted(self.e.runs.items()):
-            if task != RATED:
+        for (name, key), runs in sorted(self.e.runs.items()):
+            if name != task:
                 continue
             starts = sorted(
                 (start, self.delivery_claim(task_id, start, self._pid_of(task_id, start)), task_id)
                 for task_id, start, _ in runs
                 if not self.unlimited(task_id, start)
             )
-            for index in range(len(starts) - RATE):
-                window = starts[index : index + RATE + 1]
+            for index in range(len(starts) - rate):
+                window = starts[index : index + rate + 1]
                 first = min(prerun for _, prerun, _ in window)
                 last = window[-1][0]
                 if last - first >= PERIOD:
                     continue
                 inside = [s for s in starts if first <= s[0] and s[0] - first < PERIOD]
                 line = (
-                    f"rated[{key}] {len(inside)} starts within {last - first:.3f}s from "
+                    f"{task}[{key}] {len(inside)} starts within {last - first:.3f}s from "
                     f"{self.t(first)}: "
                     + ", ".join(f"{task_id} {self.t(start)}" for start, _, task_id in inside)
                 )
                 fault = self.restart_before(last)
                 if (
                     fault is not None
-                    and len(inside) <= 2 * RATE
+                    and len(inside) <= 2 * rate
                     and first <= fault.end
                     and any(start < fault.start for start, _, _ in inside)
                 ):
@@ -1082,13 +1103,13 @@ class Checks:
                     ours.append(f"{line}; {self.before(first)}")
         return [
             Row(
-                f"rated: more than {RATE} starts of one key in {PERIOD:g}s",
+                f"{task}: more than {rate} starts of one key in {PERIOD:g}s",
                 len(ours),
                 _fail(ours),
                 ours,
             ),
             Row(
-                f"rated: up to {2 * RATE} in {PERIOD:g}s across a dedup restart (starts lost)",
+                f"{task}: up to {2 * rate} in {PERIOD:g}s across a dedup restart (starts lost)",
                 len(restart),
                 "info",
                 restart,
@@ -1105,7 +1126,7 @@ class Checks:
         began (shown apart)."""
         ours, transport, celerys = [], [], []
         for call in self.e.calls:
-            if call.task not in (LIMITED, RATED) or call.error or call.task_id in self.starts:
+            if call.task not in FLOW or call.error or call.task_id in self.starts:
                 continue
             line = f"{call.task}[{call.key}] {call.task_id} called {self.t(call.start)}, never ran"
             kill = self.lost_message(call.task_id)
@@ -1128,13 +1149,13 @@ class Checks:
                 )
         return [
             *_ours_and_kombus(
-                "limited / rated: calls that never ran",
+                f"{FLOW_ROWS}: calls that never ran",
                 ours,
-                "limited / rated: kombu lost the message (popped before it was unacked)",
+                f"{FLOW_ROWS}: kombu lost the message (popped before it was unacked)",
                 transport,
             ),
             Row(
-                "limited / rated: Celery acked as failed, its child killed before the run",
+                f"{FLOW_ROWS}: Celery acked as failed, its child killed before the run",
                 len(celerys),
                 "not ours" if celerys else "ok",
                 celerys,
@@ -1151,7 +1172,7 @@ class Checks:
         excused = {
             call.task_id
             for call in self.e.calls
-            if call.task in (LIMITED, RATED)
+            if call.task in FLOW
             and (self.lost_message(call.task_id) or self.e.worker_lost.get(call.task_id))
         }
         # Task ids whose last run was killed (it ends at its kill): its slot frees with
@@ -1182,13 +1203,13 @@ class Checks:
                 shown.append(line)
         return [
             Row(
-                "limited / rated: places or slots stuck after the drain",
+                f"{FLOW_ROWS}: places or slots stuck after the drain",
                 len(stuck),
                 _fail(stuck),
                 stuck,
             ),
             Row(
-                "limited / rated: their keys left (free by their ttl)",
+                f"{FLOW_ROWS}: their keys left (free by their ttl)",
                 len(shown),
                 "info" if shown else "ok",
                 shown,

@@ -92,9 +92,11 @@ class Params:
     flow_producers: int = 2
     #: Keys of the debounced task (0: no debounced calls), called in bursts.
     debounced_keys: int = 4
-    #: Keys of the limited task (key_concurrency) and of the rated one (key_rate_limit).
+    #: Keys of the limited task (key_concurrency), of the rated one (key_rate_limit) and of
+    #: the paced one (both).
     limited_keys: int = 2
     rated_keys: int = 2
+    paced_keys: int = 2
 
     @property
     def window(self) -> float:
@@ -174,12 +176,25 @@ def _produce(seed: int, params: Params, barrier: Any) -> None:
         chaos_app.evidence.rpush(sink, *batch)
 
 
+#: How a limited task's key is called: bursts of so many calls (20-100 ms apart) whose runs
+#: last so long (seconds), then a pause; each key keeps up over its pauses (its backlog drains
+#: within the drain). ``paced`` (one run at once, three starts a second) is called about
+#: once a second, and its runs are now shorter than its rate's spacing, now longer.
+BURSTS: dict[str, tuple[tuple[int, int], tuple[float, float], tuple[float, float]]] = {
+    "limited": ((2, 5), (0.2, 0.5), (0.5, 2.0)),
+    "rated": ((2, 6), (0.05, 0.05), (0.8, 2.5)),
+    "paced": ((2, 5), (0.05, 0.45), (1.5, 3.5)),
+}
+
+
 class _FlowProducer:
     """A flow producer: one thread per key it owns (key % flow_producers == seed), each
     calling a flow-control task in bursts for ``duration`` seconds. Debounced: its argument
     one more at every call, calls a little apart (under the quiet period: they collapse),
-    now and then a burst longer than the cap, and pauses that end a burst or not. Limited
-    and rated: bursts beyond the limit (they wait their turn), pauses it keeps up over."""
+    now and then a burst longer than the cap, and pauses that end a burst or not. Limited,
+    rated and paced: bursts beyond the limits (they wait their turn), pauses they keep up
+    over; a paced key's runs are now shorter than its rate's spacing (the rate holds them
+    back), now longer (its one slot does)."""
 
     def __init__(self, seed: int, params: Params) -> None:
         from tests.chaos import app as chaos_app
@@ -196,9 +211,10 @@ class _FlowProducer:
     def owned(self) -> list[tuple[str, int]]:
         p = self.params
         keys = (("debounced", p.debounced_keys), ("limited", p.limited_keys))
+        limits = (("rated", p.rated_keys), ("paced", p.paced_keys))
         return [
             (name, key)
-            for name, count in (*keys, ("rated", p.rated_keys))
+            for name, count in (*keys, *limits)
             for key in range(count)
             if key % p.flow_producers == self.seed
         ]
@@ -237,12 +253,11 @@ class _FlowProducer:
                     time.sleep(rng.uniform(0.03, 0.25))
                 time.sleep(rng.uniform(0.1, 1.5))
                 continue
-            limited = name == "limited"
-            for _ in range(rng.randint(2, 5) if limited else rng.randint(2, 6)):
-                seconds = rng.uniform(0.2, 0.5) if limited else 0.05
-                made.append(self.call(name, key, (key, seconds)))
+            calls, seconds, pause = BURSTS[name]
+            for _ in range(rng.randint(*calls)):
+                made.append(self.call(name, key, (key, rng.uniform(*seconds))))
                 time.sleep(rng.uniform(0.02, 0.1))
-            time.sleep(rng.uniform(0.5, 2.0) if limited else rng.uniform(0.8, 2.5))
+            time.sleep(rng.uniform(*pause))
         if made:
             self.app.evidence.rpush(f"{self.app.PREFIX}:calls", *made)
 
@@ -721,7 +736,7 @@ class Scenario:
     def _produce_under_faults(self) -> float:
         context = multiprocessing.get_context("spawn")
         p = self.params
-        flow_keys = p.debounced_keys + p.limited_keys + p.rated_keys
+        flow_keys = p.debounced_keys + p.limited_keys + p.rated_keys + p.paced_keys
         flow = p.flow_producers if flow_keys and not p.plain else 0
         barrier = context.Barrier(p.producers + flow + 1)
         producers = [
