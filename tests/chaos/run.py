@@ -409,7 +409,6 @@ class AmqpBroker(Broker):
         self.port = free_port()
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}//"
         self.proxy = ProcessGroup({}, LOGDIR / f"chaos-proxy-{self.port}.log")
-        self.connection = Connection(AMQP_URL, connect_timeout=2)
 
     def start(self) -> None:
         self.proxy.spawn(
@@ -430,15 +429,16 @@ class AmqpBroker(Broker):
 
     def close(self) -> None:
         self.proxy.stop(timeout=2)
-        self.connection.close()
 
     def queue_length(self, queue: str) -> int | None:
+        # A connection of each call's own: the stall watch's thread and the drain both ask,
+        # and two threads on one py-amqp connection can each wait for the frame the other
+        # read (a drain that hung for good on RabbitMQ, once, with an empty queue).
         try:
-            _, count, _ = self.connection.default_channel.queue_declare(queue, passive=True)
-            return int(count)
+            with Connection(AMQP_URL, connect_timeout=2) as fresh:
+                _, count, _ = fresh.default_channel.queue_declare(queue, passive=True)
+                return int(count)
         except Exception:
-            self.connection.close()
-            self.connection = Connection(AMQP_URL, connect_timeout=2)
             return None
 
     def delete(self, queue: str) -> None:
