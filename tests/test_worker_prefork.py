@@ -280,6 +280,9 @@ def test_retry_on_worker_lost_keeps_the_key_for_the_retry(
     task = worker_app.lost_then_retried
     result = task.delay(tag)
     wait_running(task, tag)
+    # The body's start, not only its claim: killed before the run log's first line, the
+    # first run would leave no trace to count (its pid is written a moment before it).
+    wait_for(lambda: worker_app.runlog(tag).runs(), message="the first run's start")
     os.kill(pid_of(redis_client, tag), signal.SIGKILL)
     # The main process re-sends it (same id): the key is the retry's, never free meanwhile.
     # The key is read before the run log: a retry that started (and may have ended, freeing
