@@ -238,9 +238,10 @@ def pushing_through_many(producer: Any, plans: Mapping[str, PushPlan]) -> Contex
 
 def pushing_in_line(producer: Any, plan: LinePlan | StartPlan) -> ContextManager[None]:
     """Publish through ``producer`` with ``plan``'s place in line (or start), for the
-    duration of the block: on a Redis broker that is the dedup store, the place and the
-    message in one round trip; else the place first, then the message (a publish that is not
-    kombu's Redis transport's goes out as it would, and takes no place here)."""
+    duration of the block: on a Redis broker that is the dedup store, the place (or start)
+    and the message in one round trip; else the place (or start) first, then the message (a
+    publish that is not kombu's Redis transport's goes out as it would, and takes no place
+    here)."""
     channel = producer.channel
     if not is_redis_channel(channel):
         return nullcontext()
