@@ -17,6 +17,7 @@ import pytest
 import redis
 from celery import Celery, signals
 from celery.app.task import Task as CeleryTask
+from kombu import Exchange, Queue
 
 import dedupe
 from dedupe.producer.guard import keys_of_call
@@ -220,3 +221,33 @@ def test_the_scripts_write_an_eta_as_python_formats_the_same_utc_instant(
         (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="microseconds") for ms in instants
     ]
     assert [text.decode() for text in written] == expected
+
+
+def test_a_call_over_its_rate_to_queues_of_different_expiries_takes_its_start_first_with_its_eta(
+    make_app: Callable[..., Celery], redis_factory: RedisFactory, tag: str
+) -> None:
+    # One script extends one expiry: the start first, then kombu's pushes, its eta set here.
+    server = redis_factory()
+    exchange = Exchange(f"both-{tag}", type="topic")  # (a direct one goes to its queue alone)
+    short, long = (
+        Queue(f"{name}-{tag}", exchange, routing_key=tag, expires=seconds)
+        for name, seconds in (("short", 600), ("long", 1200))
+    )
+    app = make_app(broker=server.url, dedupe_redis_url=server.url, task_queues=[short, long])
+
+    @app.task(shared=False, base=dedupe.DedupeTask, key_rate_limit=RATE, unique_on=("x",))
+    def rated(x: int) -> int:
+        return x
+
+    client = redis.Redis.from_url(server.url)
+    try:
+        rated.apply_async((1,), queue=long.name)  # (declared on the producer's channel)
+        rated.apply_async((1,), queue=short.name)
+        messages = client.lrange(short.name, 0, -1)
+        assert client.llen(long.name) == 2  # (both calls went to both queues)
+        eta = datetime.fromisoformat(_eta(messages[0]))
+        task_id = json.loads(messages[0])["headers"]["id"]
+        reserved = datetime.fromisoformat(_reserved_start(client, rated, task_id))
+        assert abs((eta - reserved).total_seconds()) < 1.0  # (the host's clock, not Redis's)
+    finally:
+        client.close()
