@@ -1,8 +1,9 @@
 """Flow control per key at the call: a call of a task with ``key_concurrency`` takes its
 place in its key's line; a call of a task with ``key_rate_limit`` reserves the next free
-start of its key, published with the countdown to it. A place in line goes with its message
-in one round trip on a Redis broker that is the dedup store's server and db (the publish
-seam); else, as a start always does, one round trip to the dedup Redis, then the publish.
+start of its key, published with the eta of it. A place in line, a start, or both, go with
+the message in one round trip on a Redis broker that is the dedup store's server and db (the
+publish seam; a start's script writes the message's eta); else one round trip to the dedup
+Redis, then the publish.
 Every call is accepted: nothing here refuses or deduplicates.
 
 The run side (a slot, or a start checked again) is :mod:`dedupe.worker.limits`.
@@ -19,7 +20,7 @@ from typing import Any
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import Runtime, runtime_of
-from dedupe.store.store import Store
+from dedupe.store.store import PlaceWait, Store
 from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
 from dedupe.values.keys import keys_for
@@ -29,7 +30,7 @@ from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
 from .call import Call, new_task_id
 from .call_sender import sender_for
-from .publish_seam import LinePlan, pushing_in_line
+from .publish_seam import LinePlan, StartPlan, pushing_in_line
 from .result import DedupeResult, mark_result
 
 __all__ = ["publish_limited"]
@@ -38,6 +39,7 @@ logger = logging.getLogger("dedupe.producer")
 
 _always_eager = SettingReader("task_always_eager")
 _enable_utc = SettingReader("enable_utc")
+_task_protocol = SettingReader("task_protocol")
 
 
 def publish_limited(call: Call) -> DedupeResult:
@@ -82,6 +84,26 @@ def publish_limited(call: Call) -> DedupeResult:
         header = LimitHeader("both", keys.call, limit, rate.period, unique.lease, starts=rate.count)
     store = runtime.store
     unavailable = _on_unavailable(runtime, call.task_name, task_id, keys.call)
+    earliest_ms = milliseconds(delay) if delay else 0
+    if rate is not None and runtime.one_step and _task_protocol(app) == 2:
+        # (Protocol 2: the eta the script writes is a header's, outside the message body.)
+        expiry = _expiry_of(call, now)
+        place = (
+            PlaceWait(int(unique.ttl * 1000), None if expiry is None else int(expiry * 1000))
+            if header.holds_slots
+            else None
+        )
+        start = StartPlan(
+            lambda: runtime.store,
+            header.keys,
+            task_id,
+            rate.count,
+            milliseconds(rate.period),
+            earliest_ms,
+            unavailable,
+            place,
+        )
+        return _publish_in_line(call, header, start)
     if rate is not None:
         # The start first: its countdown is in the message, and a place waits as long.
         try:
@@ -90,7 +112,7 @@ def publish_limited(call: Call) -> DedupeResult:
                 task_id,
                 rate.count,
                 milliseconds(rate.period),
-                earliest_ms=milliseconds(delay) if delay else 0,
+                earliest_ms=earliest_ms,
             )
             if wait_ms > milliseconds(delay):
                 options.pop("eta", None)
@@ -125,9 +147,10 @@ def _publish_with(call: Call, header: LimitHeader, store: Store, task_id: str) -
     return mark_result(sent, deduplicated=False)
 
 
-def _publish_in_line(call: Call, header: LimitHeader, plan: LinePlan) -> DedupeResult:
-    """Publish a call of a task with ``key_concurrency`` on a Redis broker that is the dedup
-    store: its place in line taken with its message, in one round trip (ticket_publish.lua)."""
+def _publish_in_line(call: Call, header: LimitHeader, plan: LinePlan | StartPlan) -> DedupeResult:
+    """Publish a limited call on a Redis broker that is the dedup store: its place in line
+    (ticket_publish.lua), or its start (start_publish.lua), or both
+    (start_ticket_publish.lua) taken with its message, in one round trip."""
     options = call.options
     _add_header(options, header)
     given = options.get("producer")
@@ -139,8 +162,8 @@ def _publish_in_line(call: Call, header: LimitHeader, plan: LinePlan) -> DedupeR
             with pushing_in_line(producer, plan), publishing():
                 sent = (sender_for(call, producer) or call.publish)(call.args, call.kwargs, options)
         except BaseException:
-            # Only a place taken apart from its push goes: once ticket_publish.lua is sent,
-            # its place and its message are both there or neither.
+            # Only a place taken apart from its push goes: once its script is sent, its
+            # place and its message are both there or neither (a start alone lapses).
             if plan.owns_a_place_alone:
                 _leave_line(plan.store, header.keys, plan.task_id)
             raise
@@ -181,10 +204,13 @@ def _place_for(call: Call, ttl: float, delay: float, now: float) -> float:
     """How long a call's place in line waits for its message's first run: ``unique_ttl``
     past its countdown, or until the message expires (an expired message never runs, and a
     place nobody takes holds the line)."""
-    expires = call.options.get("expires", getattr(call.task, "expires", None))
-    expiry = (
-        None
-        if expires is None
-        else seconds_to_expiry(expires, now, enable_utc=_enable_utc(call.app))
-    )
+    expiry = _expiry_of(call, now)
     return ttl + delay if expiry is None else max(min(ttl + delay, expiry), 1.0)
+
+
+def _expiry_of(call: Call, now: float) -> float | None:
+    """Seconds from ``now`` until the call's message expires (None: never)."""
+    expires = call.options.get("expires", getattr(call.task, "expires", None))
+    if expires is None:
+        return None
+    return seconds_to_expiry(expires, now, enable_utc=_enable_utc(call.app))

@@ -15,13 +15,16 @@ Design notes: docs/design-notes.md, "dedupe.producer.publish_seam".
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from kombu.exceptions import OperationalError
@@ -32,7 +35,7 @@ from dedupe.compat import kombu_private
 from dedupe.errors import RedisUnavailable
 from dedupe.store.replies import Push
 from dedupe.store.script_runner import Reply
-from dedupe.store.store import PendingPush, Store
+from dedupe.store.store import EtaSplit, PendingPush, PlaceWait, Store
 from dedupe.values.config import SettingReader
 from dedupe.values.keys import CallKeys
 from dedupe.values.latest import LatestWrite
@@ -46,6 +49,7 @@ __all__ = [
     "PendingDecision",
     "PushPlan",
     "Refused",
+    "StartPlan",
     "deciding_at_push",
     "is_redis_channel",
     "pushing_in_line",
@@ -156,6 +160,39 @@ class LinePlan:
         return self.state == "placed"
 
 
+@dataclass(eq=False)
+class StartPlan:
+    """What the publish of a call with ``key_rate_limit`` writes with its message: its
+    reserved start (start.lua's "call"), and its place in line with both limits; the
+    message's eta is its start's, when that is later than the call's own."""
+
+    store_of: Callable[[], Store]
+    #: The key's starts and plan keys (line, due and seq too, with both limits).
+    keys: Mapping[str, str]
+    task_id: str
+    #: N starts per period (ms).
+    count: int
+    period_ms: int
+    #: The call's own countdown or eta, ms from now (0: none).
+    earliest_ms: int
+    #: Called when a start or place taken apart from the push cannot be had (Redis
+    #: unreachable): raises to refuse the publish, or returns to publish without them.
+    unavailable: Callable[[RedisUnavailable], None]
+    #: Both limits: how long its place in line waits (None: no place, a rate alone).
+    place: PlaceWait | None = None
+    #: As :class:`LinePlan`'s (a start alone is never "placed": a reserved start lapses).
+    state: Literal["absent", "sent", "placed", "pushed", "dropped"] = "absent"
+
+    @property
+    def store(self) -> Store:
+        return self.store_of()
+
+    @property
+    def owns_a_place_alone(self) -> bool:
+        """As :attr:`LinePlan.owns_a_place_alone`."""
+        return self.state == "placed"
+
+
 def is_redis_channel(channel: Any) -> bool:
     """A channel of kombu's Redis transport (Sentinel's included)."""
     return isinstance(channel, kombu_redis.Channel)
@@ -199,11 +236,12 @@ def pushing_through_many(producer: Any, plans: Mapping[str, PushPlan]) -> Contex
     return seam.installed()
 
 
-def pushing_in_line(producer: Any, plan: LinePlan) -> ContextManager[None]:
-    """Publish through ``producer`` with ``plan``'s place in line, for the duration of the
-    block: on a Redis broker that is the dedup store, the place and the message in one round
-    trip; else the place first, then the message (a publish that is not kombu's Redis
-    transport's goes out as it would, and takes no place here)."""
+def pushing_in_line(producer: Any, plan: LinePlan | StartPlan) -> ContextManager[None]:
+    """Publish through ``producer`` with ``plan``'s place in line (or start), for the
+    duration of the block: on a Redis broker that is the dedup store, the place (or start)
+    and the message in one round trip; else the place (or start) first, then the message (a
+    publish that is not kombu's Redis transport's goes out as it would, and takes no place
+    here)."""
     channel = producer.channel
     if not is_redis_channel(channel):
         return nullcontext()
@@ -220,7 +258,7 @@ class _Seam:
     """The channel's ``basic_publish`` and ``_put`` for a block of publishes: shadowed once for
     the block (a batch makes many publishes through it)."""
 
-    def __init__(self, channel: Any, plans: Mapping[str, PushPlan | LinePlan]) -> None:
+    def __init__(self, channel: Any, plans: Mapping[str, PushPlan | LinePlan | StartPlan]) -> None:
         self.channel = channel
         self.plans = plans
         self.kombu = type(channel)
@@ -266,9 +304,12 @@ class _Seam:
         if isinstance(plan, LinePlan):
             _publish_in_line(self, plan, message, queues, fanouts)
             return None
+        if isinstance(plan, StartPlan):
+            _publish_at_start(self, plan, message, queues, fanouts)
+            return None
         return _publish(self, plan, message, queues, fanouts)
 
-    def on_same_server(self, plan: PushPlan | LinePlan) -> bool:
+    def on_same_server(self, plan: PushPlan | LinePlan | StartPlan) -> bool:
         store = plan.store
         known = self.same_server.get(id(store))
         if known is None:
@@ -453,6 +494,102 @@ def _publish_in_line(
         expire_ms=expire_ms,
     )
     plan.state = "pushed"
+
+
+def _publish_at_start(
+    seam: _Seam,
+    plan: StartPlan,
+    message: dict[str, Any],
+    queues: list[str],
+    fanouts: list[tuple[Any, ...]],
+) -> None:
+    """Reserve ``plan``'s start (and take its place in line) with the message kombu routed
+    to ``queues``, its eta the start's: the script decides the countdown, so the message is
+    serialised around its eta and the script writes it."""
+    channel = seam.channel
+    if not queues and not fanouts:
+        plan.state = "dropped"  # (kombu drops it: no start, no place, for nothing)
+        return
+    headers = message["headers"]  # (protocol 2's, eta included: see publish_limited)
+    queue_expiry = kombu_private.queue_expiries(channel)
+    expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
+    split = None
+    if not fanouts and len(expiries) <= 1 and seam.on_same_server(plan):
+        split = _split_at_eta(message, headers)
+    if split is None:
+        _start_then_push(channel, plan, message, queues, fanouts)
+        return
+    lists, expiring, expire_ms = _lists_of(channel, message, queues, expiries)
+    plan.state = "sent"  # its fate is the script's from here: never left on a failure
+    pushed = plan.store.reserve_start_and_push(
+        plan.keys,
+        plan.task_id,
+        plan.count,
+        plan.period_ms,
+        split,
+        lists,
+        earliest_ms=plan.earliest_ms,
+        expiring=expiring,
+        expire_ms=expire_ms,
+        place=plan.place,
+    )
+    plan.state = "pushed"
+    # Celery hands this dict to after_task_publish (and its task-sent event): they see the
+    # eta that was pushed.
+    headers["eta"] = json.loads(pushed.eta)
+
+
+def _split_at_eta(message: dict[str, Any], headers: dict[str, Any]) -> EtaSplit | None:
+    """``message`` serialised as kombu pushes it, split at its eta's JSON value (None: the
+    placeholder is not found once)."""
+    own = headers["eta"]
+    placeholder = f"dedupe-eta-{uuid.uuid4().hex}"
+    headers["eta"] = placeholder
+    try:
+        text = dumps(message)
+    finally:
+        headers["eta"] = own
+    parts = text.split(json.dumps(placeholder))
+    if len(parts) != 2:
+        return None
+    return EtaSplit(parts[0], dumps(own), parts[1])
+
+
+def _start_then_push(
+    channel: Any,
+    plan: StartPlan,
+    message: dict[str, Any],
+    queues: list[str],
+    fanouts: list[tuple[Any, ...]],
+) -> None:
+    """Two steps, as on any other broker: the start (and the place), then kombu's push, the
+    eta written here."""
+    logger.debug("%s: no one-step publish here, reserving its start first", plan.task_id)
+    store, keys, task_id = plan.store, plan.keys, plan.task_id
+    try:
+        wait_ms = store.next_start(
+            keys, task_id, plan.count, plan.period_ms, earliest_ms=plan.earliest_ms
+        )
+    except RedisUnavailable as exc:
+        plan.unavailable(exc)
+        wait_ms = 0
+    delay_ms = plan.earliest_ms
+    if wait_ms > max(delay_ms, 1):
+        delay_ms = wait_ms
+        at = datetime.fromtimestamp(time.time() + wait_ms / 1000, timezone.utc)
+        message["headers"]["eta"] = at.isoformat()  # (protocol 2: see publish_limited)
+    if plan.place is not None:
+        try:
+            store.take_ticket(keys, task_id, plan.place.ms_after(delay_ms))
+            plan.state = "placed"
+        except RedisUnavailable as exc:
+            plan.unavailable(exc)
+    for queue in queues:
+        kombu_private.put(channel, queue, message)
+    for args, kwargs in fanouts:
+        kombu_private.put_fanout(channel, *args, **kwargs)
+    if plan.state == "placed":
+        plan.state = "pushed"
 
 
 def _place_then_push(

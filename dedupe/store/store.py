@@ -58,10 +58,13 @@ from .script_runner import Reply
 __all__ = [
     "DataLossBarrier",
     "EnqueueCall",
+    "EtaSplit",
     "LatestCall",
     "Lease",
     "PendingPush",
+    "PlaceWait",
     "Restoration",
+    "StartPush",
     "Store",
     "script_text",
     "slot_member",
@@ -75,6 +78,40 @@ def script_text(name: str) -> str:
     package = resources.files("dedupe.store") / "lua"
     prelude = (package / "_prelude.lua").read_text(encoding="utf-8")
     return prelude + "\n" + (package / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class EtaSplit:
+    """A message serialised as kombu pushes it, but for its eta's JSON value: the text
+    before it and after it, and the call's own eta's value (``null``: none)."""
+
+    prefix: str
+    own: str
+    suffix: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceWait:
+    """How long the place in line of a call with both limits waits: ``past_start_ms`` past
+    its start, cut at its message's expiry (``expiry_ms`` from now, 1 s at least; None: the
+    message never expires)."""
+
+    past_start_ms: int
+    expiry_ms: int | None = None
+
+    def ms_after(self, wait_ms: int) -> int:
+        """How long the place waits, for a start ``wait_ms`` from now (as the script has it)."""
+        place = self.past_start_ms + wait_ms
+        return place if self.expiry_ms is None else max(min(place, self.expiry_ms), 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class StartPush:
+    """What start_publish.lua did: the ms from now to the call's start, and the JSON value
+    of the eta it pushed."""
+
+    wait_ms: int
+    eta: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +254,8 @@ class Store:
         self._renew_slot = self._register("renew_slot")
         self._free_slot = self._register("free_slot")
         self._start = self._register("start")
+        self._start_publish = self._register("start_publish")
+        self._start_ticket_publish = self._register("start_ticket_publish")
         self._leave_line = self._register("leave_line")
         self._free_slots_of = self._register("free_slots_of")
 
@@ -675,6 +714,40 @@ class Store:
                 [task_id, count, period_ms, mode, earliest_ms],
             )
         return _integer("start", reply)
+
+    def reserve_start_and_push(
+        self,
+        keys: Mapping[str, str],
+        task_id: str,
+        count: int,
+        period_ms: int,
+        message: EtaSplit,
+        lists: Sequence[str],
+        *,
+        earliest_ms: int = 0,
+        expiring: Sequence[str] = (),
+        expire_ms: int = 0,
+        place: PlaceWait | None = None,
+    ) -> StartPush:
+        """:meth:`next_start` of a call and the push of its message to ``lists``, in one step
+        (start_publish.lua): the message's eta is its reserved start's when that is later
+        than ``earliest_ms`` from now. With ``place`` (both limits), its place in line is
+        taken too (start_ticket_publish.lua)."""
+        head = [keys["starts"], keys["plan"]]
+        args: list[Any] = [task_id, count, period_ms, earliest_ms, message.prefix, message.own]
+        args += [message.suffix, len(lists), expire_ms]
+        name, script = "start_publish", self._start_publish
+        if place is not None:
+            name, script = "start_ticket_publish", self._start_ticket_publish
+            head += [keys["line"], keys["due"], keys["seq"]]
+            args += [place.past_start_ms, "" if place.expiry_ms is None else place.expiry_ms]
+        with reraise_unavailable(name, keys["starts"]):
+            # (Not sent again once written: a second run would push the message twice.)
+            reply = self._run(script, [*head, *lists, *expiring], args, resend=False)
+        if not isinstance(reply, list) or len(reply) < 2 or not isinstance(reply[1], (bytes, str)):
+            raise UnexpectedReply(name, reply)
+        eta = reply[1].decode() if isinstance(reply[1], bytes) else reply[1]
+        return StartPush(_integer(name, reply[0]), eta)
 
     def requeue(
         self, keys: CallKeys, task_id: str, token: str, record: bytes, ttl_ms: int

@@ -347,3 +347,103 @@ local function enqueue_latest_call(key, latest_key, record, ttl, arguments, now,
       tonumber(max_wait))
   end)
 end
+
+-- start.lua's plan of a key's starts (start_publish.lua's too): the first start at or after
+-- earliest that keeps every window of a period at n starts or fewer, among the starts made
+-- and reserved, is reserved for id. Returns it (server ms).
+local function plan_start(starts, plan, id, n, period, earliest, now)
+  -- The scores that read(set) finds in the starts made and in the plan, together, sorted.
+  local function times_of(read)
+    local times = {}
+    for _, set in ipairs({starts, plan}) do
+      local found = read(set)
+      for i = 2, #found, 2 do
+        times[#times + 1] = tonumber(found[i])
+      end
+    end
+    table.sort(times)
+    return times
+  end
+
+  -- Would a start at t keep every window of a period at N starts or fewer?
+  local function fits(t)
+    local times = times_of(function(set)
+      return redis.call('ZRANGEBYSCORE', set, '(' .. (t - period), '(' .. (t + period),
+        'WITHSCORES')
+    end)
+    times[#times + 1] = t
+    table.sort(times)
+    for i = n + 1, #times do
+      if times[i] - times[i - n] < period then
+        return false
+      end
+    end
+    return true
+  end
+
+  local at = earliest
+  if not fits(at) then
+    -- The next free start: after every start made or reserved, a period after the Nth last
+    -- (the last n of each set: a long plan is never read whole).
+    local times = times_of(function(set)
+      return redis.call('ZRANGE', set, -n, -1, 'WITHSCORES')
+    end)
+    at = math.max(earliest, times[#times])
+    if #times >= n then
+      at = math.max(at, times[#times - n + 1] + period)
+    end
+  end
+  redis.call('ZADD', plan, at, id)
+  keep_alive(plan, at - now + period)
+  return at
+end
+
+-- start.lua's "call" (start_publish.lua's): a producer reserves its call's start, the next
+-- free one earliest_ms from now or later; a task id that has one keeps it (a re-sent
+-- command, the same task id again). Returns the start (server ms) and now.
+local function reserve_start(starts, plan, id, n, period, earliest_ms)
+  local now = server_ms()
+  forget_starts(starts, plan, now, period)
+  local reserved = redis.call('ZSCORE', plan, id)
+  if reserved then
+    return tonumber(reserved), now
+  end
+  return plan_start(starts, plan, id, n, period, now + math.max(earliest_ms, 0), now), now
+end
+
+-- The UTC time of ms (server ms since the epoch) as Celery writes an eta (the isoformat of
+-- an aware UTC datetime): "2026-11-27T15:04:05.123000+00:00". The date by days-to-civil
+-- (H. Hinnant's algorithm: eras of 400 years, years from March, so a leap day is last).
+local function iso_utc(ms)
+  ms = math.floor(ms)
+  local seconds = math.floor(ms / 1000)
+  local days = math.floor(seconds / 86400)
+  local time_of_day = seconds - days * 86400
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor(
+    (doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local day = doy - math.floor((153 * mp + 2) / 5) + 1
+  local month = mp < 10 and mp + 3 or mp - 9
+  local year = yoe + era * 400
+  if month <= 2 then
+    year = year + 1
+  end
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03d000+00:00', year, month, day,
+    math.floor(time_of_day / 3600), math.floor(time_of_day % 3600 / 60), time_of_day % 60,
+    ms - seconds * 1000)
+end
+
+-- The wait (ms) to a call's reserved start at (start_publish.lua's, start_ticket_publish.lua's)
+-- and the JSON value of its message's eta: the start's when it is later than the call's own
+-- earliest (ms from now), else the call's own eta (own, JSON: null when it has none).
+local function eta_for(at, now, earliest, own)
+  local wait = math.max(math.ceil(at - now), 0)
+  if wait > math.max(earliest, 1) then
+    return wait, '"' .. iso_utc(at) .. '"'
+  end
+  return wait, own
+end

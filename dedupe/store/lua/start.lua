@@ -18,91 +18,31 @@
 --
 -- Returns the ms from now to this task id's start: 0 a run started (its start recorded);
 -- else the run, or the call's message, waits that long.
-local now = server_ms()
 local id, n, period = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-forget_starts(KEYS[1], KEYS[2], now, period)
-
-local earliest = now
 if ARGV[4] == 'call' then
-  local reserved = redis.call('ZSCORE', KEYS[2], id)
-  if reserved then
-    return math.max(math.ceil(tonumber(reserved) - now), 0)  -- (a re-sent command)
-  end
-  earliest = now + math.max(tonumber(ARGV[5]) or 0, 0)
-else
-  local token = string.sub(ARGV[4], 5)
-  local reserved = redis.call('ZSCORE', KEYS[2], id)
-  redis.call('ZREM', KEYS[2], id)  -- (its reservation is used now, or moved)
-  local started = last_starts(KEYS[1], n)
-  if #started < 2 * n then
-    redis.call('ZADD', KEYS[1], now, id .. ' ' .. token)
-    keep_alive(KEYS[1], period)
-    return 0
-  end
-  -- N runs started within the period: not before the oldest of them is a period old.
-  earliest = tonumber(started[2]) + period + 1
-  if reserved and tonumber(reserved) <= now then
-    -- Its reserved start has come, and the runs of the period before started a moment
-    -- after theirs (delivery takes a few ms): it waits for that moment, in its place, not
-    -- behind every start reserved since (which put runs out of order, and a period late).
-    redis.call('ZADD', KEYS[2], earliest, id)
-    keep_alive(KEYS[2], earliest - now + period)
-    return math.max(math.ceil(earliest - now), 1)
-  end
-end
-
--- The scores that read(set) finds in the starts made and in the plan, together, sorted.
-local function times_of(read)
-  local times = {}
-  for k = 1, 2 do
-    local found = read(KEYS[k])
-    for i = 2, #found, 2 do
-      times[#times + 1] = tonumber(found[i])
-    end
-  end
-  table.sort(times)
-  return times
-end
-
--- The starts (made and reserved) between lo and hi, exclusive.
-local function times_between(lo, hi)
-  return times_of(function(set)
-    return redis.call('ZRANGEBYSCORE', set, '(' .. lo, '(' .. hi, 'WITHSCORES')
-  end)
-end
-
--- The last n starts (made and reserved): a long plan is never read whole.
-local function last_times()
-  return times_of(function(set)
-    return redis.call('ZRANGE', set, -n, -1, 'WITHSCORES')
-  end)
-end
-
--- Would a start at t keep every window of a period at N starts or fewer?
-local function fits(t)
-  local times = times_between(t - period, t + period)
-  times[#times + 1] = t
-  table.sort(times)
-  for i = n + 1, #times do
-    if times[i] - times[i - n] < period then
-      return false
-    end
-  end
-  return true
-end
-
-local at = earliest
-if not fits(at) then
-  -- The next free start: after every start made or reserved, a period after the Nth last.
-  local times = last_times()
-  at = math.max(earliest, times[#times])
-  if #times >= n then
-    at = math.max(at, times[#times - n + 1] + period)
-  end
-end
-redis.call('ZADD', KEYS[2], at, id)
-keep_alive(KEYS[2], at - now + period)
-if ARGV[4] == 'call' then
+  local at, now = reserve_start(KEYS[1], KEYS[2], id, n, period, tonumber(ARGV[5]) or 0)
   return math.max(math.ceil(at - now), 0)
 end
-return math.max(math.ceil(at - now), 1)
+
+local now = server_ms()
+forget_starts(KEYS[1], KEYS[2], now, period)
+local token = string.sub(ARGV[4], 5)
+local reserved = redis.call('ZSCORE', KEYS[2], id)
+redis.call('ZREM', KEYS[2], id)  -- (its reservation is used now, or moved)
+local started = last_starts(KEYS[1], n)
+if #started < 2 * n then
+  redis.call('ZADD', KEYS[1], now, id .. ' ' .. token)
+  keep_alive(KEYS[1], period)
+  return 0
+end
+-- N runs started within the period: not before the oldest of them is a period old.
+local earliest = tonumber(started[2]) + period + 1
+if reserved and tonumber(reserved) <= now then
+  -- Its reserved start has come, and the runs of the period before started a moment
+  -- after theirs (delivery takes a few ms): it waits for that moment, in its place, not
+  -- behind every start reserved since (which put runs out of order, and a period late).
+  redis.call('ZADD', KEYS[2], earliest, id)
+  keep_alive(KEYS[2], earliest - now + period)
+  return math.max(math.ceil(earliest - now), 1)
+end
+return math.max(math.ceil(plan_start(KEYS[1], KEYS[2], id, n, period, earliest, now) - now), 1)
