@@ -534,8 +534,8 @@ def _publish_at_start(
         place=plan.place,
     )
     plan.state = "pushed"
-    # Celery hands this dict to after_task_publish (and its task-sent event): they see the
-    # eta that was pushed.
+    # Celery hands this dict to after_task_publish: its receivers see the eta that was pushed
+    # (the task-sent event was made before, with the call's own).
     headers["eta"] = json.loads(pushed.eta)
 
 
