@@ -584,12 +584,7 @@ def _start_then_push(
             plan.state = "placed"
         except RedisUnavailable as exc:
             plan.unavailable(exc)
-    for queue in queues:
-        kombu_private.put(channel, queue, message)
-    for args, kwargs in fanouts:
-        kombu_private.put_fanout(channel, *args, **kwargs)
-    if plan.state == "placed":
-        plan.state = "pushed"
+    _push_as_kombu(channel, plan, message, queues, fanouts)
 
 
 def _place_then_push(
@@ -605,6 +600,18 @@ def _place_then_push(
         plan.state = "placed"
     except RedisUnavailable as exc:
         plan.unavailable(exc)
+    _push_as_kombu(channel, plan, message, queues, fanouts)
+
+
+def _push_as_kombu(
+    channel: Any,
+    plan: LinePlan | StartPlan,
+    message: dict[str, Any],
+    queues: list[str],
+    fanouts: list[tuple[Any, ...]],
+) -> None:
+    """kombu's own push of a message whose place (or start) was taken apart from it: a
+    place taken is the message's once it is pushed (a failed push leaves the line)."""
     for queue in queues:
         kombu_private.put(channel, queue, message)
     for args, kwargs in fanouts:
