@@ -87,12 +87,7 @@ def publish_limited(call: Call) -> DedupeResult:
     earliest_ms = milliseconds(delay) if delay else 0
     if rate is not None and runtime.one_step and _task_protocol(app) == 2:
         # (Protocol 2: the eta the script writes is a header's, outside the message body.)
-        expiry = _expiry_of(call, now)
-        place = (
-            PlaceWait(int(unique.ttl * 1000), None if expiry is None else int(expiry * 1000))
-            if header.holds_slots
-            else None
-        )
+        place = _place_wait(call, unique.ttl, now) if header.holds_slots else None
         start = StartPlan(
             lambda: runtime.store,
             header.keys,
@@ -121,7 +116,7 @@ def publish_limited(call: Call) -> DedupeResult:
             unavailable(exc)
     if not header.holds_slots:
         return _publish_with(call, header, store, task_id)
-    place_ms = milliseconds(_place_for(call, unique.ttl, delay, now))
+    place_ms = _place_wait(call, unique.ttl, now).ms_after(milliseconds(delay) if delay else 0)
     if runtime.one_step:
         plan = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
         return _publish_in_line(call, header, plan)
@@ -200,12 +195,12 @@ def _leave_line(store: Store, keys: Mapping[str, str], task_id: str) -> None:
         logger.warning("%s keeps its place in line until it lapses: %s", task_id, exc.cause)
 
 
-def _place_for(call: Call, ttl: float, delay: float, now: float) -> float:
+def _place_wait(call: Call, ttl: float, now: float) -> PlaceWait:
     """How long a call's place in line waits for its message's first run: ``unique_ttl``
     past its countdown, or until the message expires (an expired message never runs, and a
     place nobody takes holds the line)."""
     expiry = _expiry_of(call, now)
-    return ttl + delay if expiry is None else max(min(ttl + delay, expiry), 1.0)
+    return PlaceWait(milliseconds(ttl), None if expiry is None else milliseconds(expiry))
 
 
 def _expiry_of(call: Call, now: float) -> float | None:

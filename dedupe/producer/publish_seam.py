@@ -415,12 +415,11 @@ def _publish(
         written = plan.state.provisional_written
         plan.move(RecordState.UNROUTED if written else RecordState.DROPPED)
         return None
-    queue_expiry = kombu_private.queue_expiries(channel)
-    expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
-    if fanouts or len(expiries) > 1 or not seam.on_same_server(plan):
+    routed = _one_step_lists(seam, plan, message, queues, fanouts)
+    if routed is None:
         _publish_provisionally(channel, plan, message, queues, fanouts)
         return None
-    lists, expiring, expire_ms = _lists_of(channel, message, queues, expiries)
+    lists, expiring, expire_ms = routed
     push = PendingPush(
         plan.keys,
         plan.queued,
@@ -442,6 +441,22 @@ def _publish(
         raise Refused(outcome)
     plan.pushed(outcome)
     return None
+
+
+def _one_step_lists(
+    seam: _Seam,
+    plan: PushPlan | LinePlan | StartPlan,
+    message: dict[str, Any],
+    queues: list[str],
+    fanouts: list[tuple[Any, ...]],
+) -> tuple[list[str], list[str], int] | None:
+    """What one script pushes ``message`` to for ``queues`` (see :func:`_lists_of`); None
+    where one script cannot: a fanout, queues of different expiries, another server."""
+    queue_expiry = kombu_private.queue_expiries(seam.channel)
+    expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
+    if fanouts or len(expiries) > 1 or not seam.on_same_server(plan):
+        return None
+    return _lists_of(seam.channel, message, queues, expiries)
 
 
 def _lists_of(
@@ -477,12 +492,11 @@ def _publish_in_line(
         # kombu drops what no queue is bound for: a place would hold the line for nothing.
         plan.state = "dropped"
         return
-    queue_expiry = kombu_private.queue_expiries(channel)
-    expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
-    if fanouts or len(expiries) > 1 or not seam.on_same_server(plan):
+    routed = _one_step_lists(seam, plan, message, queues, fanouts)
+    if routed is None:
         _place_then_push(channel, plan, message, queues, fanouts)
         return
-    lists, expiring, expire_ms = _lists_of(channel, message, queues, expiries)
+    lists, expiring, expire_ms = routed
     plan.state = "sent"  # its fate is the script's from here: never left on a failure
     plan.store.take_ticket_and_push(
         plan.keys,
@@ -511,15 +525,12 @@ def _publish_at_start(
         plan.state = "dropped"  # (kombu drops it: no start, no place, for nothing)
         return
     headers = message["headers"]  # (protocol 2's, eta included: see publish_limited)
-    queue_expiry = kombu_private.queue_expiries(channel)
-    expiries = {queue_expiry[q] for q in queues if q in queue_expiry}
-    split = None
-    if not fanouts and len(expiries) <= 1 and seam.on_same_server(plan):
-        split = _split_at_eta(message, headers)
-    if split is None:
+    routed = _one_step_lists(seam, plan, message, queues, fanouts)
+    split = None if routed is None else _split_at_eta(message, headers)
+    if routed is None or split is None:
         _start_then_push(channel, plan, message, queues, fanouts)
         return
-    lists, expiring, expire_ms = _lists_of(channel, message, queues, expiries)
+    lists, expiring, expire_ms = routed
     plan.state = "sent"  # its fate is the script's from here: never left on a failure
     pushed = plan.store.reserve_start_and_push(
         plan.keys,
