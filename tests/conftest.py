@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 from amqp.exceptions import NotFound
-from celery import Celery
+from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 from kombu.asynchronous import set_event_loop
 
@@ -289,3 +290,21 @@ def in_process_worker(app: Celery, **kwargs: Any) -> Iterator[Any]:
 
 def _tick() -> None:
     pass
+
+
+@pytest.fixture
+def published() -> Iterator[dict[str, Counter[str]]]:
+    """The task ids each publish signal was sent for, counted."""
+    seen: dict[str, Counter[str]] = {"before": Counter(), "after": Counter()}
+
+    def before(headers: Any = None, **_: Any) -> None:
+        seen["before"][headers["id"]] += 1
+
+    def after(headers: Any = None, **_: Any) -> None:
+        seen["after"][headers["id"]] += 1
+
+    signals.before_task_publish.connect(before, weak=False)
+    signals.after_task_publish.connect(after, weak=False)
+    yield seen
+    signals.before_task_publish.disconnect(before)
+    signals.after_task_publish.disconnect(after)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,24 +29,6 @@ def _job(app: Celery) -> Any:
     def refresh(customer_id: int) -> None: ...
 
     return refresh
-
-
-@pytest.fixture
-def published() -> Iterator[dict[str, Counter[str]]]:
-    """The task ids each publish signal was sent for, counted."""
-    seen: dict[str, Counter[str]] = {"before": Counter(), "after": Counter()}
-
-    def before(headers: Any = None, **_: Any) -> None:
-        seen["before"][headers["id"]] += 1
-
-    def after(headers: Any = None, **_: Any) -> None:
-        seen["after"][headers["id"]] += 1
-
-    signals.before_task_publish.connect(before, weak=False)
-    signals.after_task_publish.connect(after, weak=False)
-    yield seen
-    signals.before_task_publish.disconnect(before)
-    signals.after_task_publish.disconnect(after)
 
 
 @pytest.mark.parametrize(
