@@ -362,6 +362,22 @@ def test_a_dedup_restart_that_lost_the_latest_arguments_leaves_the_message_s_by_
     assert _row(checks, STALE).verdict == "FAIL"
 
 
+def test_a_dedup_restart_between_the_prerun_and_the_body_may_come_before_the_take() -> None:
+    # Seen: prerun at 9.33 s, the restart at 9.37 s, the take after it (found nothing), the
+    # body at 9.43 s with the message's argument. A restart after the body is no excuse.
+    def checks(restart_at: float) -> Checks:
+        return _debounced(
+            _burst(1, 2, 3),
+            ran={BURST: [(1.7, 1, 10)]},
+            prerun={BURST: [(1.6, 10)]},
+            faults=[Fault("dedup restart", restart_at, restart_at + 0.01, "data lost")],
+        )
+
+    assert _row(checks(1.65), STALE).verdict == "ok"
+    assert "restart at 1.65s lost them" in _row(checks(1.65), BY_DESIGN).details[0]
+    assert _row(checks(1.75), STALE).verdict == "FAIL"
+
+
 def test_a_run_with_an_argument_no_call_of_its_task_id_made_fails() -> None:
     name = "debounced: runs with an argument no call of their task id made"
 

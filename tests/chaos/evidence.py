@@ -864,8 +864,10 @@ class Checks:
         for at, _, action in self.e.unavailable.get(task_id, []):
             if claim <= at <= body:
                 return f"the dedup Redis could not be asked at {self.t(at)}: it {action}"
+        # (The take is made between the prerun and the body: a restart up to the body may
+        # come before it.)
         for fault in self.e.faults:
-            if fault.kind == "dedup restart" and fault.start <= claim and fault.end >= first:
+            if fault.kind == "dedup restart" and fault.start <= body and fault.end >= first:
                 return (
                     f"the dedup Redis restart at {self.t(fault.start)} lost them (and the "
                     "record): the run has its message's"

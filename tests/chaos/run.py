@@ -12,6 +12,9 @@ drains, reads the evidence (a Redis of its own, untouched by the faults) and pri
 
 ``CHAOS_MONITOR=<file>`` appends every command the dedup Redis runs (``redis-cli monitor``,
 reattached after the restart) to that file: a failed check's key, read from its history.
+``CHAOS_BROKER_MONITOR=<file>`` names the file of the Redis broker's commands, which the
+harness always logs (by default ``broker-<run>.log`` in the worker logs' directory): the
+messages kombu popped and never recorded are read from it (tests/chaos/broker_log.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import multiprocessing
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -46,6 +48,7 @@ from dedupe.values.keys import LATEST_SUFFIX, RAN_SUFFIX
 from dedupe.values.record import Holder, unpack_owner
 from tests.helpers import LOGDIR, ProcessGroup, WorkerProcess, free_port, keys_with_prefix
 
+from . import broker_log
 from .evidence import (
     ENDED_LEFT,
     TAKEN,
@@ -701,9 +704,10 @@ class Scenario:
             self.evidence_server = stack.enter_context(RedisServer())
             self.dedup = stack.enter_context(RedisServer())
             if os.environ.get("CHAOS_MONITOR"):
-                _monitor(self.dedup.port, os.environ["CHAOS_MONITOR"], stack)
+                broker_log.monitor(self.dedup.port, Path(os.environ["CHAOS_MONITOR"]), stack)
             self.broker.start()
             stack.callback(self.broker.close)
+            pops = self._watch_pops(stack)
             env = self.env()
             os.environ.update(env)  # the spawned producers read it
             if isinstance(self.broker, AmqpBroker):
@@ -718,10 +722,11 @@ class Scenario:
             keys_left = self._keys_left()
             drained = time.time() - drain_began
             self.fleet.stop()
+            held = self._snapshot()
             found = Evidence.read(
-                evidence, self.run_id, self.faults, keys_left, self.fleet.killed, t0
+                evidence, self.run_id, self._with_pops(pops, held), keys_left, self.fleet.killed, t0
             )
-            found.held = self._snapshot()
+            found.held = held
         rows = Checks(found, self.params.window, self.broker.kind).rows()
         seconds = time.time() - began
         mode = "plain Celery tasks" if self.params.plain else "DedupeTask"
@@ -732,6 +737,30 @@ class Scenario:
             f"worker logs in {LOGDIR}"
         )
         return Outcome(self.broker.kind, rows, seconds, table(title, rows))
+
+    def _watch_pops(self, stack: contextlib.ExitStack) -> Callable[[], Path] | None:
+        """The Redis broker's command log (``CHAOS_BROKER_MONITOR`` names its file), read at
+        the end for the messages kombu popped and never recorded (:mod:`.broker_log`);
+        returns what stops it and gives its path (None on RabbitMQ)."""
+        if not isinstance(self.broker, RedisBroker):
+            return None
+        named = os.environ.get("CHAOS_BROKER_MONITOR")
+        path = Path(named) if named else LOGDIR / f"broker-{self.run_id}.log"
+        stop = broker_log.monitor(self.broker.server.port, path, stack)
+
+        def stopped() -> Path:
+            stop()
+            return path
+
+        return stopped
+
+    def _with_pops(self, pops: Callable[[], Path] | None, held: set[str]) -> list[Fault]:
+        """The faults, each with the messages kombu popped at it and never recorded as
+        unacked (:func:`.broker_log.popped_at`)."""
+        if pops is None:
+            return self.faults
+        lost = broker_log.unrecorded(broker_log.read(pops()), self.queue)
+        return broker_log.popped_at(self.faults, lost, held)
 
     def _produce_under_faults(self) -> float:
         context = multiprocessing.get_context("spawn")
@@ -769,24 +798,6 @@ class Scenario:
                 time.sleep(1.0)
         finally:
             self.stop_watch.set()
-
-
-def _monitor(port: int, path: str, stack: contextlib.ExitStack) -> None:
-    """Append the dedup Redis's commands to ``path`` until the run's end."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        with open(path, "ab") as out:
-            while not stop.is_set():
-                proc = subprocess.Popen(["redis-cli", "-p", str(port), "monitor"], stdout=out)
-                while proc.poll() is None and not stop.is_set():
-                    time.sleep(0.01)
-                if proc.poll() is None:
-                    proc.kill()
-                time.sleep(0.01)
-
-    threading.Thread(target=loop, daemon=True).start()
-    stack.callback(stop.set)
 
 
 def _brokers(choice: str) -> Iterator[Broker]:
