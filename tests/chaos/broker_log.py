@@ -43,7 +43,12 @@ def monitor(port: int, path: Path, stack: contextlib.ExitStack) -> Callable[[], 
     def loop() -> None:
         with open(path, "ab") as out:
             while not stop.is_set():
-                proc = subprocess.Popen(["redis-cli", "-p", str(port), "monitor"], stdout=out)
+                # (Its complaints while the server is down would bury the run's report.)
+                proc = subprocess.Popen(
+                    ["redis-cli", "-p", str(port), "monitor"],
+                    stdout=out,
+                    stderr=subprocess.DEVNULL,
+                )
                 while proc.poll() is None and not stop.is_set():
                     time.sleep(0.01)
                 if proc.poll() is None:
