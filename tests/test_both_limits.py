@@ -27,8 +27,8 @@ from .test_key_rate_limit import _LOG_LAG, most_starts_within
 pytestmark = [pytest.mark.slow]
 
 _CONFIG = DedupeConfig(redis_url="")
-#: A run's lease, the ttl of its place, and when a waiting run comes back (slot_start.lua).
-_LEASE_MS, _TTL_MS, _COME_BACK_MS = 60_000, 60_000, 500
+#: A run's lease, the ttl of its place, and a waiting run's turn (slot_start.lua).
+_LEASE_MS, _TTL_MS, _TURN_MS = 60_000, 60_000, 500
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_each_call_takes_its_place_in_line_and_a_countdown_to_its_start(
 def _ask(store: Store, keys: dict[str, str], task_id: str) -> tuple[int, int]:
     """A run of ``task_id`` asks, at most one run at once and one start a minute."""
     return store.take_slot_and_start(
-        keys, task_id, "t", _LEASE_MS, 1, _COME_BACK_MS, _TTL_MS, 1, 60_000
+        keys, task_id, "t", _LEASE_MS, 1, _TURN_MS, 30_000, _TTL_MS, 1, 60_000
     )
 
 

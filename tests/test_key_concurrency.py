@@ -21,7 +21,7 @@ from dedupe.producer.guard import keys_of_call
 from dedupe.store.replies import Renewal
 from dedupe.store.store import Lease, Store
 from dedupe.values.config import DedupeConfig
-from dedupe.values.limits import limit_keys
+from dedupe.values.limits import come_back, limit_keys
 from dedupe.values.options import resolve
 
 from .helpers import WorkerProcess, keys_with_prefix, wait_for
@@ -198,8 +198,16 @@ def test_a_unique_call_of_a_limited_task_is_refused(worker_app: Any, tag: str) -
 # -- the slots and the line, on a real Redis (no worker) ----------------------------------------
 
 
-def _ask(store: Store, keys: dict[str, str], task_id: str, token: str = "t", limit: int = 2) -> int:
-    return store.take_slot(keys, task_id, token, 60_000, limit, 500, 60_000)
+def _ask(
+    store: Store,
+    keys: dict[str, str],
+    task_id: str,
+    token: str = "t",
+    limit: int = 2,
+    lease_ms: int = 60_000,
+    turn_ms: int = 500,
+) -> int:
+    return store.take_slot(keys, task_id, token, lease_ms, limit, turn_ms, 30_000, 60_000)
 
 
 def test_a_slot_redis_lost_is_counted_again_at_the_runs_next_heartbeat(
@@ -224,6 +232,35 @@ def test_a_place_whose_message_never_comes_lapses_and_the_line_moves_on(
     assert _ask(store, keys, "next", limit=1) > 0  # "lost" is first in line
     time.sleep(0.4)  # (its message never came: purged, expired, lost)
     assert _ask(store, keys, "next", limit=1) == 0
+
+
+@pytest.mark.parametrize(
+    ("ahead", "limit", "seconds"),
+    [(1, 1, 0.5), (3, 1, 1.5), (3, 2, 1.0), (4, 2, 1.0), (999, 1, 30.0)],
+)
+def test_a_waiting_run_is_asked_back_a_turn_for_every_limit_runs_ahead(
+    ahead: int, limit: int, seconds: float
+) -> None:
+    assert come_back(ahead, limit, 0.5, 30.0) == seconds
+
+
+def test_a_run_far_back_in_line_keeps_its_place_until_it_is_asked_back(
+    store: Store, tag: str
+) -> None:
+    # Seen in the full chaos run: the nth waiting run is sent again in n turns, but its place
+    # lapsed a turn and a lease after its ask; the asks of others dropped it, and it came
+    # back to the back of the line, behind calls made after it, again and again.
+    keys = limit_keys(f"test:{{{tag}}}")
+
+    def ask(task_id: str) -> int:
+        return _ask(store, keys, task_id, limit=1, lease_ms=300, turn_ms=100)
+
+    assert _ask(store, keys, "running", limit=1) == 0  # (a minute's lease)
+    assert [ask(f"w{n}") for n in range(6)] == [1, 2, 3, 4, 5, 6]
+    time.sleep(0.45)  # (past a turn and a lease: w0's and w1's places lapse, unasked)
+    newcomer = ask("late")
+    assert ask("w5") < newcomer  # asked back in 6 turns: its place stands
+    assert ask("w4") < ask("w5")  # (and the line keeps call order)
 
 
 def test_a_run_without_a_place_goes_to_the_back_of_the_line(store: Store, tag: str) -> None:

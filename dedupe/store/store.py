@@ -636,16 +636,19 @@ class Store:
         token: str,
         lease_ms: int,
         limit: int,
-        come_back_ms: int,
+        turn_ms: int,
+        cap_ms: int,
         ttl_ms: int,
     ) -> int:
         """A run of a limited key asks for a slot (slot.lua): 0 claimed, else how many
-        calls (this one included) are ahead of a free slot."""
+        calls (this one included) are ahead of a free slot. A run that waits is asked back
+        in ``turn_ms`` for every ``limit`` calls ahead of it, ``cap_ms`` at most
+        (:func:`dedupe.values.limits.come_back`); its place lasts until then and a lease."""
         with reraise_unavailable("slot", keys["slots"]):
             reply = self._run(
                 self._slot,
                 [keys["slots"], keys["line"], keys["due"], keys["seq"]],
-                [task_id, token, lease_ms, limit, come_back_ms, ttl_ms],
+                [task_id, token, lease_ms, limit, turn_ms, ttl_ms, cap_ms],
             )
         return _integer("slot", reply)
 
@@ -656,7 +659,8 @@ class Store:
         token: str,
         lease_ms: int,
         limit: int,
-        come_back_ms: int,
+        turn_ms: int,
+        cap_ms: int,
         ttl_ms: int,
         starts: int,
         period_ms: int,
@@ -668,7 +672,7 @@ class Store:
             reply = self._run(
                 self._slot_start,
                 [keys[name] for name in ("slots", "line", "due", "seq", "starts", "plan")],
-                [task_id, token, lease_ms, limit, come_back_ms, ttl_ms, starts, period_ms],
+                [task_id, token, lease_ms, limit, turn_ms, ttl_ms, starts, period_ms, cap_ms],
             )
         if not isinstance(reply, list) or len(reply) != 2:
             raise UnexpectedReply("slot_start", reply)

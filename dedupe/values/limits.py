@@ -21,6 +21,7 @@ __all__ = [
     "LimitHeader",
     "Rate",
     "check_concurrency",
+    "come_back",
     "concurrency_of",
     "limit_keys",
     "parse_rate",
@@ -46,6 +47,19 @@ class Rate:
 
     count: int
     period: float
+
+
+def come_back(ahead: int, limit: int, turn: float, cap: float) -> float:
+    """Seconds until the ``ahead``-th waiting run of a key with ``limit`` slots is asked
+    back: a ``turn`` for every ``limit`` runs ahead of it (the line moves ``limit`` places a
+    run), ``cap`` at most. slot.lua keeps its place that long and a lease (the same rule,
+    ``come_back`` in its prelude): a place that lapsed sooner would send the run to the back
+    of the line on its return.
+
+    >>> come_back(5, 2, 0.5, 30.0)
+    1.5
+    """
+    return min(turn * math.ceil(ahead / max(limit, 1)), cap)
 
 
 def parse_rate(value: Any, task_name: str) -> Rate:

@@ -21,7 +21,7 @@ from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.run import new_token
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.store import Lease, Store
-from dedupe.values.limits import LimitHeader
+from dedupe.values.limits import LimitHeader, come_back
 from dedupe.values.options import options_for
 from dedupe.values.timing import milliseconds
 
@@ -72,11 +72,17 @@ def enter(runtime: Runtime, task: Any, task_id: str, header: LimitHeader) -> Non
             run.countdown = wait_ms / 1000
             return
         options = options_for(task, task.name, runtime.config)
+        turn, cap = options.running_countdown, runtime.config.deferral_cap
         lease_ms = milliseconds(header.lease)
-        come_back_ms = milliseconds(
-            _come_back(options.running_countdown, 1, runtime.config.deferral_cap)
+        slot = (
+            header.keys,
+            task_id,
+            token,
+            lease_ms,
+            header.limit,
+            milliseconds(turn),
+            milliseconds(cap),
         )
-        slot = (header.keys, task_id, token, lease_ms, header.limit, come_back_ms)
         ttl_ms = milliseconds(options.ttl)
         if header.kind == "both":
             # One script: a slot taken while its start is refused would hold the key idle.
@@ -91,7 +97,7 @@ def enter(runtime: Runtime, task: Any, task_id: str, header: LimitHeader) -> Non
         emit(UNAVAILABLE, task.name, task_id, header.key, action=action, error=exc.cause)
         return
     if ahead:
-        run.countdown = _come_back(options.running_countdown, ahead, runtime.config.deferral_cap)
+        run.countdown = come_back(ahead, header.limit, turn, cap)  # (its place outlives it)
         return
     if wait_ms:
         run.countdown = wait_ms / 1000
@@ -99,11 +105,6 @@ def enter(runtime: Runtime, task: Any, task_id: str, header: LimitHeader) -> Non
     slots = header.keys["slots"]
     run.lease = Lease(slots, task_id, token, lease_ms, b"", slot=True)
     runtime.heartbeat.hold(run.lease, task.name)
-
-
-def _come_back(countdown: float, ahead: int, cap: float) -> float:
-    # The head of the line asks again soon; a call far back, less often.
-    return min(countdown * ahead, cap)
 
 
 def wait_turn(task: Any) -> None:

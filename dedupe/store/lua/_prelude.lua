@@ -270,6 +270,13 @@ local function claim_slot(slots, line, due, seq, id, member, lease, now)
   keep_alive(slots, lease)
 end
 
+-- When the nth waiting run is asked back, ms from now: a turn for every limit runs ahead of
+-- it (the line moves limit places a run), cap at most. dedupe/worker/limits.py sends the run
+-- again with this countdown; its place must outlive it (keep_place).
+local function come_back(ahead, limit, turn, cap)
+  return math.min(turn * math.ceil(ahead / math.max(limit, 1)), cap)
+end
+
 -- A run that waits keeps its place: it lapses a lease after the run is due back (come_back
 -- ms from now), if it never comes (its worker died with the message); the line lives ttl ms.
 local function keep_place(line, due, seq, id, now, come_back, lease, ttl)

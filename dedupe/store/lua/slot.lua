@@ -8,9 +8,11 @@
 -- ARGV[2]  run token
 -- ARGV[3]  lease, ms
 -- ARGV[4]  the limit: runs of this key at once
--- ARGV[5]  when a waiting run is asked to come back, ms from now (its place lapses a lease
---          after that, if it never comes: its worker died with the message)
+-- ARGV[5]  a turn, ms: a waiting run is asked back a turn for every limit runs ahead of it
+--          (come_back in the prelude), and its place lapses a lease after that if it never
+--          comes (its worker died with the message)
 -- ARGV[6]  how long a place taken here lives, at most, ms (unique_ttl)
+-- ARGV[7]  the longest a waiting run is asked to stay away, ms (dedupe_deferral_cap)
 --
 -- Returns
 --   0    claimed: the run holds a slot (also when this very run claimed already)
@@ -26,5 +28,6 @@ if ahead <= 0 then
   claim_slot(KEYS[1], KEYS[2], KEYS[3], KEYS[4], id, member, lease, now)
   return 0
 end
-keep_place(KEYS[2], KEYS[3], KEYS[4], id, now, tonumber(ARGV[5]), lease, tonumber(ARGV[6]))
+local back = come_back(ahead, limit, tonumber(ARGV[5]), tonumber(ARGV[7]))
+keep_place(KEYS[2], KEYS[3], KEYS[4], id, now, back, lease, tonumber(ARGV[6]))
 return ahead

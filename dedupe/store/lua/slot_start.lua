@@ -9,6 +9,7 @@
 -- ARGV[1..6]  as slot.lua's
 -- ARGV[7]     N, starts per period
 -- ARGV[8]     the period, ms
+-- ARGV[9]     as slot.lua's ARGV[7]
 --
 -- Returns {ahead, wait}
 --   {0, 0}    started: the run holds a slot, its start recorded (also when this very run
@@ -24,7 +25,8 @@ if held then
   return {0, 0}
 end
 if ahead > 0 then
-  keep_place(KEYS[2], KEYS[3], KEYS[4], id, now, tonumber(ARGV[5]), lease, tonumber(ARGV[6]))
+  local back = come_back(ahead, limit, tonumber(ARGV[5]), tonumber(ARGV[9]))
+  keep_place(KEYS[2], KEYS[3], KEYS[4], id, now, back, lease, tonumber(ARGV[6]))
   return {ahead, 0}
 end
 forget_starts(KEYS[5], KEYS[6], now, period)
