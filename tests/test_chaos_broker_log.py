@@ -3,7 +3,7 @@ which messages kombu popped and never recorded as unacked, and at which kill or 
 
 from __future__ import annotations
 
-from tests.chaos.broker_log import Unrecorded, popped_at, unrecorded
+from tests.chaos.broker_log import Unrecorded, only_lost, popped_at, unrecorded
 from tests.chaos.evidence import Fault
 
 QUEUE = "chaosrun-q"
@@ -76,3 +76,10 @@ def test_a_message_popped_long_before_the_kill_is_left_to_fail() -> None:
 def test_a_message_pushed_after_the_last_kill_or_still_held_is_left_out() -> None:
     assert popped_at([KILL], [Unrecorded(A, 2.5, None)], held=set())[0].vanished == frozenset()
     assert popped_at([KILL], [Unrecorded(A, 1.0, None)], held={A})[0].vanished == frozenset()
+
+
+def test_the_drain_stops_waiting_when_only_lost_messages_keys_are_left() -> None:
+    lost = [Unrecorded(A, 1.0, None)]
+    assert only_lost([f"p:{{t:k}} ttl 3599s held by {A}"], lost)
+    assert not only_lost([f"p:{{t:k}} ttl 3599s held by {A}", f"p:{{t:j}} held by {B}"], lost)
+    assert not only_lost([f"p:{{t:k}}:line ttl 60s member {B} ticket 3"], [])

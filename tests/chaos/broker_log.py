@@ -138,6 +138,13 @@ def popped_at(faults: list[Fault], lost: list[Unrecorded], held: set[str]) -> li
     ]
 
 
+def only_lost(waiting: list[str], lost: list[Unrecorded]) -> bool:
+    """Does every line of the keys left that waits (a record, a place in line) name a
+    message that was popped and never recorded? Then nothing it waits for will come."""
+    ids = {message.task_id for message in lost}
+    return all(any(task_id in line for task_id in ids) for line in waiting)
+
+
 def read(path: Path) -> Iterator[str]:
     with open(path, encoding="utf-8", errors="replace") as lines:
         yield from lines
