@@ -46,6 +46,9 @@ app.conf.update(
         broker_transport_options={
             "visibility_timeout": VISIBILITY,
             "unacked_restore_throttle": 1,
+            # (A worker killed inside kombu's restore holds every redelivery for 300 s:
+            # docs/known-limits.md.)
+            "unacked_mutex_expire": 10,
             # RabbitMQ: a publish returns once the broker has the message. Without it a
             # publish written just before the cut is lost with the connection while the call
             # returns as sent, and its confirmed record names a task that never runs (see the
