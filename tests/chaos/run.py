@@ -550,8 +550,10 @@ class Scenario:
         self.faults: list[Fault] = []
         self.cuts: list[tuple[float, float]] = []
         self.stop_watch = threading.Event()
-        #: The Redis broker's command log (None on RabbitMQ, or before the run).
+        #: The Redis broker's command log (None on RabbitMQ, or before the run), and what
+        #: stops it.
         self.broker_log: Path | None = None
+        self._stop_broker_log: Callable[[], None] = lambda: None
 
     def timeline(self) -> list[tuple[float, str, int]]:
         """(seconds into the run, fault, worker index): kills spread evenly, whole-worker kills
@@ -680,8 +682,7 @@ class Scenario:
             return not waiting
         # A key that names a message kombu popped and lost waits for nothing that will come
         # (the checks judge it): the drain does not wait out its ttl for it.
-        lost = broker_log.unrecorded(broker_log.read(self.broker_log), self.queue)
-        return broker_log.only_lost(waiting, lost)
+        return broker_log.only_lost(waiting, self._lost())
 
     def _keys_left(self) -> list[str]:
         """The dedup keys of the run, each with its time to live and the task id it names."""
@@ -715,7 +716,7 @@ class Scenario:
                 broker_log.monitor(self.dedup.port, Path(os.environ["CHAOS_MONITOR"]), stack)
             self.broker.start()
             stack.callback(self.broker.close)
-            pops = self._watch_pops(stack)
+            self._log_broker(stack)
             env = self.env()
             os.environ.update(env)  # the spawned producers read it
             if isinstance(self.broker, AmqpBroker):
@@ -732,7 +733,7 @@ class Scenario:
             self.fleet.stop()
             held = self._snapshot()
             found = Evidence.read(
-                evidence, self.run_id, self._with_pops(pops, held), keys_left, self.fleet.killed, t0
+                evidence, self.run_id, self._with_pops(held), keys_left, self.fleet.killed, t0
             )
             found.held = held
         rows = Checks(found, self.params.window, self.broker.kind).rows()
@@ -746,30 +747,27 @@ class Scenario:
         )
         return Outcome(self.broker.kind, rows, seconds, table(title, rows))
 
-    def _watch_pops(self, stack: contextlib.ExitStack) -> Callable[[], Path] | None:
-        """The Redis broker's command log (``CHAOS_BROKER_MONITOR`` names its file), read at
-        the end for the messages kombu popped and never recorded (:mod:`.broker_log`);
-        returns what stops it and gives its path (None on RabbitMQ)."""
+    def _log_broker(self, stack: contextlib.ExitStack) -> None:
+        """Log the Redis broker's commands (``CHAOS_BROKER_MONITOR`` names the file) for the
+        messages kombu popped and never recorded (:mod:`.broker_log`); nothing on RabbitMQ."""
         if not isinstance(self.broker, RedisBroker):
-            return None
+            return
         named = os.environ.get("CHAOS_BROKER_MONITOR")
-        path = Path(named) if named else LOGDIR / f"broker-{self.run_id}.log"
-        stop = broker_log.monitor(self.broker.server.port, path, stack)
-        self.broker_log = path
+        self.broker_log = Path(named) if named else LOGDIR / f"broker-{self.run_id}.log"
+        self._stop_broker_log = broker_log.monitor(self.broker.server.port, self.broker_log, stack)
 
-        def stopped() -> Path:
-            stop()
-            return path
+    def _lost(self) -> list[broker_log.Unrecorded]:
+        """The messages the broker's log shows popped and never recorded, so far."""
+        assert self.broker_log is not None
+        return broker_log.unrecorded(broker_log.read(self.broker_log), self.queue)
 
-        return stopped
-
-    def _with_pops(self, pops: Callable[[], Path] | None, held: set[str]) -> list[Fault]:
+    def _with_pops(self, held: set[str]) -> list[Fault]:
         """The faults, each with the messages kombu popped at it and never recorded as
-        unacked (:func:`.broker_log.popped_at`)."""
-        if pops is None:
+        unacked (:func:`.broker_log.popped_at`); the broker's log is stopped first."""
+        if self.broker_log is None:
             return self.faults
-        lost = broker_log.unrecorded(broker_log.read(pops()), self.queue)
-        return broker_log.popped_at(self.faults, lost, held)
+        self._stop_broker_log()
+        return broker_log.popped_at(self.faults, self._lost(), held)
 
     def _produce_under_faults(self) -> float:
         context = multiprocessing.get_context("spawn")
