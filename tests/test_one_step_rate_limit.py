@@ -102,22 +102,15 @@ def test_a_call_with_both_limits_takes_its_start_place_and_push_in_one_round_tri
     assert client.zcard(limit_keys(keys.call)["line"]) == 2  # both calls have their place
 
 
+@pytest.mark.parametrize("limits", ["rate", "both"])
 def test_a_call_over_its_rate_is_pushed_with_the_eta_of_its_reserved_start(
-    private: Any,
+    private: Any, limits: str
 ) -> None:
-    app, rated, _, client = private
-    rated.delay(1)
-    second = rated.delay(1)
-    assert _eta(_pushed(app, client)[1]) == _reserved_start(client, rated, second.id)
-
-
-def test_a_call_with_both_limits_over_its_rate_is_pushed_with_the_eta_of_its_start(
-    private: Any,
-) -> None:
-    app, _, paced, client = private
-    paced.delay(1)
-    second = paced.delay(1)
-    assert _eta(_pushed(app, client)[1]) == _reserved_start(client, paced, second.id)
+    app, rated, paced, client = private
+    task = rated if limits == "rate" else paced
+    task.delay(1)
+    second = task.delay(1)
+    assert _eta(_pushed(app, client)[1]) == _reserved_start(client, task, second.id)
 
 
 def test_a_call_over_its_rate_is_otherwise_the_message_kombu_pushes_with_a_countdown(
