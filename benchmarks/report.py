@@ -23,7 +23,7 @@ TARGETS = {
     "dedupe bulk duplicate": ("<=", 0.05),
     "rabbitmq dedupe accepted": ("<=", 1.25),
     "rabbitmq dedupe duplicate": ("<=", 0.20),
-    "worker throughput": (">=", 0.75),
+    "worker throughput": (">=", 0.80),  # (issue 28; 0.75 before it)
     # Accepted calls through Celery's own apply_async (wrapped, as by an APM agent), each
     # against a plain call through the same wrapper (issue 28).
     "celery's path accepted": ("<=", 1.0),

@@ -99,6 +99,9 @@ class DedupeTask(AnyTask):
 
     #: Tells the worker that before_start calls the execution guard (run.GUARDS_RUNS).
     _dedupe_guards_runs: ClassVar[bool] = True
+    #: Sends the run's claim as the worker accepts the message (a subclass of Celery's
+    #: Request; a task that sets its own claims as its run starts).
+    Request = "dedupe.worker.request:ClaimingRequest"
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:

@@ -548,23 +548,41 @@ class Store:
         carried inside (a run whose message the broker would deliver again); 0: the lease.
         ``accepted``: the message carries the producer's key (it was accepted): one that
         finds another call's queued record runs, and that call waits in its run."""
-        keep = 1 if keep_record else 0
+        args = _claim_args(
+            task_id, token, lease_ms, host, pid, now, keep_record, record_ttl_ms, accepted
+        )
         with reraise_unavailable("claim", keys.call):
-            reply = self._run(
-                self._claim,
-                [keys.call, keys.run],
-                [
-                    pack_owner(task_id),
-                    token,
-                    lease_ms,
-                    host,
-                    pid,
-                    now,
-                    keep,
-                    record_ttl_ms,
-                    1 if accepted else 0,
-                ],
-            )
+            reply = self._run(self._claim, [keys.call, keys.run], args)
+        return read_claim(keys.run, reply)
+
+    def start_claim(
+        self,
+        keys: CallKeys,
+        task_id: str,
+        token: str,
+        lease_ms: int,
+        host: str,
+        pid: int,
+        now: int,
+        *,
+        keep_record: bool = False,
+        record_ttl_ms: int = 0,
+        accepted: bool = False,
+    ) -> Reply:
+        """:meth:`claim`, sent now and read later (:meth:`claim_result`, same thread): the
+        worker acks the message and enters the run while Redis decides."""
+        args = _claim_args(
+            task_id, token, lease_ms, host, pid, now, keep_record, record_ttl_ms, accepted
+        )
+        with reraise_unavailable("claim", keys.call):
+            slot = self._run.send(self._claim, [keys.call, keys.run], args, reply=True)
+        assert slot is not None
+        return slot
+
+    def claim_result(self, keys: CallKeys, slot: Reply) -> Holder | None:
+        """The answer to :meth:`start_claim`: None claimed, else the holder."""
+        with reraise_unavailable("claim", keys.call):
+            reply = self._run.result(slot)
         return read_claim(keys.run, reply)
 
     def renew(self, leases: Sequence[Lease]) -> list[Renewal]:
@@ -1020,3 +1038,19 @@ def _raise_first_error(replies: Sequence[Any]) -> None:
     for reply in replies:
         if isinstance(reply, BaseException):
             raise reply
+
+
+def _claim_args(
+    task_id: str,
+    token: str,
+    lease_ms: int,
+    host: str,
+    pid: int,
+    now: int,
+    keep_record: bool,
+    record_ttl_ms: int,
+    accepted: bool,
+) -> list[Any]:
+    keep = 1 if keep_record else 0
+    owner = pack_owner(task_id)
+    return [owner, token, lease_ms, host, pid, now, keep, record_ttl_ms, 1 if accepted else 0]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 import weakref
 from collections.abc import Mapping
@@ -56,8 +55,9 @@ from dedupe.values.redelivery import horizon, visibility_gap
 from dedupe.values.timing import milliseconds, seconds_until
 from dedupe.values.urls import cluster_target
 
-from . import limits
+from . import early_claim, limits
 from .deferral import DEFERRALS, SINCE, backoff, deferrals_of, since_of
+from .early_claim import Claim
 from .send_again import send_again
 
 __all__ = [
@@ -73,6 +73,7 @@ __all__ = [
     "refuse_uninstalled",
     "requeue_for_message",
     "requeue_key",
+    "send_claim",
     "spec_for_request",
 ]
 
@@ -311,31 +312,74 @@ def _skip_ended(task: Task[Any, Any], task_id: str, key: str) -> NoReturn:
 
 
 def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec, accepted: bool) -> Run:
-    token = new_token()
-    lease_ms = milliseconds(spec.lease)
-    pid = os.getpid()
-    now = time.time()
-    window = spec.until == "window"
-    record_ttl_ms = _record_ttl_ms(runtime, task, spec)
+    claim = early_claim.take(task_id)
+    if claim is not None and not claim.same(spec, accepted):
+        # (Never: both come from the same headers. The one sent is left to its lease.)
+        logger.error("%s[%s]: the claim sent as it was accepted differs", task.name, task_id)
+        claim = None
+    if claim is None:
+        claim = Claim.of(task_id, spec, accepted, _record_ttl_ms(runtime, task, spec))
+    claim.spec = spec  # (a canvas member's says so)
+    store = runtime.store
     try:
-        holder = runtime.store.claim(
-            spec.keys,
-            task_id,
-            token,
-            lease_ms,
-            HOST,
-            pid,
-            int(now),
-            keep_record=window,
-            record_ttl_ms=record_ttl_ms,
-            accepted=accepted,
+        if claim.error is not None:
+            raise claim.error
+        if claim.slot is None:
+            holder = store.claim(spec.keys, task_id, *claim.arguments(), **claim.options())
+        else:
+            holder = store.claim_result(spec.keys, claim.slot)
+    except RedisUnavailable as exc:
+        # The message is consumed already: running it beats losing it. (Its end frees
+        # what a claim that landed unanswered wrote.)
+        action = "runs unguarded"
+        emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
+        return Run(spec, claim.token, "error")
+    return _claimed(runtime, task, claim, holder)
+
+
+def send_claim(request: Any) -> None:
+    """Send a run's claim as the worker accepts its message, in the thread that runs it,
+    the reply read as the run starts (early_claim.py). Only a message of the plain case, a
+    producer's key and nothing else to do first; any other claims as it starts. Never
+    raises (Celery would neither ack nor run the message): the run claims as it starts."""
+    try:
+        claim = _claim_to_send(request)
+    except Exception:
+        logger.exception("%s[%s] claims as it starts", request.name, request.id)
+        return
+    if claim is None:
+        return
+    try:
+        claim.slot = runtime_of(request.task.app).store.start_claim(
+            claim.spec.keys, claim.task_id, *claim.arguments(), **claim.options()
         )
     except RedisUnavailable as exc:
-        # The message is consumed already: running it beats losing it.
-        emit(
-            UNAVAILABLE, task.name, task_id, spec.keys.run, action="runs unguarded", error=exc.cause
-        )
-        return Run(spec, token, "error")
+        claim.error = exc  # (the run says so as it starts)
+    except Exception:
+        logger.exception("%s[%s] claims as it starts", request.name, request.id)
+    early_claim.keep(claim)
+
+
+def _claim_to_send(request: Any) -> Claim | None:
+    task = request.task
+    runtime = installed(task.app)
+    headers = request.request_dict
+    if (
+        runtime is None
+        or LimitHeader.read(headers) is not None
+        or headers.get(LATEST)
+        or (header := KeyHeader.read(headers)) is None
+    ):
+        return None
+    options = options_for(task, task.name, runtime.config)
+    ttl = header.ttl if header.ttl is not None else options.ttl
+    spec = RunSpec.from_options(header.keys, header.until, ttl, options, canvas=False, carried=True)
+    accepted = not deferrals_of(headers)
+    return Claim.of(request.id, spec, accepted, _record_ttl_ms(runtime, task, spec))
+
+
+def _claimed(runtime: Runtime, task: Any, claim: Claim, holder: Holder | None) -> Run:
+    spec, task_id = claim.spec, claim.task_id
     if holder is not None:
         if not getattr(task, GUARDS_RUNS, False):
             logger.warning(
@@ -345,13 +389,15 @@ def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec, accepted: b
                 task_id,
                 holder.task_id,
             )
-        return Run(spec, token, "held", holder=holder)
-    record = pack_running(task_id, token, HOST, pid, now)
+        return Run(spec, claim.token, "held", holder=holder)
+    record = pack_running(task_id, claim.token, HOST, claim.pid, claim.now)
     call_key = spec.keys.call if spec.keys.call != spec.keys.run else ""
-    lease = Lease(spec.keys.run, task_id, token, lease_ms, record, record_ttl_ms, call_key)
+    lease = Lease(
+        spec.keys.run, task_id, claim.token, claim.lease_ms, record, claim.record_ttl_ms, call_key
+    )
     runtime.heartbeat.hold(lease, task.name)
     emit(CLAIMED, task.name, task_id, spec.keys.run)
-    return Run(spec, token, "claimed", lease=lease)
+    return Run(spec, claim.token, "claimed", lease=lease)
 
 
 def _record_ttl_ms(runtime: Runtime, task: Any, spec: RunSpec) -> int:
@@ -601,14 +647,17 @@ def end_of_body(task: Any, *, failed: bool) -> None:
         runtime.heartbeat.drop(run.lease)
         run.lease = None
     run.released = True
-    # With a result to store, the release is read before it; else at task_postrun.
+    # With a result to store, the release is read before it; else later (_release).
     wait = _stores_result(task, task.request, failed)
     _release(runtime, task, task.request.id, run, wait=wait)
 
 
 def _release(runtime: Runtime, task: Any, task_id: str, run: Run, *, wait: bool) -> None:
     """Free a claimed run's key: its reply read now (``wait``), or sent at once and read
-    when it has come (:func:`_land_release`)."""
+    before this thread's next command to Redis (the next run's claim), by the sweeper
+    within a fraction of a second, or as the pool process exits (:func:`on_process_shutdown`);
+    sent again on a new connection if the old one died. (Read at the run's end, it cost a
+    look at the socket that almost never found it: the reply was on its way.)"""
     keys = run.spec.keys
     try:
         if _latest_mode(task.request, run.spec):
@@ -666,7 +715,6 @@ def on_postrun(
     if run.lease is not None:
         runtime.heartbeat.drop(run.lease)
     if run.released:
-        _land_release(runtime, task, task_id, run)
         return
     if run.verdict == "held" or run.requeued:
         # Never touch the holder's record. A continuation (retry, replace) put the key back
@@ -679,7 +727,6 @@ def on_postrun(
     rejected = state == states.REJECTED and getattr(retval, "requeue", False)
     if run.verdict == "claimed" and not (rejected and task.acks_late):
         _release(runtime, task, task_id, run, wait=False)
-        _land_release(runtime, task, task_id, run)
         return
     # A run whose claim failed (Redis was unreachable) holds no run: it speaks for its
     # queued record only, never for a copy of its task id that claimed since.
@@ -701,19 +748,6 @@ def on_postrun(
             emit(RELEASED, task.name, task_id, spec.keys.run)
     except RedisUnavailable as exc:
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=_NOT_FREED, error=exc.cause)
-
-
-def _land_release(runtime: Runtime, task: Any, task_id: str, run: Run) -> None:
-    """The release sent as the body ended is landed: its reply read now if it has come, else
-    before this process's next command to Redis (the next run's claim), by the sweeper
-    within a fraction of a second, or as the pool process exits (:func:`on_process_shutdown`);
-    sent again on a new connection if the old one died. (Waiting for it here costs a
-    worker several per cent of its throughput, for what those do anyway.)"""
-    try:
-        runtime.store.flush(wait=False)
-    except RedisUnavailable as exc:
-        keys = run.spec.keys
-        emit(UNAVAILABLE, task.name, task_id, keys.run, action=_NOT_FREED, error=exc.cause)
 
 
 def on_process_shutdown(**_: Any) -> None:
