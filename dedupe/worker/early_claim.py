@@ -14,7 +14,6 @@ delivers it again.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -72,14 +71,6 @@ class Claim:
             "record_ttl_ms": self.record_ttl_ms,
             "accepted": self.accepted,
         }
-
-    def same(self, spec: RunSpec, accepted: bool) -> bool:
-        """Would a claim of ``spec`` write what this one does? (A canvas does not matter.)"""
-        if accepted != self.accepted:
-            return False
-        if spec == self.spec:
-            return True
-        return spec.canvas and dataclasses.replace(spec, canvas=False) == self.spec
 
 
 _sent = threading.local()

@@ -7,6 +7,7 @@ the list is in the design notes: docs/design-notes.md, "dedupe.worker.execution"
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -167,15 +168,23 @@ def spec_for_request(
     in eager mode only the dict has it), or derived for a guarded task's message that
     bypassed the producer path (send_task, sent before install)."""
     header = KeyHeader.read(getattr(request, "headers", None))
-    canvas = bool(
-        request.chain or request.callbacks or request.errbacks or request.chord or request.group
-    )
+    canvas = _in_canvas(request)
     if header is None:
         return derived_spec(runtime, task, args, kwargs, canvas=canvas)
+    return _carried_spec(runtime, task, header, canvas)
+
+
+def _carried_spec(runtime: Runtime, task: Any, header: KeyHeader, canvas: bool) -> RunSpec:
     options = options_for(task, task.name, runtime.config)
     ttl = header.ttl if header.ttl is not None else options.ttl
     return RunSpec.from_options(
         header.keys, header.until, ttl, options, canvas=canvas, carried=True
+    )
+
+
+def _in_canvas(request: Any) -> bool:
+    return bool(
+        request.chain or request.callbacks or request.errbacks or request.chord or request.group
     )
 
 
@@ -208,6 +217,14 @@ def on_prerun(
     request = task.request
     if runtime is None or request.is_eager or request.called_directly:
         return
+    sent = early_claim.take(task_id)
+    if sent is not None:
+        # Sent as its message was accepted (send_claim): the plain case, its spec read from
+        # these very headers. (A canvas, in the body only, does not change the claim.)
+        if _in_canvas(request):
+            sent.spec = dataclasses.replace(sent.spec, canvas=True)
+        attach(request, _claim(runtime, task, sent))
+        return
     limit = LimitHeader.read(getattr(request, "headers", None))
     if limit is not None:
         limits.enter(runtime, task, task_id, limit)
@@ -235,7 +252,8 @@ def on_prerun(
             # for the deadline, with the latest arguments (guard()).
             attach(request, Run(spec, new_token(), "early", latest=early))
             return
-    run = _claim(runtime, task, task_id, spec, accepted)
+    claim = Claim.of(task_id, spec, accepted, _record_ttl_ms(runtime, task, spec))
+    run = _claim(runtime, task, claim)
     attach(request, run)
     if latest and run.verdict == "claimed":
         _take_latest(runtime, task, task_id, request, run)
@@ -311,15 +329,9 @@ def _skip_ended(task: Task[Any, Any], task_id: str, key: str) -> NoReturn:
     raise Ignore()
 
 
-def _claim(runtime: Runtime, task: Any, task_id: str, spec: RunSpec, accepted: bool) -> Run:
-    claim = early_claim.take(task_id)
-    if claim is not None and not claim.same(spec, accepted):
-        # (Never: both come from the same headers. The one sent is left to its lease.)
-        logger.error("%s[%s]: the claim sent as it was accepted differs", task.name, task_id)
-        claim = None
-    if claim is None:
-        claim = Claim.of(task_id, spec, accepted, _record_ttl_ms(runtime, task, spec))
-    claim.spec = spec  # (a canvas member's says so)
+def _claim(runtime: Runtime, task: Any, claim: Claim) -> Run:
+    """Claim the run's key, or read the claim sent as its message was accepted."""
+    spec, task_id = claim.spec, claim.task_id
     store = runtime.store
     try:
         if claim.error is not None:
@@ -371,10 +383,8 @@ def _claim_to_send(request: Any) -> Claim | None:
         or (header := KeyHeader.read(headers)) is None
     ):
         return None
-    options = options_for(task, task.name, runtime.config)
-    ttl = header.ttl if header.ttl is not None else options.ttl
-    spec = RunSpec.from_options(header.keys, header.until, ttl, options, canvas=False, carried=True)
-    accepted = not deferrals_of(headers)
+    spec = _carried_spec(runtime, task, header, canvas=False)
+    accepted = not deferrals_of(headers)  # (as on_prerun has it, for a carried spec)
     return Claim.of(request.id, spec, accepted, _record_ttl_ms(runtime, task, spec))
 
 
