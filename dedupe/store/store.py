@@ -570,7 +570,7 @@ class Store:
         accepted: bool = False,
     ) -> Reply:
         """:meth:`claim`, sent now and read later (:meth:`claim_result`, same thread): the
-        worker acks the message and enters the run while Redis decides."""
+        worker sets the run up while Redis decides."""
         args = _claim_args(
             task_id, token, lease_ms, host, pid, now, keep_record, record_ttl_ms, accepted
         )
