@@ -82,6 +82,7 @@ def connect() -> None:
         connections = (
             (signals.task_prerun, execution.on_prerun, "prerun"),
             (signals.task_postrun, execution.on_postrun, "postrun"),
+            (signals.task_internal_error, execution.on_internal_error, "internal_error"),
             (signals.before_task_publish, execution.on_before_publish, "before_publish"),
             (signals.before_task_publish, main_process.on_before_publish, "parent_publish"),
             (signals.before_task_publish, publish_signals.on_before_publish, "refusal_pairing"),

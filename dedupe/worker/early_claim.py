@@ -1,15 +1,16 @@
 """A run's claim, and the claim sent as the worker accepts its message, read as the run starts.
 
-In a pool that runs a task in the process and thread that accepted it (solo, threads),
-Celery's own work comes between the two (its bookkeeping, the task-started event, the ack
-where it is not deferred, the trace's set-up): a claim sent at the first has its round trip
-overlap that work instead of following it. A prefork worker accepts in
-the main process for a child, and a green pool for a greenlet: those runs claim as they
-start (their own connection, pid and heartbeat).
+In Celery's solo and threads pools the thread that accepts a message runs it: Celery's own
+work comes between the two (its bookkeeping, the task-started event, the trace's set-up),
+and a claim sent at the first has its round trip overlap that work instead of following
+it. Any other pool (prefork, gevent, eventlet, a custom one) claims as the run starts, on
+the running process's or greenlet's own connection. So does a task with ``acks_late``: its
+message stays with the broker until the run ends, and a claim whose run never came would
+hold the key until the broker delivers it again.
 
-A claim sent whose run never reads it (Celery failed between the two) holds the key as a
-killed run's would: until its lease is over, or, for an unacked message, until the broker
-delivers it again.
+A claim sent whose run never reads it (Celery could not run the message: it reports an
+internal error before ``task_prerun``) is released then, or at the thread's next
+acceptance; failing both, its lease frees the key, as a killed run's would.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from celery.concurrency import get_implementation, solo, thread
+
 from dedupe.errors import RedisUnavailable
 from dedupe.runs.run import RunSpec, new_token
 from dedupe.store.script_runner import Reply
 from dedupe.values.record import HOST
 from dedupe.values.timing import milliseconds
 
-__all__ = ["Claim", "keep", "take"]
+__all__ = ["Claim", "keep", "pool_accepts_in_place", "sends_at_acceptance", "take", "take_any"]
 
 
 @dataclass(slots=True)
@@ -75,6 +78,26 @@ class Claim:
 
 _sent = threading.local()
 
+#: This process's worker pool runs a message in the thread that accepted it (set as the
+#: worker starts; a prefork child inherits its parent's False).
+_in_place = False
+
+
+def pool_accepts_in_place(pool_cls: Any) -> None:
+    """Note the worker's pool (``WorkController.pool_cls``, a name or a class): only
+    Celery's own solo and threads pools, exactly, run a message where they accept it."""
+    global _in_place
+    try:
+        cls = get_implementation(pool_cls) if pool_cls is not None else None
+    except Exception:  # (the worker reports a pool it cannot load; nothing is sent early)
+        cls = None
+    _in_place = cls is not None and cls in (solo.TaskPool, thread.TaskPool)
+
+
+def sends_at_acceptance() -> bool:
+    """Does this process's worker send claims as it accepts messages?"""
+    return _in_place
+
 
 def keep(claim: Claim) -> None:
     """The claim this thread sent last, for its run to read."""
@@ -88,3 +111,10 @@ def take(task_id: str) -> Claim | None:
         return None
     _sent.claim = None
     return claim if claim.task_id == task_id else None
+
+
+def take_any() -> Claim | None:
+    """The claim this thread sent whose run never read it, if any (once)."""
+    claim: Claim | None = getattr(_sent, "claim", None)
+    _sent.claim = None
+    return claim

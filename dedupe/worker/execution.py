@@ -63,9 +63,11 @@ from .send_again import send_again
 
 __all__ = [
     "derived_spec",
+    "drop_unread",
     "end_of_body",
     "guard",
     "on_before_publish",
+    "on_internal_error",
     "on_postrun",
     "on_prerun",
     "on_process_shutdown",
@@ -85,6 +87,7 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
     """Refuse to start a worker whose dedupe settings or tasks are wrong (it would run every
     unique task unguarded); warn when an acks_late task's key would wait for the Redis
     broker's visibility timeout after a worker dies (:func:`visibility_gap`)."""
+    early_claim.pool_accepts_in_place(getattr(sender, "pool_cls", None))
     app = getattr(sender, "app", None)
     runtime = installed(app)
     if app is None or runtime is None:
@@ -354,6 +357,13 @@ def send_claim(request: Any) -> None:
     the reply read as the run starts (early_claim.py). Only a message of the plain case, a
     producer's key and nothing else to do first; any other claims as it starts. Never
     raises (Celery would neither ack nor run the message): the run claims as it starts."""
+    if not early_claim.sends_at_acceptance():
+        return
+    unread = early_claim.take_any()
+    if unread is not None:
+        # Its run never started, and Celery reported no end for it: its message was acked
+        # as it was accepted (never acks_late here), and is gone.
+        drop_unread(request.task, unread, consumed=True)
     try:
         claim = _claim_to_send(request)
     except Exception:
@@ -378,6 +388,7 @@ def _claim_to_send(request: Any) -> Claim | None:
     headers = request.request_dict
     if (
         runtime is None
+        or task.acks_late
         or LimitHeader.read(headers) is not None
         or headers.get(LATEST)
         or (header := KeyHeader.read(headers)) is None
@@ -386,6 +397,37 @@ def _claim_to_send(request: Any) -> Claim | None:
     spec = _carried_spec(runtime, task, header, canvas=False)
     accepted = not deferrals_of(headers)  # (as on_prerun has it, for a carried spec)
     return Claim.of(request.id, spec, accepted, _record_ttl_ms(runtime, task, spec))
+
+
+def on_internal_error(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    """``task_internal_error``: Celery could not run a message it accepted (its keyword
+    arguments are not a mapping, say), before ``task_prerun``: undo the claim sent."""
+    unread = early_claim.take(task_id)
+    if unread is not None and sender is not None:
+        drop_unread(sender, unread, consumed=True)  # (acked as it was accepted)
+
+
+def drop_unread(task: Any, claim: Claim, *, consumed: bool) -> None:
+    """Undo a claim sent as its message was accepted, whose run never started (Celery ended
+    the request first): released if the message is consumed (acked), else its record goes
+    back to queued, for the message's next delivery. Never raises (Celery's own handling
+    goes on); a claim it cannot undo is left to its lease."""
+    runtime = installed(task.app)
+    if runtime is None:
+        return
+    keys = claim.spec.keys
+    try:
+        if claim.slot is not None and runtime.store.claim_result(keys, claim.slot) is not None:
+            return  # (held by another run: it wrote nothing)
+        if consumed:
+            runtime.store.release(keys, claim.task_id, claim.token)
+        else:
+            requeue_key(runtime, keys, claim.spec.ttl, claim.task_id, claim.token, 0.0)
+    except Exception as exc:  # (Redis unreachable, or a bug: the lease frees the key)
+        action = "never started, and its claim was not undone (its lease frees it)"
+        emit(UNAVAILABLE, task.name, claim.task_id, keys.run, action=action, error=exc)
+        return
+    logger.debug("%s[%s] never started: its claim is undone", task.name, claim.task_id)
 
 
 def _claimed(runtime: Runtime, task: Any, claim: Claim, holder: Holder | None) -> Run:

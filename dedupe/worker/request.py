@@ -9,24 +9,24 @@ from typing import Any
 from celery.worker.request import Request
 
 from . import early_claim
-from .execution import send_claim
+from .execution import drop_unread, send_claim
 
 __all__ = ["ClaimingRequest"]
 
 
 class ClaimingRequest(Request):
-    """Sends the run's claim as Celery accepts the message, where the accepting process
-    runs it (solo, threads): the claim's round trip overlaps Celery's work up to the run.
-    (Prefork and green pools accept for a child or a greenlet, named by its own pid:
-    those runs claim as they start.)"""
+    """Sends the run's claim as Celery accepts the message, where the accepting thread runs
+    it (Celery's solo and threads pools): the claim's round trip overlaps Celery's work up
+    to the run. A run that never starts undoes it (:func:`~.execution.drop_unread`)."""
 
     def on_accepted(self, pid: Any, time_accepted: float) -> None:
-        sent = pid == os.getpid()
+        sent = pid == os.getpid()  # (a prefork child's or a greenlet's: not this thread)
         if sent:
             send_claim(self)
         try:
             super().on_accepted(pid, time_accepted)
         except BaseException:
-            if sent:
-                early_claim.take(self.id)  # (its run never comes: the claim is left to its lease)
+            unread = early_claim.take(self.id) if sent else None
+            if unread is not None:
+                drop_unread(self.task, unread, consumed=self.acknowledged)
             raise
