@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.concurrency import solo, thread
 from celery.worker import state
 from kombu.utils.imports import symbol_by_name
 
@@ -65,6 +66,34 @@ def accepted_by(redis_app: Celery, job: Any) -> Iterator[Any]:
     yield accept
     for request in requests:
         state.task_ready(request)  # (Celery's bookkeeping of a worker's active requests)
+
+
+class _OwnPool(solo.TaskPool):  # type: ignore[misc]
+    """A pool of one's own, built on the solo pool (it may run a message elsewhere)."""
+
+
+@pytest.mark.parametrize(
+    ("pool", "in_place"),
+    [
+        ("solo", True),
+        ("threads", True),
+        ("celery.concurrency.thread:TaskPool", True),
+        (solo.TaskPool, True),
+        (thread.TaskPool, True),
+        ("prefork", False),
+        ("gevent", False),
+        ("eventlet", False),
+        ("custom", False),
+        ("my.pools:AsyncPool", False),
+        (_OwnPool, False),
+        (None, False),
+    ],
+)
+def test_only_celerys_own_solo_and_threads_pools_send_claims_as_they_accept(
+    pool: Any, in_place: bool
+) -> None:
+    early_claim.pool_accepts_in_place(pool)
+    assert early_claim.sends_at_acceptance() is in_place
 
 
 def test_a_solo_or_threads_pool_run_claims_its_key_as_its_message_is_accepted(

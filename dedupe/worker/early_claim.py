@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from celery.concurrency import get_implementation, solo, thread
+from celery.concurrency import solo, thread
 
 from dedupe.errors import RedisUnavailable
 from dedupe.runs.run import RunSpec, new_token
@@ -47,6 +47,8 @@ class Claim:
     pid: int
     now: float
     slot: Reply | None = None
+    #: The task's name, for what is said of a claim given back by another request.
+    name: str = ""
     #: Why it could not be sent (Redis unreachable, under the Retry policy): the run's
     #: claim has failed, and says so as the run starts (it would only fail again).
     error: RedisUnavailable | None = None
@@ -83,15 +85,23 @@ _sent = threading.local()
 _in_place = False
 
 
+#: Celery's own pools that run a message where they accept it, as a worker may name them
+#: (their aliases, and their paths).
+_IN_PLACE = frozenset(
+    {"solo", "threads", "celery.concurrency.solo:TaskPool", "celery.concurrency.thread:TaskPool"}
+)
+
+
 def pool_accepts_in_place(pool_cls: Any) -> None:
     """Note the worker's pool (``WorkController.pool_cls``, a name or a class): only
-    Celery's own solo and threads pools, exactly, run a message where they accept it."""
+    Celery's own solo and threads pools, exactly, run a message where they accept it.
+    (A name is not imported: Celery loads the pool after ``worker_init``, so that its
+    handlers may patch first, for gevent.)"""
     global _in_place
-    try:
-        cls = get_implementation(pool_cls) if pool_cls is not None else None
-    except Exception:  # (the worker reports a pool it cannot load; nothing is sent early)
-        cls = None
-    _in_place = cls is not None and cls in (solo.TaskPool, thread.TaskPool)
+    if isinstance(pool_cls, str):
+        _in_place = pool_cls in _IN_PLACE
+    else:
+        _in_place = pool_cls is not None and pool_cls in (solo.TaskPool, thread.TaskPool)
 
 
 def sends_at_acceptance() -> bool:
@@ -107,10 +117,10 @@ def keep(claim: Claim) -> None:
 def take(task_id: str) -> Claim | None:
     """The claim this thread sent for ``task_id``, once; None if it sent none."""
     claim: Claim | None = getattr(_sent, "claim", None)
-    if claim is None:
-        return None
+    if claim is None or claim.task_id != task_id:
+        return None  # (another task id's stays, for take_any() to give back)
     _sent.claim = None
-    return claim if claim.task_id == task_id else None
+    return claim
 
 
 def take_any() -> Claim | None:

@@ -396,7 +396,9 @@ def _claim_to_send(request: Any) -> Claim | None:
         return None
     spec = _carried_spec(runtime, task, header, canvas=False)
     accepted = not deferrals_of(headers)  # (as on_prerun has it, for a carried spec)
-    return Claim.of(request.id, spec, accepted, _record_ttl_ms(runtime, task, spec))
+    claim = Claim.of(request.id, spec, accepted, _record_ttl_ms(runtime, task, spec))
+    claim.name = task.name
+    return claim
 
 
 def on_internal_error(sender: Any = None, task_id: str = "", **_: Any) -> None:
@@ -425,9 +427,9 @@ def drop_unread(task: Any, claim: Claim, *, consumed: bool) -> None:
             requeue_key(runtime, keys, claim.spec.ttl, claim.task_id, claim.token, 0.0)
     except Exception as exc:  # (Redis unreachable, or a bug: the lease frees the key)
         action = "never started, and its claim was not undone (its lease frees it)"
-        emit(UNAVAILABLE, task.name, claim.task_id, keys.run, action=action, error=exc)
+        emit(UNAVAILABLE, claim.name, claim.task_id, keys.run, action=action, error=exc)
         return
-    logger.debug("%s[%s] never started: its claim is undone", task.name, claim.task_id)
+    logger.debug("%s[%s] never started: its claim is undone", claim.name, claim.task_id)
 
 
 def _claimed(runtime: Runtime, task: Any, claim: Claim, holder: Holder | None) -> Run:
