@@ -112,9 +112,7 @@ def test_a_run_accepted_for_another_process_or_greenlet_claims_nothing_until_it_
 ) -> None:
     call = job.delay(1)
     accepted_by(os.getpid() + 1)  # (a prefork child's pid; a greenlet's id under gevent)
-    holder = dedupe.lookup(job, (1,))
-    assert holder is not None
-    assert (holder.state, holder.task_id) == ("queued", call.id)
+    _still_queued(job, call)
 
 
 def test_a_worker_whose_pool_runs_messages_elsewhere_claims_nothing_as_it_accepts(
@@ -123,9 +121,7 @@ def test_a_worker_whose_pool_runs_messages_elsewhere_claims_nothing_as_it_accept
     early_claim.pool_accepts_in_place("prefork")
     call = job.delay(1)
     accepted_by(os.getpid())
-    holder = dedupe.lookup(job, (1,))
-    assert holder is not None
-    assert (holder.state, holder.task_id) == ("queued", call.id)
+    _still_queued(job, call)
 
 
 def test_an_acks_late_tasks_run_claims_nothing_until_it_starts(
@@ -137,9 +133,7 @@ def test_an_acks_late_tasks_run_claims_nothing_until_it_starts(
 
     call = late.delay(1)
     accepted_by(os.getpid(), late)
-    holder = dedupe.lookup(late, (1,))
-    assert holder is not None
-    assert (holder.state, holder.task_id) == ("queued", call.id)
+    _still_queued(late, call)
 
 
 def test_a_message_celery_cannot_run_gives_back_the_claim_sent_as_it_was_accepted(
@@ -173,3 +167,10 @@ def test_a_run_reads_the_claim_sent_as_its_message_was_accepted_and_frees_the_ke
         assert job.delay(1).get(timeout=10) == 1  # (not held by a claim left behind)
         wait_for(lambda: dedupe.lookup(job, (1,)) is None, message="key freed")
     no_keys_left(redis_app)
+
+
+def _still_queued(task: Any, call: Any) -> None:
+    """The call's key still holds its queued record: nothing claimed it."""
+    holder = dedupe.lookup(task, (1,))
+    assert holder is not None
+    assert (holder.state, holder.task_id) == ("queued", call.id)
