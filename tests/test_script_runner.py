@@ -204,6 +204,49 @@ def test_the_sweeper_gives_up_on_a_redis_out_of_reach_and_ends(
     assert "given up" in caplog.text
 
 
+def test_a_kept_reply_the_sweeper_gave_up_on_reads_as_a_lost_connection_not_an_answer(
+    redis_factory: RedisFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = redis_factory()
+    client = redis.Redis(
+        port=server.port,
+        socket_timeout=0.2,
+        socket_connect_timeout=0.2,
+        retry=Retry(NoBackoff(), 0),
+    )
+    monkeypatch.setattr(deferred, "_GIVE_UP_AFTER", 0.5)
+    monkeypatch.setattr(deferred, "_SWEEPER_STAYS", 0.2)
+    runner = ScriptRunner(client)
+    setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+    outcome: list[BaseException | object] = []
+    sent, read = threading.Event(), threading.Event()
+
+    def send_then_read() -> None:
+        runner(setter, ["frozen"], ["warm"])
+        server.pause()  # (frozen: the send is written, and no reply ever comes)
+        slot = runner.send(setter, ["frozen"], ["kept"], reply=True)
+        assert slot is not None
+        sent.set()
+        read.wait(30)  # (until the sweeper gave it up and the server is back)
+        try:
+            outcome.append(runner.result(slot))
+        except redis.ConnectionError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=send_then_read)
+    try:
+        thread.start()
+        assert sent.wait(10)
+        wait_for(lambda: not (runner._owing or runner._sweeping), message="sweeper gave up")
+    finally:
+        server.resume()
+        read.set()
+        thread.join()
+        client.close()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], redis.ConnectionError), outcome
+
+
 def test_land_all_waits_for_the_replies_a_thread_left_unread_as_a_process_exits(
     redis_factory: RedisFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -245,6 +245,10 @@ class DefersReads:
 
         with self._local.lock:
             self._tried(read)
+        if not slot.done:
+            # The sweeper gave the send up (Redis out of reach for _GIVE_UP_AFTER): its fate
+            # is unknown, and a None would read as an answer.
+            raise redis.ConnectionError("a script sent to the dedup Redis was given up unanswered")
         if slot.error is not None:
             raise slot.error
         return slot.value
