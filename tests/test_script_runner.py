@@ -169,9 +169,11 @@ def test_a_send_left_unread_by_its_thread_is_read_by_the_sweeper_which_then_ends
     assert own_client.get("swept") == b"sent"
 
 
-def test_the_sweeper_gives_up_on_a_redis_out_of_reach_and_ends(
-    redis_factory: RedisFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def _giving_up_soon(
+    redis_factory: RedisFactory, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, redis.Redis, ScriptRunner, Any]:
+    """A server of its own, a fast-failing client and its runner, whose sweeper gives up on
+    unanswered sends after 0.5 s; and a script that sets a key."""
     server = redis_factory()
     client = redis.Redis(
         port=server.port,
@@ -181,10 +183,16 @@ def test_the_sweeper_gives_up_on_a_redis_out_of_reach_and_ends(
     )
     monkeypatch.setattr(deferred, "_GIVE_UP_AFTER", 0.5)
     monkeypatch.setattr(deferred, "_SWEEPER_STAYS", 0.2)
+    setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+    return server, client, ScriptRunner(client), setter
+
+
+def test_the_sweeper_gives_up_on_a_redis_out_of_reach_and_ends(
+    redis_factory: RedisFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, client, runner, setter = _giving_up_soon(redis_factory, monkeypatch)
     # (However loaded the machine, the send is one not waited for.)
     monkeypatch.setattr(deferred, "_TRUSTED_IDLE", 60.0)
-    runner = ScriptRunner(client)
-    setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
 
     def warm_freeze_send() -> None:
         runner(setter, ["frozen"], ["warm"])  # (this thread's connection fresh: not waited on)
@@ -207,17 +215,7 @@ def test_the_sweeper_gives_up_on_a_redis_out_of_reach_and_ends(
 def test_a_kept_reply_the_sweeper_gave_up_on_reads_as_a_lost_connection_not_an_answer(
     redis_factory: RedisFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = redis_factory()
-    client = redis.Redis(
-        port=server.port,
-        socket_timeout=0.2,
-        socket_connect_timeout=0.2,
-        retry=Retry(NoBackoff(), 0),
-    )
-    monkeypatch.setattr(deferred, "_GIVE_UP_AFTER", 0.5)
-    monkeypatch.setattr(deferred, "_SWEEPER_STAYS", 0.2)
-    runner = ScriptRunner(client)
-    setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+    server, client, runner, setter = _giving_up_soon(redis_factory, monkeypatch)
     outcome: list[BaseException | object] = []
     sent, read = threading.Event(), threading.Event()
 
