@@ -38,7 +38,6 @@ from .store.checks import Verdict, acl_check, eviction_check, servers_of, versio
 from .store.clients import DedupRedis
 from .store.redis_errors import redis_errors
 from .values.record import Holder
-from .values.redelivery import is_redis_broker, visibility_gap
 from .values.urls import redacted
 
 # The web view is an optional extra (starlette, uvicorn): without it, the other commands work
@@ -372,9 +371,9 @@ def _visibility(app: Celery, runtime: Runtime) -> Verdict:
         tasks = acks_late_leases(app, runtime.config)
     except DedupeError as exc:  # a task's dedup options are invalid
         return "FAIL", str(exc)
-    if not tasks or not is_redis_broker(app):
+    if not tasks or runtime.broker.redelivery is None:
         return "ok", "no acks_late dedup task on a Redis broker"
-    warning = visibility_gap(app, tasks)
+    warning = runtime.broker.redelivery_warning(tasks)
     if warning:
         return "warn", warning
     return "ok", "the Redis broker gives a dead worker's acks_late messages back within the lease"

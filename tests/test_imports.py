@@ -7,8 +7,9 @@ rung       folders (each imports only its own folder, lower rungs and the leaves
 1          ``values``: values and pure functions, no I/O
 2          ``store``: the only code that talks to Redis
 3          ``recovery``: records written back after the dedup Redis lost its data
-4          ``runs``: a run's lease, the app's runtime
-5          ``producer`` | ``worker``: side by side, neither imports the other
+4          ``brokers``: what differs from one kind of broker to another
+5          ``runs``: a run's lease, the app's runtime
+6          ``producer`` | ``worker``: side by side, neither imports the other
 top        the modules users import (and ``beat/``, ``demo/``, ``webview/``): anything below
 =========  =====================================================================================
 
@@ -33,6 +34,7 @@ RUNGS: tuple[tuple[str, ...], ...] = (
     ("values",),
     ("store",),
     ("recovery",),
+    ("brokers",),
     ("runs",),
     ("producer", "worker"),
 )

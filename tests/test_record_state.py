@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dedupe.producer.record_state import RecordState
+from dedupe.values.record_state import RecordState
 
 ALL = list(RecordState)
 

@@ -20,6 +20,7 @@ __all__ = [
     "MEMBERS",
     "ONE_STEP",
     "SENDER",
+    "UNACKED",
     "in_kombu_batch",
     "library_errors",
     "message_priority",
@@ -29,6 +30,9 @@ __all__ = [
     "put_fanout",
     "put_shadows",
     "queue_expiries",
+    "unacked_deliveries",
+    "unacked_messages",
+    "unacked_present",
 ]
 
 MEMBERS = Members("kombu")
@@ -62,6 +66,18 @@ ONE_STEP: bool = all(
         ),
     ]
 )
+
+_UNACKED = "the keys of the Redis broker's unacked messages restored after a data loss"
+# (Each looked up, none cut short: a missing one is named even after another.)
+_UNACKED_FOUND = [
+    MEMBERS.need(
+        f"kombu.transport.redis.Channel.{name}",
+        _UNACKED,
+        functools.partial(lambda name: isinstance(getattr(_Channel, name, None), str), name),
+    )
+    for name in ("unacked_key", "unacked_index_key")
+]
+UNACKED: bool = all(_UNACKED_FOUND)
 
 SENDER: bool = MEMBERS.need(
     "kombu.Connection._reraise_as_library_errors",
@@ -126,3 +142,44 @@ def library_errors(connection: Any) -> AbstractContextManager[Any]:
     """kombu's context turning transport errors into kombu's (what Celery's send_task uses)."""
     reraise: Callable[[], AbstractContextManager[Any]] = connection._reraise_as_library_errors
     return reraise()
+
+
+# -- the Redis transport's unacked messages (read by dedupe.recovery.unacked) ----------------
+
+
+def unacked_messages(channel: Any) -> dict[bytes, bytes]:
+    """The Redis transport's unacked hash: delivery tag -> ``[message, exchange, routing
+    key]`` as JSON."""
+    client = channel.client
+    messages: dict[bytes, bytes] = client.hgetall(
+        _named_for(client, "HGETALL", channel.unacked_key)
+    )
+    return messages
+
+
+def unacked_deliveries(channel: Any) -> dict[bytes, float]:
+    """The Redis transport's unacked index: delivery tag -> delivery time."""
+    client = channel.client
+    index = client.zrange(
+        _named_for(client, "ZRANGE", channel.unacked_index_key), 0, -1, withscores=True
+    )
+    return {tag: float(score) for tag, score in index}
+
+
+def unacked_present(channel: Any, tags: list[bytes]) -> list[bytes | None]:
+    """The unacked hash's value for each of ``tags`` (None: acked, or given back)."""
+    client = channel.client
+    present: list[bytes | None] = client.hmget(
+        _named_for(client, "HMGET", channel.unacked_key), tags
+    )
+    return present
+
+
+def _named_for(client: Any, command: str, name: str) -> str:
+    """``name`` as ``command`` must send it on kombu's client: with the transport's
+    ``global_keyprefix`` where the client does not add it itself (it prefixes a list of the
+    commands kombu sends, of which HGETALL and HMGET are not, nor ZRANGE in kombu 5.4)."""
+    prefix = getattr(client, "global_keyprefix", "")
+    if prefix and command not in getattr(client, "PREFIXED_SIMPLE_COMMANDS", ()):
+        return f"{prefix}{name}"
+    return name

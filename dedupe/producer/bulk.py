@@ -21,19 +21,20 @@ from typing import Any
 
 from celery import Celery
 
+from dedupe.brokers.declarations import declaring_once
 from dedupe.errors import ConfigurationError, RedisUnavailable
 from dedupe.runs.runtime import Runtime
 from dedupe.store.replies import Push
 from dedupe.store.store import LatestCall
 from dedupe.values.generics import TaskOrName
 from dedupe.values.record import Holder
+from dedupe.values.record_state import RecordState
 
+from .broker_budget import within_budget
 from .call import Call, publisher_for, resolve_task
 from .call_sender import CallSender
 from .guard import PreparedCall, forget_result, publish_prepared
 from .limited_calls import is_limited, publish_limited_many
-from .publish_seam import declaring_once, pushing_through_many, within_budget
-from .record_state import RecordState
 from .result import DedupeResult
 
 __all__ = ["aapply_many", "apply_many", "publish_many"]
@@ -268,7 +269,7 @@ def _build_messages(
         with (
             acquired if acquired is not None else nullcontext(given) as producer,
             within_budget(producer, app, first.shape.budget, first.deadline, options),
-            pushing_through_many(producer, plans),
+            first.runtime.broker.pushing_through(producer, plans),
             declaring_once(producer),
         ):
             for index in accepted:

@@ -5,7 +5,7 @@ A batch publishes many calls of one task with the same options through one produ
 call, Celery's ``apply_async`` and ``send_task`` spend much of their time on what is the same
 for every call of a batch: the task's and the app's settings, read through the app's layered
 configuration, and the producer's context (kombu's part is the batch seam's:
-:mod:`dedupe.producer.publish_seam`). :class:`CallSender` reads the task's and the app's part once,
+:mod:`dedupe.brokers.redis_publish`). :class:`CallSender` reads the task's and the app's part once,
 and per call does what ``send_task`` does with it (step by step in the design notes:
 docs/design-notes.md, "dedupe.producer.call_sender").
 """
@@ -24,13 +24,13 @@ from celery.app.task import Task as CeleryTask
 from celery.result import AsyncResult
 from celery.utils.nodenames import anon_nodename
 
+from dedupe.brokers.redis_publish import is_redis_channel
 from dedupe.compat import celery_private, kombu_private
 from dedupe.compat.celery_private import exec_options
 
 from .call import Call, Publish, TaskPublish
 from .message_repr import plain_repr
 from .plain_calls import refuse_plain_dedup_options
-from .publish_seam import is_redis_channel
 
 __all__ = ["CallSender", "sender_for"]
 

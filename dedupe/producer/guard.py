@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from celery import Celery
 
+from dedupe.brokers.declarations import declaring_once
+from dedupe.brokers.plans import PushPlan, Refused
 from dedupe.errors import AlreadyQueued, ArgumentsTooLarge, ConfigurationError, RedisUnavailable
 from dedupe.events import ACCEPTED, DEDUPLICATED, UNAVAILABLE, emit
 from dedupe.runs.liveness import lost_run_token
@@ -38,23 +40,16 @@ from dedupe.values.keys import CallKeys, keys_for
 from dedupe.values.latest import LatestWrite, pack_arguments
 from dedupe.values.options import UniqueOptions, options_for, pop_call_options
 from dedupe.values.record import Holder, new_nonce, pack_provisional
+from dedupe.values.record_state import RecordState
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
+from .broker_budget import within_budget
 from .call import Call, Publish, TaskPublish, new_task_id, publisher_for, resolve_task
 from .call_sender import sender_for
 from .limited_calls import is_limited
 from .limits import publish_limited
-from .publish_seam import (
-    PendingDecision,
-    PushPlan,
-    Refused,
-    deciding_at_push,
-    declaring_once,
-    pushing_through,
-    within_budget,
-)
 from .publish_signals import end_refused, forget_begun
-from .record_state import RecordState
+from .push_decision import PendingDecision, deciding_at_push
 from .result import DedupeResult, duplicate_result, mark_result
 
 __all__ = [
@@ -295,7 +290,7 @@ class PreparedCall:
 
     def within_budget(self, producer: Any) -> contextlib.AbstractContextManager[None]:
         """The block of this call's publish through ``producer``: no wait on the broker past
-        the call budget (:func:`~dedupe.producer.publish_seam.within_budget`)."""
+        the call budget (:func:`~dedupe.producer.broker_budget.within_budget`)."""
         return within_budget(
             producer, self.call.app, self.shape.budget, self.deadline, [self.call.options]
         )
@@ -423,7 +418,7 @@ class PreparedCall:
 
     def _seam(self, producer: Any, decision: PendingDecision | None) -> Any:
         if self.path == "one-step" or self.path == "decide":
-            return pushing_through(producer, self.plan)
+            return self.runtime.broker.pushing_through(producer, {self.task_id: self.plan})
         if decision is not None:
             return deciding_at_push(producer, decision)
         return contextlib.nullcontext()

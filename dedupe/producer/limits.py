@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dedupe.brokers.plans import LinePlan, StartPlan
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import Runtime, runtime_of
@@ -30,7 +31,6 @@ from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
 from .call import Call, new_task_id
 from .call_sender import sender_for
-from .publish_seam import LinePlan, StartPlan, pushing_in_line
 from .result import DedupeResult, mark_result
 
 __all__ = ["publish_limited"]
@@ -98,7 +98,7 @@ def publish_limited(call: Call) -> DedupeResult:
             unavailable,
             place,
         )
-        return _publish_in_line(call, header, start)
+        return _publish_in_line(runtime, call, header, start)
     if rate is not None:
         # The start first: its countdown is in the message, and a place waits as long.
         try:
@@ -119,7 +119,7 @@ def publish_limited(call: Call) -> DedupeResult:
     place_ms = _place_wait(call, unique.ttl, now).ms_after(milliseconds(delay) if delay else 0)
     if runtime.one_step:
         plan = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
-        return _publish_in_line(call, header, plan)
+        return _publish_in_line(runtime, call, header, plan)
     try:
         store.take_ticket(header.keys, task_id, place_ms)
     except RedisUnavailable as exc:
@@ -142,7 +142,9 @@ def _publish_with(call: Call, header: LimitHeader, store: Store, task_id: str) -
     return mark_result(sent, deduplicated=False)
 
 
-def _publish_in_line(call: Call, header: LimitHeader, plan: LinePlan | StartPlan) -> DedupeResult:
+def _publish_in_line(
+    runtime: Runtime, call: Call, header: LimitHeader, plan: LinePlan | StartPlan
+) -> DedupeResult:
     """Publish a limited call on a Redis broker that is the dedup store: its place in line
     (ticket_publish.lua), or its start (start_publish.lua), or both
     (start_ticket_publish.lua) taken with its message, in one round trip."""
@@ -154,7 +156,7 @@ def _publish_in_line(call: Call, header: LimitHeader, plan: LinePlan | StartPlan
     with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
         options["producer"] = producer
         try:
-            with pushing_in_line(producer, plan), publishing():
+            with runtime.broker.pushing_in_line(producer, plan), publishing():
                 sent = (sender_for(call, producer) or call.publish)(call.args, call.kwargs, options)
         except BaseException:
             # Only a place taken apart from its push goes: once its script is sent, its

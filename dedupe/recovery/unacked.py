@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dedupe.compat import kombu_private
 from dedupe.errors import RedisUnavailable
 from dedupe.events import RESTORED, emit
 from dedupe.store.replies import Restore
@@ -146,12 +147,8 @@ def restore_unacked(app: Any, store: Store, prefix: str, lease: float, redeliver
         # its retries (6 s with the broker down); a failed restore is tried again later.
         connection.ensure_connection(max_retries=0)
         channel = connection.default_channel
-        client = channel.client
-        unacked = _named_for(client, "HGETALL", channel.unacked_key)
-        messages = client.hgetall(unacked)
-        index_key = _named_for(client, "ZRANGE", channel.unacked_index_key)
-        index = client.zrange(index_key, 0, -1, withscores=True)
-        delivered = {tag: float(score) for tag, score in index}
+        messages = kombu_private.unacked_messages(channel)
+        delivered = kombu_private.unacked_deliveries(channel)
         ours = Ours(prefix)
         items = restorations(messages, delivered, ours, time.time(), lease, redelivery)
         if not items:
@@ -309,22 +306,11 @@ def _withdraw_acked(
     tags = list(restored)
     if not tags:
         return set()
-    client = channel.client
-    present = client.hmget(_named_for(client, "HMGET", channel.unacked_key), tags)
+    present = kombu_private.unacked_present(channel, tags)
     gone = {tag for tag, value in zip(tags, present, strict=True) if value is None}
     for tag in gone:
         store.withdraw(restored[tag])
     return gone
-
-
-def _named_for(client: Any, command: str, name: str) -> str:
-    """``name`` as ``command`` must send it on kombu's client: with the transport's
-    ``global_keyprefix`` where the client does not add it itself (it prefixes a list of the
-    commands kombu sends, of which HGETALL and HMGET are not, nor ZRANGE in kombu 5.4)."""
-    prefix = getattr(client, "global_keyprefix", "")
-    if prefix and command not in getattr(client, "PREFIXED_SIMPLE_COMMANDS", ()):
-        return f"{prefix}{name}"
-    return name
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
@@ -17,6 +16,8 @@ from redis.backoff import FullJitterBackoff, NoBackoff
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
+from dedupe.brokers.broker import Broker
+from dedupe.brokers.choice import broker_of
 from dedupe.compat import kombu_private
 from dedupe.errors import NotInstalled, RedisUnavailable
 from dedupe.recovery.unacked import RestartWatch
@@ -25,7 +26,6 @@ from dedupe.store.clients import DedupRedis, sync_client
 from dedupe.store.store import Store
 from dedupe.values import defaults
 from dedupe.values.config import DedupeConfig
-from dedupe.values.redelivery import is_redis_broker, redis_redelivery
 from dedupe.values.urls import cluster_target
 
 from .heartbeat import Heartbeat
@@ -47,19 +47,27 @@ class Runtime:
         self._async_stores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncStore] = (
             weakref.WeakKeyDictionary()
         )
+        self._broker: Broker | None = None
         self._broker_is_store: bool | None = None
-        self._redelivery: tuple[float | None] | None = None
         #: Per task name: the share of its recent calls that were duplicates.
         self.duplicate_share: dict[str, float] = {}
 
     @property
+    def broker(self) -> Broker:
+        """The app's kind of broker, decided at first use (the app may be configured after
+        ``dedupe.install``)."""
+        if self._broker is None:
+            self._broker = broker_of(self.app)
+        return self._broker
+
+    @property
     def broker_is_store(self) -> bool:
-        """Is the broker kombu's Redis transport on the dedup store's own server and
-        database? Then a call's record and message can be written in one step."""
+        """Is the broker the dedup store's own server and database? Then a call's record and
+        message can be written in one step."""
         if self._broker_is_store is None:
-            # (kombu has no Cluster transport; and a Cluster's client connects as it is made)
+            # (A Cluster's client connects as it is made, and kombu has no Cluster transport.)
             cluster = cluster_target(self.config.redis_url) is not None
-            self._broker_is_store = not cluster and self._broker_is(self.store)
+            self._broker_is_store = not cluster and self.broker.is_store(self.store)
         return self._broker_is_store
 
     @property
@@ -68,24 +76,10 @@ class Runtime:
         and kombu's members the one-step publish needs are there)?"""
         return kombu_private.ONE_STEP and self.broker_is_store
 
-    def _broker_is(self, store: Store) -> bool:
-        connection = self.app.connection_for_write()  # not connected: names the transport
-        try:
-            redis_transport = getattr(connection.transport, "driver_type", None) == "redis"
-            broker = (connection.hostname, connection.port or 6379, connection.virtual_host)
-        finally:
-            connection.release()
-        server = store.server
-        return redis_transport and server is not None and _same_address(broker, server)
-
     @property
     def redis_redelivery(self) -> float | None:
-        """On a Redis broker, the seconds until it gives back the unacked message of a dead
-        worker (:func:`dedupe.values.redelivery.redis_redelivery`); None on any other broker."""
-        if self._redelivery is None:
-            redis_broker = is_redis_broker(self.app)
-            self._redelivery = (redis_redelivery(self.app) if redis_broker else None,)
-        return self._redelivery[0]
+        """The broker's :attr:`~dedupe.brokers.broker.Broker.redelivery` (None but on Redis)."""
+        return self.broker.redelivery
 
     def count_call(self, task_name: str, duplicate: bool) -> None:
         """Fold one call's verdict into the task's duplicate share."""
@@ -179,29 +173,8 @@ class Runtime:
         return self._heartbeat
 
     def _restart_watch(self, store: Store) -> RestartWatch | None:
-        # Only a Redis broker keeps unacked messages where a worker can read them; one that
-        # is the dedup store loses them with the records; a Cluster has many servers to lose.
-        redelivery = self.redis_redelivery
-        if redelivery is None or store.server is None:
-            return None
-        self._broker_is_store = self._broker_is(store)
-        if self._broker_is_store:
-            return None
         config = self.config
-        return RestartWatch(self.app, store, config.key_prefix, config.default_lease, redelivery)
-
-
-def _same_address(broker: tuple[Any, Any, Any], store: Mapping[str, Any]) -> bool:
-    host, port, virtual_host = broker
-    try:
-        db = int(str(virtual_host or "0").strip("/") or 0)
-    except ValueError:
-        return False
-    return store.get("path") is None and (host, int(port), db) == (
-        store.get("host"),
-        int(store.get("port") or 6379),
-        int(store.get("db") or 0),
-    )
+        return self.broker.restart_watch(store, config.key_prefix, config.default_lease)
 
 
 # The runtime lives on the app itself (as Celery keeps its own per-app state): found with one

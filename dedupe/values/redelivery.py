@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from celery import Celery
 
-__all__ = ["horizon", "is_redis_broker", "redis_redelivery", "redis_visibility", "visibility_gap"]
+__all__ = ["horizon", "redis_redelivery", "redis_visibility", "visibility_gap"]
 
 # kombu's Redis transport defaults (kombu.transport.redis.Channel): an unacked message is
 # restored by a sweep every unacked_restore_interval x unacked_restore_throttle seconds, once
@@ -21,15 +21,6 @@ __all__ = ["horizon", "is_redis_broker", "redis_redelivery", "redis_visibility",
 _VISIBILITY_TIMEOUT = 3600.0
 _RESTORE_INTERVAL = 10.0
 _RESTORE_THROTTLE = 10
-
-
-def is_redis_broker(app: Celery) -> bool:
-    """Is the app's broker kombu's Redis transport (redis, rediss, sentinel, socket)?"""
-    connection = app.connection_for_write()  # not connected: names the transport
-    try:
-        return getattr(connection.transport, "driver_type", None) == "redis"
-    finally:
-        connection.release()
 
 
 def horizon(redelivery: float | None, lease: float, ttl: float) -> float:
@@ -57,15 +48,12 @@ def redis_redelivery(app: Celery) -> float:
     return visibility + interval * max(throttle, 1)
 
 
-def visibility_gap(app: Celery, tasks: Iterable[tuple[str, float]]) -> str | None:
-    """A start-up warning for ``acks_late`` tasks (name, lease) on a Redis broker: a worker
-    killed while running one leaves its key held, and the message unrun, until the
-    visibility timeout gives the message back, far beyond the lease."""
-    tasks = sorted(tasks)
-    if not tasks or not is_redis_broker(app):
-        return None
-    redelivery = redis_redelivery(app)
-    gapped = [name for name, lease in tasks if redelivery > lease]
+def visibility_gap(redelivery: float, tasks: Iterable[tuple[str, float]]) -> str | None:
+    """A start-up warning for ``acks_late`` tasks (name, lease) on a Redis broker that gives
+    an unacked message back ``redelivery`` seconds after its delivery: a worker killed while
+    running one leaves its key held, and the message unrun, until then, far beyond the
+    lease."""
+    gapped = [name for name, lease in sorted(tasks) if redelivery > lease]
     if not gapped:
         return None
     return (

@@ -52,7 +52,7 @@ from dedupe.values.latest import Latest, unpack_arguments
 from dedupe.values.limits import LimitHeader
 from dedupe.values.options import check_plain_task, options_for
 from dedupe.values.record import HOST, Holder, pack_queued, pack_running
-from dedupe.values.redelivery import horizon, visibility_gap
+from dedupe.values.redelivery import horizon
 from dedupe.values.timing import milliseconds, seconds_until
 from dedupe.values.urls import cluster_target
 
@@ -86,7 +86,8 @@ logger = logging.getLogger("dedupe.worker")
 def on_worker_init(sender: Any = None, **_: Any) -> None:
     """Refuse to start a worker whose dedupe settings or tasks are wrong (it would run every
     unique task unguarded); warn when an acks_late task's key would wait for the Redis
-    broker's visibility timeout after a worker dies (:func:`visibility_gap`)."""
+    broker's visibility timeout after a worker dies (:meth:`Broker.redelivery_warning
+    <dedupe.brokers.broker.Broker.redelivery_warning>`)."""
     early_claim.pool_accepts_in_place(getattr(sender, "pool_cls", None))
     app = getattr(sender, "app", None)
     runtime = installed(app)
@@ -103,7 +104,7 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
         message = f"celery-dedupe: the worker of app {app.main!r} cannot start: {exc}"
         raise SystemExit(message) from None
     try:
-        warning = visibility_gap(app, acks_late_leases(app, runtime.config))
+        warning = runtime.broker.redelivery_warning(acks_late_leases(app, runtime.config))
     except DedupeError as exc:  # a task's options are invalid: its runs will say so
         logger.debug("no visibility check: %s", exc)
         return

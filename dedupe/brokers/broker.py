@@ -1,0 +1,64 @@
+"""What differs from one kind of broker to another, behind one interface.
+
+=========================  ==================================================================
+``redelivery``             when a dead worker's unacked message comes back
+``is_store``               is the broker the dedup store's own Redis (record and message in
+                           one script)?
+``pushing_through``        the publishes of a block, each with its record in one step
+``pushing_in_line``        a limited call's place in line (or start) with its message
+``restart_watch``          the records of the broker's unacked messages written back after
+                           the dedup Redis lost its data
+``redelivery_warning``     a start-up warning about how long a dead worker's key is held
+=========================  ==================================================================
+
+One implementation per kind: :class:`~dedupe.brokers.redis_broker.RedisBroker` and
+:class:`~dedupe.brokers.other_broker.OtherBroker`; :func:`~dedupe.brokers.choice.broker_of`
+picks one once per app. What a third kind would implement: docs/design-notes.md,
+"dedupe.brokers".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager as ContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .plans import LinePlan, PushPlan, StartPlan
+
+if TYPE_CHECKING:
+    from dedupe.recovery.unacked import RestartWatch
+    from dedupe.store.store import Store
+
+__all__ = ["Broker"]
+
+
+class Broker(Protocol):
+    """One kind of broker, as dedupe meets it."""
+
+    #: The kind's name, for logs ("redis", "other").
+    name: str
+
+    @property
+    def redelivery(self) -> float | None:
+        """Seconds after its delivery at most until the broker gives back the unacked message
+        of a dead worker; None where it gives it back as the worker's connection drops."""
+
+    def is_store(self, store: Store) -> bool:
+        """Is the broker the dedup store's server and database?"""
+
+    def pushing_through(self, producer: Any, plans: Mapping[str, PushPlan]) -> ContextManager[None]:
+        """Each publish of the block through ``producer`` writes the record of the plan of its
+        task id with its message, in one step where the broker can; a message of another task
+        id, or on a broker that cannot, goes out as kombu sends it."""
+
+    def pushing_in_line(self, producer: Any, plan: LinePlan | StartPlan) -> ContextManager[None]:
+        """:meth:`pushing_through` for a call with ``key_concurrency`` or ``key_rate_limit``:
+        its place in line (or reserved start) and its message."""
+
+    def restart_watch(self, store: Store, prefix: str, lease: float) -> RestartWatch | None:
+        """What writes back the records of the broker's unacked messages after ``store`` lost
+        its data; None where no worker can read those messages, or they are lost with it."""
+
+    def redelivery_warning(self, tasks: Iterable[tuple[str, float]]) -> str | None:
+        """A start-up warning for ``acks_late`` tasks (name, lease) whose key a dead worker
+        holds far beyond the lease, until the broker gives its message back."""

@@ -1,0 +1,150 @@
+"""What one publish must write with its message, and what became of it: the plans a broker's
+publish seam carries out (:meth:`dedupe.brokers.broker.Broker.pushing_through`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from dedupe.errors import RedisUnavailable
+from dedupe.store.replies import Push
+from dedupe.store.store import PendingPush, PlaceWait, Store
+from dedupe.values.keys import CallKeys
+from dedupe.values.latest import LatestWrite
+from dedupe.values.record import Holder, pack_provisional, pack_queued
+from dedupe.values.record_state import RecordState
+
+__all__ = ["LinePlan", "PushPlan", "Refused", "StartPlan"]
+
+
+class Refused(Exception):
+    """The dedup script refused a publish: the call's key is held. Nothing was pushed."""
+
+    def __init__(self, holder: Holder) -> None:
+        super().__init__(holder.task_id)
+        self.holder = holder
+
+
+@dataclass(eq=False)
+class PushPlan:
+    """What one publish must write with its message, and what became of it."""
+
+    #: The dedup store, asked for when first needed (the runtime makes it then: a Cluster
+    #: no node of which answers makes none, and the call's first write says so).
+    store_of: Callable[[], Store]
+    keys: CallKeys
+    task_id: str
+    #: The call's nonce, and the fields of its queued record.
+    nonce: int
+    enqueued_at: float
+    eta: float | None
+    #: Time to live of the queued record, and of the provisional one, ms.
+    ttl_ms: int
+    provisional_ttl_ms: int
+    #: Push even when the key is held: canvas members and continuations are never refused.
+    force: bool = False
+    #: What the call's record is in Redis (moved only through :meth:`RecordState.to`).
+    state: RecordState = RecordState.ABSENT
+    #: Hold the push back (a batch sends all of its pushes in one round trip): the seam
+    #: leaves it in :attr:`pending` instead of sending it.
+    deferred: bool = False
+    pending: PendingPush | None = None
+    #: A debounced or replacing call's: what it leaves for the holder's run as a duplicate.
+    latest: LatestWrite | None = None
+
+    @property
+    def store(self) -> Store:
+        return self.store_of()
+
+    def move(self, state: RecordState) -> None:
+        """The record is now ``state``."""
+        self.state = self.state.to(state)
+
+    def pushed(self, outcome: Push | Holder) -> None:
+        """publish.lua answered (a Holder: refused, nothing pushed)."""
+        if not isinstance(outcome, Holder):
+            self.move(RecordState.QUEUED)
+
+    # Packed on first use (a duplicate needs the provisional record only, and only a publish
+    # needs the queued one); plain attributes, not functools.cached_property, which takes a
+    # lock on every read before Python 3.12.
+    _provisional: bytes | None = None
+    _queued: bytes | None = None
+
+    @property
+    def provisional(self) -> bytes:
+        """This call's provisional record."""
+        if self._provisional is None:
+            self._provisional = pack_provisional(self.task_id, self.nonce)
+        return self._provisional
+
+    @property
+    def queued(self) -> bytes:
+        """This call's queued record."""
+        if self._queued is None:
+            self._queued = pack_queued(self.task_id, self.enqueued_at, self.eta, self.nonce)
+        return self._queued
+
+
+@dataclass(eq=False)
+class LinePlan:
+    """What the publish of a call with ``key_concurrency`` writes with its message: its
+    place in its key's line (ticket.lua), and what became of it."""
+
+    store_of: Callable[[], Store]
+    #: The key's line, due and seq keys (:class:`~dedupe.values.limits.LimitHeader`'s).
+    keys: Mapping[str, str]
+    task_id: str
+    #: How long the place waits for its message's first run, ms.
+    ttl_ms: int
+    #: Called when a place taken apart from the push cannot be had (Redis unreachable):
+    #: raises to refuse the publish, or returns to publish without the place.
+    unavailable: Callable[[RedisUnavailable], None]
+    #: absent: nothing written; sent: ticket_publish.lua was sent (the place and the message
+    #: both, or neither); placed: the place taken apart, its message not pushed yet; pushed:
+    #: the place and its message; dropped: routed nowhere, so no place either.
+    state: Literal["absent", "sent", "placed", "pushed", "dropped"] = "absent"
+
+    @property
+    def store(self) -> Store:
+        return self.store_of()
+
+    @property
+    def owns_a_place_alone(self) -> bool:
+        """Is a place of this call's in line with no message known to go with it? (A failed
+        publish must free it, or it holds the calls behind it until it lapses.)"""
+        return self.state == "placed"
+
+
+@dataclass(eq=False)
+class StartPlan:
+    """What the publish of a call with ``key_rate_limit`` writes with its message: its
+    reserved start (start.lua's "call"), and its place in line with both limits; the
+    message's eta is its start's, when that is later than the call's own."""
+
+    store_of: Callable[[], Store]
+    #: The key's starts and plan keys (line, due and seq too, with both limits).
+    keys: Mapping[str, str]
+    task_id: str
+    #: N starts per period (ms).
+    count: int
+    period_ms: int
+    #: The call's own countdown or eta, ms from now (0: none).
+    earliest_ms: int
+    #: Called when a start or place taken apart from the push cannot be had (Redis
+    #: unreachable): raises to refuse the publish, or returns to publish without them.
+    unavailable: Callable[[RedisUnavailable], None]
+    #: Both limits: how long its place in line waits (None: no place, a rate alone).
+    place: PlaceWait | None = None
+    #: As :class:`LinePlan`'s (a start alone is never "placed": a reserved start lapses).
+    state: Literal["absent", "sent", "placed", "pushed", "dropped"] = "absent"
+
+    @property
+    def store(self) -> Store:
+        return self.store_of()
+
+    @property
+    def owns_a_place_alone(self) -> bool:
+        """As :attr:`LinePlan.owns_a_place_alone`."""
+        return self.state == "placed"
