@@ -14,7 +14,7 @@ from .errors import ConfigurationError
 from .producer.aio import apublish_unique
 from .producer.bulk import aapply_many, apply_many
 from .producer.guard import Call, publish_unique
-from .producer.limits import publish_limited
+from .producer.limited_publish import publish_limited
 from .producer.result import DedupeResult, mark_result
 from .runs.run import run_of
 from .runs.runtime import installed

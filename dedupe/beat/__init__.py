@@ -29,7 +29,7 @@ from dedupe.compat.celery_private import count_beat_send
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.producer.guard import Call, publish_unique, publisher_for
-from dedupe.producer.limits import publish_limited
+from dedupe.producer.limited_publish import publish_limited
 from dedupe.runs.runtime import installed
 from dedupe.values.header import HEADER
 from dedupe.values.keys import tick_key

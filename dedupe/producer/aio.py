@@ -3,7 +3,7 @@
 The dedup round trip is awaited on ``redis.asyncio``, so a burst of guarded calls never
 blocks the event loop; the publish itself (kombu is synchronous) runs in the loop's default
 executor. The decision is :mod:`dedupe.producer.guard`'s own
-:class:`~dedupe.producer.guard.PreparedCall`; only the round trips differ.
+:class:`~dedupe.producer.prepared_call.PreparedCall`; only the round trips differ.
 
 .. code-block:: python
 
@@ -25,8 +25,9 @@ from dedupe.store.replies import Requeue
 from dedupe.values.generics import TaskOrName
 from dedupe.values.record import Holder
 
-from .guard import Call, PreparedCall, keys_of_call
-from .limited_calls import apublish_limited, is_limited
+from .guard import Call, keys_of_call
+from .limited_publish import apublish_limited, is_limited
+from .prepared_call import PreparedCall
 from .result import DedupeResult
 
 __all__ = ["aapply_async", "alookup", "apublish_unique"]
@@ -63,7 +64,8 @@ async def _decide(prepared: PreparedCall) -> DedupeResult:
             if prepared.kind == "continuation":
                 # Outside any run, an event loop is no worker's main process: never act for
                 # another run of the task id.
-                token = prepared.token if prepared.token is not None else NO_RUN
+                token = prepared.hand_over()
+                token = token if token is not None else NO_RUN
                 outcome = await store.requeue(*prepared.requeue_arguments(token))
             elif prepared.latest is not None:
                 keys, provisional, ttl_ms = prepared.enqueue_arguments()

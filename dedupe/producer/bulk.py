@@ -33,8 +33,9 @@ from dedupe.values.record_state import RecordState
 from .broker_budget import within_budget
 from .call import Call, publisher_for, resolve_task
 from .call_sender import CallSender
-from .guard import PreparedCall, forget_result, publish_prepared
-from .limited_calls import is_limited, publish_limited_many
+from .guard import publish_prepared
+from .limited_publish import is_limited, publish_limited_many
+from .prepared_call import PreparedCall, forget_result
 from .result import DedupeResult
 
 __all__ = ["aapply_many", "apply_many", "publish_many"]

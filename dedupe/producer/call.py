@@ -14,7 +14,15 @@ from celery.result import AsyncResult
 from dedupe.compat.celery_private import current_app, unproxied
 from dedupe.values.generics import AnyTask, TaskOrName
 
-__all__ = ["Call", "Publish", "TaskPublish", "new_task_id", "publisher_for", "resolve_task"]
+__all__ = [
+    "Call",
+    "Publish",
+    "TaskPublish",
+    "in_canvas",
+    "new_task_id",
+    "publisher_for",
+    "resolve_task",
+]
 
 #: Publishes a call: ``publish(args, kwargs, options)`` with Celery's apply_async options.
 Publish: TypeAlias = (
@@ -105,3 +113,17 @@ def new_task_id() -> str:
     digits = os.urandom(16).hex()
     variant = "89ab"[int(digits[16], 16) & 3]
     return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"
+
+
+#: Celery's options that make a call a member of a canvas (a chain, a chord, a group, a link).
+_CANVAS_OPTIONS = ("chain", "chord", "group_id", "link", "link_error")
+
+
+def in_canvas(options: Mapping[str, Any]) -> bool:
+    """Is a call with ``options`` a canvas member (never refused: that would cut its
+    workflow)?"""
+    # A loop, not any(<generator>): this runs on every call, and the generator costs more.
+    for name in _CANVAS_OPTIONS:  # noqa: SIM110
+        if options.get(name) is not None:
+            return True
+    return False

@@ -6,7 +6,7 @@ and its start together, or neither. A run that must wait is sent again under
 the same task id (its delivery ends as ``RETRY``), for its place in line or its next start;
 it is never dropped and never gives up.
 
-The call side is :mod:`dedupe.producer.limits`.
+The call side is :mod:`dedupe.producer.limited_publish`.
 """
 
 from __future__ import annotations

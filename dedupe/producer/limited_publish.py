@@ -6,15 +6,24 @@ publish seam; a start's script writes the message's eta); else one round trip to
 Redis, then the publish.
 Every call is accepted: nothing here refuses or deduplicates.
 
+Calls of a limited task made through the entry points that deduplicate other tasks' calls
+(``dedupe.apply_many``, ``aapply_many``, ``aapply_async``) are each published as its
+``delay`` publishes it (:func:`publish_limited_many`, :func:`apublish_limited`). A batch's
+calls go one after the other, in call order: each takes its place in its own round trip.
+Not pipelined: :func:`publish_limited` prepares, reserves and publishes in one function, and
+a batch that reserved first would need a copy of its preparation (keys, header, the place's
+ttl).
+
 The run side (a slot, or a start checked again) is :mod:`dedupe.worker.limits`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dedupe.brokers.plans import LinePlan, StartPlan
@@ -33,7 +42,7 @@ from .call import Call, new_task_id
 from .call_sender import sender_for
 from .result import DedupeResult, mark_result
 
-__all__ = ["publish_limited"]
+__all__ = ["apublish_limited", "is_limited", "publish_limited", "publish_limited_many"]
 
 logger = logging.getLogger("dedupe.producer")
 
@@ -211,3 +220,37 @@ def _expiry_of(call: Call, now: float) -> float | None:
     if expires is None:
         return None
     return seconds_to_expiry(expires, now, enable_utc=_enable_utc(call.app))
+
+
+_always_eager = SettingReader("task_always_eager")
+
+# Calls in flight: asyncio keeps only weak references to tasks.
+_in_flight: set[asyncio.Future[DedupeResult]] = set()
+
+
+def is_limited(call: Call) -> bool:
+    """Is ``call`` of a task with ``key_concurrency`` or ``key_rate_limit``? (A task's
+    declaration says so: no call option makes a call limited.)"""
+    if call.task is None or _always_eager(call.app):
+        # (A name this process does not import has no declaration to say so; eager:
+        # nothing to limit, nor to deduplicate: the guard runs it.)
+        return False
+    return options_for(call.task, call.task_name, runtime_of(call.app).config).limited
+
+
+def publish_limited_many(calls: Sequence[Call]) -> list[DedupeResult]:
+    """Publish each call of a limited task, in call order. A call whose publish raises
+    leaves its place (as its ``delay`` would) and the error is raised: the calls after it
+    are not made."""
+    return [publish_limited(call) for call in calls]
+
+
+async def apublish_limited(call: Call) -> DedupeResult:
+    """:func:`publish_limited`, awaitable: in the loop's default
+    executor (its round trip and kombu block), shielded from the caller's cancellation
+    (cancelled between its place and its publish, a call would hold its key's line until
+    its place lapses)."""
+    published = asyncio.ensure_future(asyncio.to_thread(publish_limited, call))
+    _in_flight.add(published)
+    published.add_done_callback(_in_flight.discard)
+    return await asyncio.shield(published)

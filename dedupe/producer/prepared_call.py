@@ -1,0 +1,265 @@
+"""A prepared call published through Celery (:class:`PreparedCall`): through the broker's
+seam with its record, deciding at the push, or plain after a first write of unknown fate.
+
+Every producer entry point hands its call to :func:`dedupe.producer.guard.publish_unique`;
+the asyncio twin in :mod:`dedupe.producer.aio` drives the same :class:`PreparedCall`. On a
+Redis broker that is the dedup store, an accepted call is one round trip that writes its
+record and pushes its message; a call that asks first, or any call on another broker,
+writes a provisional record before the publish. A call refused at the push unsubscribes
+the result Celery subscribed to for it.
+
+On any broker, a provisional record's verdict can be read at the push
+(:func:`deciding_at_push`): ``enqueue`` is sent before Celery builds the message and its
+answer read only as the message is about to leave, so Redis decides while Celery and kombu
+do their CPU work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+from dedupe.brokers.declarations import declaring_once
+from dedupe.brokers.plans import Refused
+from dedupe.brokers.shadowing import shadowing
+from dedupe.errors import RedisUnavailable
+from dedupe.events import ACCEPTED, emit
+from dedupe.store.script_runner import Reply
+from dedupe.store.store import Store
+from dedupe.values.header import HEADER, LATEST, publishing
+from dedupe.values.keys import CallKeys
+from dedupe.values.record import Holder
+from dedupe.values.record_state import RecordState
+
+from .broker_budget import within_budget
+from .call import Publish
+from .call_sender import sender_for
+from .publish_signals import end_refused, forget_begun
+from .record_moves import RecordMoves
+from .result import DedupeResult, mark_result
+
+__all__ = ["PendingDecision", "PreparedCall", "deciding_at_push", "forget_result"]
+
+logger = logging.getLogger("dedupe.producer")
+
+
+class PreparedCall(RecordMoves):
+    """A call decided up to its Redis round trips, and published: the sync and asyncio
+    drivers make the first write, if any, each with its own client;
+    :meth:`publish_with_record` (blocking) does the rest for both."""
+
+    def within_budget(self, producer: Any) -> contextlib.AbstractContextManager[None]:
+        """The block of this call's publish through ``producer``: no wait on the broker past
+        the call budget (:func:`~dedupe.producer.broker_budget.within_budget`)."""
+        return within_budget(
+            producer, self.call.app, self.shape.budget, self.deadline, [self.call.options]
+        )
+
+    def publish(self, through: Publish | None = None) -> DedupeResult:
+        """Send the message through Celery, as it is (blocking); ``through``: a publish that
+        stands for the call's own (a batch's sender)."""
+        call = self.call
+        if self.kind != "eager":
+            headers = dict(call.options.get("headers") or {})
+            headers[HEADER] = self.header.encode()
+            if self.latest is not None:
+                unique = self.shape.unique
+                assert unique is not None
+                headers[LATEST] = unique.latest  # (its run takes the latest arguments)
+            call.options["headers"] = headers
+        with publishing():
+            try:
+                sent = (through or call.publish)(call.args, call.kwargs, call.options)
+            except Refused:
+                end_refused(self.task_id)
+                raise
+            finally:
+                forget_begun()
+        if self.kind == "eager":
+            return mark_result(sent, deduplicated=False)
+        # (No store when none could be made: a Cluster no node of which answered.)
+        store = self.runtime.existing_store
+        return mark_result(sent, deduplicated=False, keys=self.keys, store=store)
+
+    def publish_with_record(self) -> DedupeResult:
+        """Publish the message, with its record as the path says (blocking: the asyncio
+        driver runs it in a thread). A call refused at the push is a duplicate."""
+        try:
+            result = self._publish_through_seam()
+        except Refused as refused:
+            return self.duplicate(refused.holder)
+        except BaseException:
+            # The message may not exist: free the key so the caller's retry is not refused
+            # (never after publish.lua was sent: if it ran, the record has its message).
+            self._cancel_after_failure()
+            raise
+        if self.path in ("overlap", "confirm"):
+            self.confirm_record()
+        self.note_accepted(self.path)
+        return result
+
+    def note_accepted(self, path: str) -> None:
+        """Count the call as accepted, and say so (event ``call_accepted``)."""
+        self.runtime.count_call(self.call.task_name, duplicate=False)
+        emit(ACCEPTED, self.call.task_name, self.task_id, self.keys.call, path=path)
+
+    def _publish_through_seam(self) -> DedupeResult:
+        call = self.call
+        decision = self._start_deciding() if self.path == "overlap" else None
+        refused = None
+        given = call.options.get("producer")
+        # What Celery's producer_or_acquire does, without its second look at the settings.
+        acquired = call.app.producer_pool.acquire(block=True) if given is None else None
+        with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
+            call.options["producer"] = producer
+            try:
+                with (
+                    self.within_budget(producer),
+                    self._seam(producer, decision),
+                    declaring_once(producer),
+                ):
+                    result = self.publish(sender_for(call, producer))
+            except Refused as exc:
+                # Caught inside the block: kombu (5.5+) replaces the connection of a pooled
+                # producer that an exception leaves.
+                refused = exc
+            except BaseException:
+                self._decided(decision, published=False)
+                raise
+        if refused is not None:
+            # Celery subscribed to the result of a task id that will never exist.
+            forget_result(call.app, self.task_id)
+            raise refused
+        if self.path == "overlap":
+            # Its record is the decision's (none when the enqueue could not even be sent).
+            self._decided(decision)
+        elif self.path != "confirm":  # (its record was written first: confirmed after this)
+            self.settle_publish()
+        return result
+
+    def _start_deciding(self) -> PendingDecision | None:
+        plan = self.plan
+        try:
+            reply = self.store.start_enqueue(self.keys, plan.provisional, plan.provisional_ttl_ms)
+        except RedisUnavailable as exc:
+            self.first_write_failed(exc)
+            return None
+        except BaseException:
+            # (A script the connection has not run yet, or one idle a while, is sent and read
+            # at once: an interruption there leaves its fate unknown.)
+            self.withdraw_first_write()
+            raise
+        return PendingDecision(
+            self.store,
+            self.keys,
+            reply,
+            plan.provisional,
+            plan.provisional_ttl_ms,
+            self.first_write_failed,
+        )
+
+    def _seam(self, producer: Any, decision: PendingDecision | None) -> Any:
+        if self.path == "one-step" or self.path == "decide":
+            return self.runtime.broker.pushing_through(producer, {self.task_id: self.plan})
+        if decision is not None:
+            return deciding_at_push(producer, decision)
+        return contextlib.nullcontext()
+
+    def _decided(self, decision: PendingDecision | None, *, published: bool = True) -> None:
+        """Settle the overlap path's decision after the publish (or, ``published=False``,
+        its failure)."""
+        if decision is None:
+            return
+        decided_at_push = decision.decided
+        if decision.decided and not decision.read:
+            # Its read was interrupted (the exception this unwinds from): what the enqueue
+            # wrote, if anything, is withdrawn by its bytes, never by its task id alone.
+            if self.plan.state is RecordState.ABSENT:
+                self.plan.move(RecordState.ASKED)
+            return
+        try:
+            holder = decision.decide()
+        except RedisUnavailable:
+            holder = None  # the policy said raise, but the message may be out: go on
+        if holder is None and self.plan.state is RecordState.ABSENT:
+            self.plan.move(RecordState.PROVISIONAL)  # (unknown, if the decision failed)
+        # A publish that raised before the push read the verdict sent nothing to warn of.
+        if holder is not None and not decided_at_push and published:
+            self._warn_second_message(holder)
+
+    def publish_unrecorded(self) -> DedupeResult:
+        """The publish after a first write of unknown fate: plain (what the write left, if
+        anything, the provisional ttl frees), within what is left of the call budget."""
+        call = self.call
+        given = call.options.get("producer")
+        acquired = call.app.producer_pool.acquire(block=True) if given is None else None
+        with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
+            call.options["producer"] = producer
+            with self.within_budget(producer):
+                return self.publish()
+
+
+def forget_result(app: Celery, task_id: str) -> None:
+    """Undo the result backend's subscription to a task id that was never published."""
+    consumer = getattr(app.backend, "result_consumer", None)
+    cancel_for = getattr(consumer, "cancel_for", None)
+    if callable(cancel_for):
+        try:
+            cancel_for(task_id)
+        except Exception as exc:  # a subscription is no reason to fail a call
+            logger.debug("could not unsubscribe from %s: %r", task_id, exc)
+
+
+@dataclass(eq=False)
+class PendingDecision:
+    """An ``enqueue`` sent and not yet read: the verdict on a provisional record."""
+
+    store: Store
+    keys: CallKeys
+    reply: Reply
+    #: The provisional record the enqueue was sent with, and its ttl (sent again after a
+    #: restore: see :class:`~dedupe.store.store.DataLossBarrier`).
+    record: bytes
+    ttl_ms: int
+    #: Called when the answer cannot be had (Redis unreachable): raises to refuse the
+    #: publish, or returns to publish without dedup.
+    unavailable: Callable[[RedisUnavailable], None]
+    #: Its read began (once: a failed read is not tried again).
+    decided: bool = False
+    #: Its read ended: with the verdict, or Redis unavailable (not cut short by an exception).
+    read: bool = False
+    holder: Holder | None = None
+
+    def decide(self) -> Holder | None:
+        """The holder that makes the call a duplicate, or None (read once)."""
+        if not self.decided:
+            self.decided = True
+            try:
+                self.holder = self.store.enqueue_result(
+                    self.keys, self.reply, self.record, self.ttl_ms
+                )
+            except RedisUnavailable as exc:
+                self.read = True
+                self.unavailable(exc)
+            self.read = True
+        return self.holder
+
+
+def deciding_at_push(producer: Any, decision: PendingDecision) -> ContextManager[None]:
+    """Read ``decision`` at the push of the publish made in the block, on any transport: a
+    duplicate unwinds as :class:`Refused` before the message reaches the broker."""
+    transport_publish = producer.channel.basic_publish  # the transport's, confirm mode included
+
+    def basic_publish(message: Any, *args: Any, **kwargs: Any) -> Any:
+        holder = decision.decide()
+        if holder is not None:
+            raise Refused(holder)
+        return transport_publish(message, *args, **kwargs)
+
+    return shadowing(producer.channel, basic_publish=basic_publish)
