@@ -544,7 +544,8 @@ def test_only_keys_met_held_before_are_tracked(store_app: Any, store_server: Red
         assert refresh.delay(x).deduplicated is True
     assert tracked_keys(store_server) == 0
     assert refresh.delay(30).deduplicated is True
-    # The key, and on a Redis broker the marker its store's enqueue reads (dedupe.keys).
+    # The key, and on a Redis broker the marker its store's enqueue reads
+    # (dedupe.values.keys.alive_key).
     assert 1 <= tracked_keys(store_server) <= 2
 
 

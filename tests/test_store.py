@@ -54,7 +54,8 @@ def started(request: pytest.FixtureRequest) -> CallKeys:
 
 
 def record(store: Store, key: str) -> dict[str, object] | None:
-    """The record at ``key``, its fields named (the arrays are laid out in dedupe/record.py)."""
+    """The record at ``key``, its fields named (the arrays are laid out in
+    dedupe/values/record.py)."""
     raw = store.client.get(key)
     if raw is None:
         return None

@@ -1,7 +1,7 @@
 -- enqueue: a producer asks to queue a call before publishing it (absent -> provisional).
 --
 -- KEYS[1]  call key
--- KEYS[2]  (optional) the store's marker key (dedupe.keys.alive_key): present once the
+-- KEYS[2]  (optional) the store's marker key (dedupe.values.keys.alive_key): present once the
 --          records of the messages in flight were restored since the store last lost its
 --          data; missing, an absent key may be a lost record, and nothing is decided
 -- ARGV[1]  the provisional record, msgpack (it names the owner and carries the call's nonce)
