@@ -20,7 +20,8 @@ from typing import Any
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import Runtime, runtime_of
-from dedupe.store.store import PlaceWait, Store
+from dedupe.store.commands.starts import PlaceWait
+from dedupe.store.store import Store
 from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
 from dedupe.values.keys import keys_for

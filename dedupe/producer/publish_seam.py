@@ -33,9 +33,11 @@ from kombu.utils.json import dumps
 
 from dedupe.compat import kombu_private
 from dedupe.errors import RedisUnavailable
+from dedupe.store.commands.pushes import PendingPush
+from dedupe.store.commands.starts import EtaSplit, PlaceWait
+from dedupe.store.connections import Reply
 from dedupe.store.replies import Push
-from dedupe.store.script_runner import Reply
-from dedupe.store.store import EtaSplit, PendingPush, PlaceWait, Store
+from dedupe.store.store import Store
 from dedupe.values.config import SettingReader
 from dedupe.values.keys import CallKeys
 from dedupe.values.latest import LatestWrite

@@ -23,8 +23,9 @@ from typing import Any
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import RESTORED, emit
+from dedupe.store.commands.restorations import Restoration
 from dedupe.store.replies import Restore
-from dedupe.store.store import Restoration, Store
+from dedupe.store.store import Store
 from dedupe.values import defaults
 from dedupe.values.header import KeyHeader
 from dedupe.values.keys import alive_key

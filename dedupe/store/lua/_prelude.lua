@@ -1,5 +1,5 @@
--- Prepended to every script when it is loaded (see dedupe/store.py).
--- A record is a msgpack array (see dedupe/record.py), its state told by its shape:
+-- Prepended to every script when it is loaded (see script_text in dedupe/store/store.py).
+-- A record is a msgpack array (see dedupe/values/record.py), its state told by its shape:
 --   provisional  {owner, nonce}
 --   queued       {owner, nonce, enqueued_at[, eta]}
 --   running      {owner, run token, worker host, worker pid, started_at[, lease_ends[, next]]}
@@ -9,7 +9,7 @@
 -- versions) the record lives for the lease only, so a record that exists is a live run.
 -- next (see successor() below) is the queued record of a call that waits for this run.
 -- A running record of token RESTORED (below) stands for a message the broker holds unacked.
--- The owner is the task id as dedupe.record.pack_owner packs it; scripts get it packed too.
+-- The owner is the task id as dedupe.values.record.pack_owner packs it; scripts get it packed too.
 
 -- Returns the decoded record stored at key and its raw bytes, or nil when the key is absent.
 local function load_record(key)
@@ -109,7 +109,7 @@ local function drop_successor(key, rec)
   return 1
 end
 
--- A restored record (see RESTORED) of the message of owner, made now: dedupe.record's
+-- A restored record (see RESTORED) of the message of owner, made now: dedupe.values.record's
 -- pack_restored builds the same array. Its lease and the call waiting in it come after.
 local function restored(owner)
   return {owner, RESTORED, RESTORED, 0, server_seconds()}
@@ -161,7 +161,7 @@ local function hold_ahead(key, rec, raw, lease_ms, ttl_ms)
 end
 
 -- The answer of a script refused because key is held: "<pttl>:<record>", one bulk string
--- (dedupe.store.held_by reads it). A pttl never holds a colon; the record may.
+-- (dedupe.store.replies reads it). A pttl never holds a colon; the record may.
 local function held(key, raw)
   return string.format('%d:', redis.call('PTTL', key)) .. raw
 end
