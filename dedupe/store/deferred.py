@@ -22,7 +22,6 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
-from redis.retry import Retry
 
 from .connections import ConnectionState, Reply, ThreadConnections
 
@@ -73,15 +72,10 @@ class DefersReads(ThreadConnections):
     thread's next call, or by the sweeper). A runner runs its scripts itself
     (:meth:`__call__`): a send that cannot wait for the next call is a call."""
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        busy_poll: float = 0.0,
-        budget: float = 0.0,
-        retry: Retry | None = None,
-    ) -> None:
-        """As :class:`~dedupe.store.connections.ThreadConnections`."""
-        super().__init__(client, busy_poll, budget, retry)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As :class:`~dedupe.store.connections.ThreadConnections`; the runner's sends land
+        before the process exits (:func:`land_all`)."""
+        super().__init__(*args, **kwargs)
         #: The connections that owe replies of sends (read by the sweeper, if their thread
         #: does not; a forked child starts with none, :meth:`_after_fork`).
         owing: set[ConnectionState] = set()
