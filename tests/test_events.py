@@ -17,7 +17,8 @@ import dedupe
 from dedupe import events
 from dedupe.demo.server import RedisServer
 from dedupe.runs.heartbeat import Heartbeat
-from dedupe.store.store import Lease, Store
+from dedupe.store.commands.leases import Lease
+from dedupe.store.store import Store
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import pack_running
 

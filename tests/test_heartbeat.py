@@ -12,7 +12,8 @@ from celery import Celery
 from dedupe.demo.server import RedisServer
 from dedupe.recovery.unacked import RestartWatch
 from dedupe.runs.heartbeat import Heartbeat
-from dedupe.store.store import Lease, Store
+from dedupe.store.commands.leases import Lease
+from dedupe.store.store import Store
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import pack_running
 

@@ -18,8 +18,9 @@ from kombu.exceptions import OperationalError
 
 import dedupe
 from dedupe.producer.guard import keys_of_call
+from dedupe.store.commands.leases import Lease
 from dedupe.store.replies import Renewal
-from dedupe.store.store import Lease, Store
+from dedupe.store.store import Store
 from dedupe.values.config import DedupeConfig
 from dedupe.values.limits import come_back, limit_keys
 from dedupe.values.options import resolve

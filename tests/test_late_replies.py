@@ -17,7 +17,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dedupe.errors import RedisUnavailable
-from dedupe.store.store import PendingPush, Store
+from dedupe.store.commands.pushes import PendingPush
+from dedupe.store.store import Store
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import new_nonce, pack_provisional, pack_queued
 

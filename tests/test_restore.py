@@ -29,8 +29,10 @@ import dedupe
 from dedupe.demo.server import RedisServer
 from dedupe.recovery.unacked import Ours, RestartWatch, restorations, restore_unacked
 from dedupe.runs.runtime import runtime_of
+from dedupe.store.commands.leases import Lease
+from dedupe.store.commands.restorations import Restoration
 from dedupe.store.replies import Renewal, Requeue, Restore
-from dedupe.store.store import Lease, Restoration, Store
+from dedupe.store.store import Store
 from dedupe.values import defaults
 from dedupe.values.header import HEADER, KeyHeader
 from dedupe.values.keys import CallKeys, alive_key

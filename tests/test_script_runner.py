@@ -21,8 +21,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dedupe.store import deferred
+from dedupe.store.connections import _poller
+from dedupe.store.deferred import land_all
 from dedupe.store.green_pool import GreenScriptRunner
-from dedupe.store.script_runner import ScriptRunner, _poller, land_all
+from dedupe.store.script_runner import ScriptRunner
 from dedupe.store.store import Store
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import new_nonce, pack_queued

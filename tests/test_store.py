@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from dedupe.demo.server import RedisServer
 from dedupe.runs.run import NO_RUN, new_token
+from dedupe.store.commands.leases import Lease
 from dedupe.store.replies import Wait
-from dedupe.store.store import Lease, Store
+from dedupe.store.store import Store
 from dedupe.values.keys import CallKeys, call_keys
 from dedupe.values.latest import LatestWrite, pack_arguments, unpack_arguments
 from dedupe.values.record import (

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from dedupe.errors import RedisUnavailable
+from dedupe.store.commands.pushes import PendingPush
+from dedupe.store.commands.starts import PlaceWait
 from dedupe.store.replies import Push
-from dedupe.store.store import PendingPush, PlaceWait, Store
+from dedupe.store.store import Store
 from dedupe.values.keys import CallKeys
 from dedupe.values.latest import LatestWrite
 from dedupe.values.record import Holder, pack_provisional, pack_queued

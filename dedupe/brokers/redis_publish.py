@@ -26,7 +26,9 @@ from kombu.utils.json import dumps
 
 from dedupe.compat import kombu_private
 from dedupe.errors import RedisUnavailable
-from dedupe.store.store import EtaSplit, PendingPush, Store
+from dedupe.store.commands.pushes import PendingPush
+from dedupe.store.commands.starts import EtaSplit
+from dedupe.store.store import Store
 from dedupe.values.record import Holder
 from dedupe.values.record_state import RecordState
 

@@ -24,8 +24,8 @@ from celery import Celery
 from dedupe.brokers.declarations import declaring_once
 from dedupe.errors import ConfigurationError, RedisUnavailable
 from dedupe.runs.runtime import Runtime
+from dedupe.store.commands.batches import LatestCall
 from dedupe.store.replies import Push
-from dedupe.store.store import LatestCall
 from dedupe.values.generics import TaskOrName
 from dedupe.values.record import Holder
 from dedupe.values.record_state import RecordState

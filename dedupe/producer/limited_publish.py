@@ -30,7 +30,8 @@ from dedupe.brokers.plans import LinePlan, StartPlan
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import Runtime, runtime_of
-from dedupe.store.store import PlaceWait, Store
+from dedupe.store.commands.starts import PlaceWait
+from dedupe.store.store import Store
 from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
 from dedupe.values.keys import keys_for

@@ -30,7 +30,7 @@ from dedupe.brokers.plans import Refused
 from dedupe.brokers.shadowing import shadowing
 from dedupe.errors import RedisUnavailable
 from dedupe.events import ACCEPTED, emit
-from dedupe.store.script_runner import Reply
+from dedupe.store.connections import Reply
 from dedupe.store.store import Store
 from dedupe.values.header import HEADER, LATEST, publishing
 from dedupe.values.keys import CallKeys
@@ -224,7 +224,7 @@ class PendingDecision:
     keys: CallKeys
     reply: Reply
     #: The provisional record the enqueue was sent with, and its ttl (sent again after a
-    #: restore: see :class:`~dedupe.store.store.DataLossBarrier`).
+    #: restore: see :class:`~dedupe.store.commands.base.DataLossBarrier`).
     record: bytes
     ttl_ms: int
     #: Called when the answer cannot be had (Redis unreachable): raises to refuse the

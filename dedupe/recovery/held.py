@@ -26,8 +26,9 @@ from celery.worker.request import Request
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import RESTORED, emit
+from dedupe.store.commands.restorations import Restoration
 from dedupe.store.replies import Restore, run_id_of
-from dedupe.store.store import Restoration, Store
+from dedupe.store.store import Store
 from dedupe.values.header import KeyHeader
 from dedupe.values.keys import watch_keys
 from dedupe.values.record import HOST, RESTORED_MODES

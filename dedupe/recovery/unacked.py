@@ -24,8 +24,9 @@ from typing import Any
 from dedupe.compat import kombu_private
 from dedupe.errors import RedisUnavailable
 from dedupe.events import RESTORED, emit
+from dedupe.store.commands.restorations import Restoration
 from dedupe.store.replies import Restore
-from dedupe.store.store import Restoration, Store
+from dedupe.store.store import Store
 from dedupe.values import defaults
 from dedupe.values.header import KeyHeader
 from dedupe.values.keys import alive_key
@@ -38,7 +39,7 @@ logger = logging.getLogger("dedupe.keys")
 
 
 class RestartWatch:
-    """The :class:`~dedupe.store.store.DataLossBarrier` of a store whose broker is a Redis of its
+    """The :class:`~dedupe.store.commands.base.DataLossBarrier` of a store whose broker is a Redis of its
     own: restores the keys of the broker's unacked messages when the dedup Redis lost its
     data, before any call is decided there (the store asks with :attr:`marker`), and from
     the heartbeat thread every third of a lease (called: a worker with no calls to make)."""

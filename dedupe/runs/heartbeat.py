@@ -17,8 +17,9 @@ from typing import Protocol
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import LEASE_LOST, RECREATED, emit
+from dedupe.store.commands.leases import Lease
 from dedupe.store.replies import Renewal
-from dedupe.store.store import Lease, Store
+from dedupe.store.store import Store
 from dedupe.values import defaults
 
 __all__ = ["Heartbeat"]

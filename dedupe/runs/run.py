@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from celery import Celery
 
-from dedupe.store.store import Lease
+from dedupe.store.commands.leases import Lease
 from dedupe.values.config import DedupeConfig
 from dedupe.values.keys import CallKeys
 from dedupe.values.latest import Latest

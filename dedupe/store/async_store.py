@@ -23,9 +23,10 @@ from dedupe.values.record import Holder, pack_owner
 from dedupe.values.urls import SENTINEL_OPTIONS
 
 from .clients import async_client
+from .commands.base import DataLossBarrier
 from .redis_errors import reraise_unavailable
 from .replies import Requeue, first_holder, not_decided, read_cancel, read_enqueue, read_requeue
-from .store import DataLossBarrier, script_text
+from .store import script_text
 
 __all__ = ["AsyncStore"]
 

@@ -34,9 +34,10 @@ from redis.retry import Retry
 
 from dedupe.compat.redis_private import backoff_of, retries_of
 
+from .connections import Reply
 from .green_pool import script_runner
 from .runner import RemembersNothing
-from .script_runner import Reply, ScriptRunner, Unanswered
+from .script_runner import ScriptRunner, Unanswered
 
 __all__ = ["ClusterScriptRunner", "cluster_unreachable"]
 

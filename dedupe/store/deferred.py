@@ -16,19 +16,16 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
 
-if TYPE_CHECKING:
-    from redis.connection import AbstractConnection
+from .connections import ConnectionState, Reply, ThreadConnections
 
-    from .connection_state import ConnectionState, Holder
-
-__all__ = ["DefersReads", "Reply", "forks", "land_all"]
+__all__ = ["DefersReads", "land_all"]
 
 logger = logging.getLogger("dedupe.store")
 
@@ -49,95 +46,12 @@ _GIVE_UP_AFTER = 30.0
 #: than the send saves (a worker's every run ends with one).
 _SWEEPER_STAYS = 10.0
 
-_T = TypeVar("_T")
-
-#: Forks seen by this process: a connection opened before the last one is its parent's.
-#: (Counting forks costs nothing per call; asking os.getpid() is a system call each time.)
-forks = 0
-
-
-class Reply:
-    """The reply of a script sent with ``send(..., reply=True)``, once read."""
-
-    __slots__ = ("done", "error", "on", "value")
-
-    #: The connection the command was sent on, under gevent or eventlet (green_pool.py): the
-    #: reply is read there. (Left unset otherwise: a send on a thread's own costs nothing more.)
-    on: ConnectionState
-
-    def __init__(self) -> None:
-        self.done = False
-        self.value: Any = None
-        self.error: ResponseError | None = None
-
-    def settle(self, value: Any, error: ResponseError | None) -> None:
-        self.value, self.error, self.done = value, error, True
-
-
-class _Runner(Protocol):
-    """What this module asks of a runner (:class:`~dedupe.store.script_runner.ScriptRunner`),
-    its own methods here included."""
-
-    _threads: Holder
-    _known: set[str]
-    _owing: set[ConnectionState]
-    _owing_lock: threading.Lock
-    _sweeping: bool
-    _owed_at: float
-
-    @property
-    def _local(self) -> ConnectionState: ...
-
-    def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
-    ) -> Any: ...
-
-    def _pack(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> bytes: ...
-
-    def _connection(self) -> AbstractConnection: ...
-
-    def _send(self, command: bytes, commands: int = 1) -> None: ...
-
-    def _read(self) -> Any: ...
-
-    def _reply(self, script: Script, command: bytes, *, reload: bool = True) -> Any: ...
-
-    def _load_command(self, script: Script) -> bytes: ...
-
-    def _tried(self, attempt: Callable[[], _T]) -> _T: ...
-
-    def _drop_connection(self, _error: BaseException | None = None) -> None: ...
-
-    def _readable(self, local: ConnectionState) -> bool: ...
-
-    def _read_owed(self) -> None: ...
-
-    def _catch_up(self) -> None: ...
-
-    def _read_load(self) -> None: ...
-
-    def _resend_unsent(self) -> None: ...
-
-    def _settle(self, script: Script, command: bytes, slot: Reply | None) -> bool: ...
-
-    def _owe(self, local: ConnectionState) -> None: ...
-
-    def _land(self, local: ConnectionState, now: float) -> None: ...
-
-    def land(self, *, wait: bool = False) -> None: ...
-
-    def _after_fork(self) -> None: ...
-
-    def _swept(self) -> bool: ...
-
 
 #: Every runner, for the sends that must land before the process exits.
 _runners: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _forked() -> None:
-    global forks
-    forks += 1
     for runner in list(_runners):
         runner._after_fork()
 
@@ -153,11 +67,15 @@ def land_all() -> None:
         runner.land(wait=True)
 
 
-class DefersReads:
+class DefersReads(ThreadConnections):
     """The sends of a script runner: written now, their replies read later (before the
-    thread's next call, or by the sweeper)."""
+    thread's next call, or by the sweeper). A runner runs its scripts itself
+    (:meth:`__call__`): a send that cannot wait for the next call is a call."""
 
-    def _start_landing(self: _Runner) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """As :class:`~dedupe.store.connections.ThreadConnections`; the runner's sends land
+        before the process exits (:func:`land_all`)."""
+        super().__init__(*args, **kwargs)
         #: The connections that owe replies of sends (read by the sweeper, if their thread
         #: does not; a forked child starts with none, :meth:`_after_fork`).
         owing: set[ConnectionState] = set()
@@ -169,8 +87,25 @@ class DefersReads:
         self._owed_at = 0.0
         _runners.add(self)
 
+    def __call__(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+    ) -> Any:
+        """Run a script and return its reply (the runner's own)."""
+        raise NotImplementedError
+
+    def _write(self, command: bytes, commands: int = 1) -> None:
+        """Write ``command`` (``commands`` of them) on this thread's connection, behind what
+        earlier sends owe (read first)."""
+        local = self._local
+        local.wrote = False
+        self._connection()
+        if local.pending or local.unsent:
+            self._catch_up()
+        local.wrote = True  # (its fate is the server's from here)
+        self._send(command, commands)
+
     def send(
-        self: _Runner,
+        self,
         script: Script,
         keys: Sequence[Any],
         args: Sequence[Any],
@@ -206,7 +141,7 @@ class DefersReads:
             self._owe(local)
         return slot
 
-    def flush(self: _Runner, *, wait: bool = True) -> None:
+    def flush(self, *, wait: bool = True) -> None:
         """Read the replies of this thread's sends now; a lost connection sends them again
         (under the Retry policy): what was sent is applied once this returns. ``wait=False``:
         only if a reply has arrived (or the connection closed); else they are read before
@@ -219,7 +154,7 @@ class DefersReads:
                 return
             self._tried(self._read_owed)
 
-    def _readable(self: _Runner, local: ConnectionState) -> bool:
+    def _readable(self, local: ConnectionState) -> bool:
         """Has this connection a reply to read, or is it lost? Never waits."""
         connection = local.connection
         if connection is None or local.owed != len(local.pending):
@@ -229,13 +164,13 @@ class DefersReads:
         except redis.RedisError:
             return True  # (the read finds out)
 
-    def _read_owed(self: _Runner) -> None:
+    def _read_owed(self) -> None:
         """Read the replies this thread's connection owes, sending again on a new one what
         a lost connection took."""
         self._connection()
         self._catch_up()
 
-    def result(self: _Runner, slot: Reply) -> Any:
+    def result(self, slot: Reply) -> Any:
         """The reply of a :meth:`send` made with ``reply=True`` on this thread (waits for it;
         a connection lost meanwhile sends the command again, under the Retry policy)."""
 
@@ -253,7 +188,7 @@ class DefersReads:
             raise slot.error
         return slot.value
 
-    def _catch_up(self: _Runner) -> None:
+    def _catch_up(self) -> None:
         """Resend what a lost connection took with it, then read the replies of sends."""
         local = self._local
         self._resend_unsent()
@@ -271,7 +206,7 @@ class DefersReads:
                 local.pending.append((script, command, slot))
             local.pending.popleft()
 
-    def _read_load(self: _Runner) -> None:
+    def _read_load(self) -> None:
         try:
             self._read()
         except ResponseError as exc:
@@ -280,14 +215,14 @@ class DefersReads:
             self._drop_connection()
             raise
 
-    def _resend_unsent(self: _Runner) -> None:
+    def _resend_unsent(self) -> None:
         """Send again, in order, what a lost connection took with it (replies read later)."""
         local = self._local
         while local.unsent:
             self._send(local.unsent[0][1])  # on failure it stays unsent, for the next one
             local.pending.append(local.unsent.pop(0))
 
-    def _settle(self: _Runner, script: Script, command: bytes, slot: Reply | None) -> bool:
+    def _settle(self, script: Script, command: bytes, slot: Reply | None) -> bool:
         """Read the reply of the oldest send. False: NOSCRIPT, and the replies of later
         sends follow it (the caller sends it again behind them)."""
         alone = len(self._local.pending) <= 1
@@ -305,7 +240,7 @@ class DefersReads:
             slot.settle(value, None)
         return True
 
-    def land(self: _Runner, *, wait: bool = False) -> None:
+    def land(self, *, wait: bool = False) -> None:
         """Read the replies every thread owes for its sends, or send them again on a new
         connection: those of threads that left them unread for a sweep (``wait``: all, as
         the process exits, waiting for a thread that is in a call)."""
@@ -327,7 +262,7 @@ class DefersReads:
             finally:
                 local.lock.release()
 
-    def _land(self: _Runner, local: ConnectionState, now: float) -> None:
+    def _land(self, local: ConnectionState, now: float) -> None:
         # Read as that thread: every method of the runner works on the calling thread's
         # connection.
         threads = self._threads
@@ -354,7 +289,7 @@ class DefersReads:
         finally:
             threads.local = mine
 
-    def _owe(self: _Runner, local: ConnectionState) -> None:
+    def _owe(self, local: ConnectionState) -> None:
         """``local`` has sends whose replies are not read: the sweeper reads them if its
         thread does not."""
         with self._owing_lock:
@@ -367,7 +302,7 @@ class DefersReads:
                     target=_sweep, args=(weakref.ref(self),), name="dedupe-sweeper", daemon=True
                 ).start()
 
-    def _after_fork(self: _Runner) -> None:
+    def _after_fork(self) -> None:
         """In a forked child: the parent's sweeper is not here, and a lock it held at the fork
         would never be let go. The forking thread's connection is dropped at its next call."""
         self._owing_lock = threading.Lock()
@@ -377,8 +312,9 @@ class DefersReads:
         if local is not None:
             local.lock = threading.RLock()
             local.owing, local.failing_since = False, 0.0
+        super()._after_fork()
 
-    def _swept(self: _Runner) -> bool:
+    def _swept(self) -> bool:
         """Has nothing been owed for a while? Then the sweeper ends (under the lock, so that
         a send made meanwhile starts the next one)."""
         with self._owing_lock:
@@ -396,7 +332,7 @@ def _failed_send(slot: Reply | None, exc: ResponseError) -> None:
         slot.settle(None, exc)
 
 
-def _sweep(runner: weakref.ref[_Runner]) -> None:
+def _sweep(runner: weakref.ref[DefersReads]) -> None:
     """The sweeper: every _SWEEP_EVERY, land what threads left unread, until nothing is owed
     (it holds its runner weakly: a runner nobody uses is not kept alive by it)."""
     pause = threading.Event()  # (waits as time.sleep would, whatever patches that)

@@ -21,8 +21,8 @@ import redis
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from .connection_state import DEFAULT_MAX_CONNECTIONS, ConnectionState, connection_cap
-from .script_runner import Reply, ScriptRunner
+from .connections import DEFAULT_MAX_CONNECTIONS, ConnectionState, Reply, connection_cap
+from .script_runner import ScriptRunner
 from .tracking import TrackingScriptRunner
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "GreenScriptRunner", "monkey_patched", "script_runner"]

@@ -42,7 +42,7 @@ class Enqueue(enum.IntEnum):
     """enqueue.lua's integer replies (a held key answers with its record instead)."""
 
     #: Not decided: the store lost its data, and the records of the messages in flight are
-    #: not restored yet (:class:`~dedupe.store.store.DataLossBarrier`). Never seen outside
+    #: not restored yet (:class:`~dedupe.store.commands.base.DataLossBarrier`). Never seen outside
     #: the store.
     LOST = 0
     CREATED = 1

@@ -10,12 +10,11 @@ tracking" and "nothing remembered", and its tracked call is a plain one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from redis.commands.core import Script
 
-if TYPE_CHECKING:
-    from .script_runner import Reply
+from .connections import Reply
 
 __all__ = ["RemembersNothing", "ScriptCalls"]
 

@@ -22,7 +22,7 @@ from redis.retry import Retry
 
 from dedupe.compat.redis_private import hear_pushes
 
-from . import deferred
+from . import connections
 from .resp import pack_command
 from .script_runner import ScriptRunner
 
@@ -166,7 +166,7 @@ class TrackingScriptRunner(ScriptRunner):
         known = local.known
         if not known:
             return None
-        if local.forks != deferred.forks:
+        if local.forks != connections.forks:
             known.clear()  # the parent's memory, and its connection
             return None
         name = key.encode(self._encoding)

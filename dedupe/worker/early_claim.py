@@ -25,7 +25,7 @@ from celery.concurrency import solo, thread
 
 from dedupe.errors import RedisUnavailable
 from dedupe.runs.run import RunSpec, new_token
-from dedupe.store.script_runner import Reply
+from dedupe.store.connections import Reply
 from dedupe.values.record import HOST
 from dedupe.values.timing import milliseconds
 

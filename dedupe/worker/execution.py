@@ -42,9 +42,9 @@ from dedupe.runs.run import (
 )
 from dedupe.runs.runtime import Runtime, installed, runtime_of
 from dedupe.store.checks import eviction_risk
+from dedupe.store.commands.leases import Lease
+from dedupe.store.deferred import land_all
 from dedupe.store.replies import Requeue, Take
-from dedupe.store.script_runner import land_all
-from dedupe.store.store import Lease
 from dedupe.values.config import SettingReader
 from dedupe.values.header import LATEST, KeyHeader, is_publishing
 from dedupe.values.keys import CallKeys, keys_for

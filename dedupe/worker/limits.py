@@ -20,7 +20,8 @@ from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.run import new_token
 from dedupe.runs.runtime import Runtime, installed
-from dedupe.store.store import Lease, Store
+from dedupe.store.commands.leases import Lease
+from dedupe.store.store import Store
 from dedupe.values.limits import LimitHeader, come_back
 from dedupe.values.options import options_for
 from dedupe.values.timing import milliseconds

@@ -1,0 +1,63 @@
+"""The store's plain commands: a call's holder looked up or cleared (the web view, the CLI),
+a beat entry's ticks claimed, and the server's settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import redis.cluster
+
+from dedupe.store.redis_errors import reraise_unavailable
+from dedupe.store.replies import first_holder
+from dedupe.values.keys import CallKeys
+from dedupe.values.record import Holder
+
+from .base import StoreBase
+
+__all__ = ["AdminCommands"]
+
+
+class AdminCommands(StoreBase):
+    """Commands of the client itself, no script: lookup, clear, ticks."""
+
+    @property
+    def server(self) -> Mapping[str, Any] | None:
+        """The connection settings of the store's one server (host, port, db or path); None
+        for a Redis Cluster, whose keys are spread over many."""
+        if isinstance(self.client, redis.cluster.RedisCluster):
+            return None
+        settings: Mapping[str, Any] = self.client.connection_pool.connection_kwargs
+        return settings
+
+    def lookup(self, keys: CallKeys) -> Holder | None:
+        """The holder of a call's keys: the queued record first, else the running one."""
+        names = keys.names
+
+        def read() -> Holder | None:
+            with self.client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.get(name)
+                    pipe.pttl(name)
+                return first_holder(names, pipe.execute())
+
+        with reraise_unavailable("lookup", keys.call):
+            return self._command(read)
+
+    def claim_tick(self, key: str, claimant: bytes, ttl_ms: int) -> bool:
+        """Claim one tick of a beat entry (:func:`dedupe.values.keys.tick_key`). True: this beat
+        sends the tick; False: another beat claimed it first."""
+        with reraise_unavailable("claim_tick", key):
+            return bool(self._command(lambda: self.client.set(key, claimant, nx=True, px=ttl_ms)))
+
+    def tick_claimant(self, key: str) -> bytes | None:
+        """Who claimed a tick of a beat entry (None: nobody, or the claim expired)."""
+        with reraise_unavailable("claim_tick", key):
+            claimant = self._command(lambda: self.client.get(key))
+        return claimant if isinstance(claimant, bytes) else None
+
+    def clear(self, keys: CallKeys) -> bool:
+        """Delete a call's keys whoever holds them. True if anything was deleted."""
+        self._forget(keys)
+        with reraise_unavailable("clear", keys.call):
+            return bool(self._command(lambda: self.client.delete(*keys.names)))
