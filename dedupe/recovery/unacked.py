@@ -39,8 +39,8 @@ logger = logging.getLogger("dedupe.keys")
 
 
 class RestartWatch:
-    """The :class:`~dedupe.store.commands.base.DataLossBarrier` of a store whose broker is a Redis of its
-    own: restores the keys of the broker's unacked messages when the dedup Redis lost its
+    """The :class:`~dedupe.store.commands.base.DataLossBarrier` of a store whose broker is a
+    Redis of its own: restores the keys of the broker's unacked messages when the dedup Redis lost its
     data, before any call is decided there (the store asks with :attr:`marker`), and from
     the heartbeat thread every third of a lease (called: a worker with no calls to make)."""
 
