@@ -92,6 +92,62 @@ def test_a_bad_setting_is_a_configuration_error_naming_it(
     assert hint in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("setting", "hint"),
+    [
+        ("dedupe_redis_ulr", "did you mean dedupe_redis_url?"),
+        ("DEDUPE_CALL_BUDGT", "did you mean DEDUPE_CALL_BUDGET?"),
+        ("dedupe_anything", "its settings are dedupe_redis_url, "),
+    ],
+)
+def test_a_setting_celery_dedupe_does_not_have_is_refused_naming_the_nearest_one(
+    setting: str, hint: str
+) -> None:
+    with pytest.raises(dedupe.ConfigurationError) as caught:
+        DedupeConfig.from_app(bare_app("redis://cache//", **{setting: 1}))
+    assert str(caught.value).startswith(f"{setting} is not a setting of celery-dedupe; {hint}")
+
+
+class _DjangoDedupeSettings:
+    CELERY_BROKER_URL = "redis://cache//"
+    CELERY_DEDUPE_DEFAULT_TTL = 120
+    CELERY_DEDUPE_DEFAULT_TLL = 60
+
+
+def test_a_misspelt_setting_in_celerys_django_namespace_is_refused() -> None:
+    app = Celery("configured", set_as_current=False)
+    app.config_from_object(_DjangoDedupeSettings, namespace="CELERY")
+    with pytest.raises(dedupe.ConfigurationError) as caught:
+        DedupeConfig.from_app(app)
+    assert str(caught.value) == (
+        "CELERY_DEDUPE_DEFAULT_TLL is not a setting of celery-dedupe; "
+        "did you mean CELERY_DEDUPE_DEFAULT_TTL?"
+    )
+
+
+class _DjangoProjectSettings:
+    CELERY_BROKER_URL = "redis://cache//"
+    DEDUPE_MODE = "another library's setting"
+
+
+def test_a_django_setting_outside_celerys_namespace_is_not_ours_to_judge() -> None:
+    app = Celery("configured", set_as_current=False)
+    app.config_from_object(_DjangoProjectSettings, namespace="CELERY")
+    assert DedupeConfig.from_app(app).redis_url == "redis://cache//"
+
+
+def test_a_misspelt_setting_refuses_an_installed_apps_first_call(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app(dedupe_default_ttll=60)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    with pytest.raises(dedupe.ConfigurationError, match=r"did you mean dedupe_default_ttl\?"):
+        job.delay(1)
+
+
 def test_the_web_views_credentials_are_read_from_the_settings() -> None:
     app = bare_app(
         "redis://cache//",

@@ -99,9 +99,10 @@ def apply_async(
 
     The producer guard: works for a task of any base class and for a task name this
     process does not import (the ``send_task`` path). ``options`` are Celery's apply_async
-    options plus ``unique_on``, ``unique_key``, ``unique_ttl``, ``unique_until`` and
-    ``on_duplicate``. A call of a task with ``key_concurrency`` or ``key_rate_limit`` is
-    published as its ``delay`` publishes it (every call accepted, each in turn).
+    options plus ``unique_on``, ``unique_key``, ``unique_ttl``, ``unique_until``,
+    ``on_duplicate``, ``debounce`` and ``debounce_max_wait``. A call of a task with
+    ``key_concurrency`` or ``key_rate_limit`` is published as its ``delay`` publishes it
+    (every call accepted, each in turn).
 
     .. code-block:: python
 

@@ -23,6 +23,7 @@ from dedupe.compat.celery_private import setting_keys
 from dedupe.errors import ConfigurationError
 
 from . import defaults
+from .catalog import SETTING_PREFIX, SETTINGS
 from .urls import CLUSTER_SCHEMES, SENTINEL_OPTIONS, SENTINEL_SCHEMES, redacted
 
 __all__ = ["MOST_SECONDS", "URL_SCHEMES", "DedupeConfig", "SettingReader", "positive_seconds"]
@@ -59,6 +60,7 @@ class DedupeConfig:
     @classmethod
     def from_app(cls, app: Celery) -> DedupeConfig:
         conf = app.conf
+        _check_setting_names(conf, getattr(app, "namespace", None))  # (untyped in celery-types)
         own_url = _setting(conf, "dedupe_redis_url")
         if own_url is not None:
             _check_url(own_url)
@@ -212,6 +214,37 @@ def _refuse_decoding(url: str, options: Mapping[str, Any]) -> None:
             f"are binary, and every read would fail. Leave it out: the dedup client is "
             f"celery-dedupe's own, and your other Redis clients keep their settings"
         )
+
+
+#: The name of every setting of celery-dedupe.
+_SETTING_NAMES = tuple(setting.name for setting in SETTINGS)
+
+
+def _check_setting_names(conf: Any, namespace: str | None) -> None:
+    """Refuse a setting named as celery-dedupe's are that is none of them: a misspelt one
+    would be ignored, and its default used without a word. The nearest name is suggested."""
+    prefix = namespace.rstrip("_") + "_" if namespace else ""
+    for key in list(conf.keys()):
+        if not isinstance(key, str):
+            continue
+        if prefix and key.upper().startswith(prefix.upper()):
+            written = key[len(prefix) :]
+        elif prefix and key.isupper():
+            # Django's namespace="CELERY" loading: an upper-case name outside the namespace
+            # is a setting of the project's own (maybe another library's DEDUPE_*).
+            continue
+        else:
+            written = key
+        name = written.lower()
+        if not name.startswith(SETTING_PREFIX) or name in _SETTING_NAMES:
+            continue
+        nearest = difflib.get_close_matches(name, _SETTING_NAMES, n=1, cutoff=0.6)
+        if nearest:
+            spelled = nearest[0].upper() if written.isupper() else nearest[0]
+            hint = f"did you mean {key[: len(key) - len(written)]}{spelled}?"
+        else:
+            hint = f"its settings are {', '.join(_SETTING_NAMES)}"
+        raise ConfigurationError(f"{key} is not a setting of celery-dedupe; {hint}")
 
 
 def _setting(conf: Any, name: str, default: Any = None) -> Any:

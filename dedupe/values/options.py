@@ -17,6 +17,7 @@ from celery import Task as CeleryTask
 from dedupe.errors import ConfigurationError
 
 from . import defaults
+from .catalog import OPTIONS
 from .config import DedupeConfig, positive_seconds
 from .generics import AnyTask
 from .limits import Rate, check_concurrency, parse_rate
@@ -39,27 +40,11 @@ __all__ = [
 ]
 
 #: Options a call may pass, next to Celery's own.
-CALL_OPTIONS = (
-    "unique_on",
-    "unique_key",
-    "unique_ttl",
-    "unique_until",
-    "on_duplicate",
-    "debounce",
-    "debounce_max_wait",
-)
+CALL_OPTIONS = tuple(option.name for option in OPTIONS if option.where == "task or call")
 #: Flow control per key (task options): every call is accepted and runs, in turn.
-LIMIT_OPTIONS = ("key_concurrency", "key_rate_limit")
+LIMIT_OPTIONS = tuple(option.name for option in OPTIONS if option.flow_control)
 #: Options a task may declare (``@app.task(base=DedupeTask, ...)``).
-TASK_OPTIONS = (
-    "unique",
-    "exclusive",
-    *CALL_OPTIONS,
-    "unique_lease",
-    "on_running",
-    "on_running_countdown",
-    *LIMIT_OPTIONS,
-)
+TASK_OPTIONS = tuple(option.name for option in OPTIONS)
 #: Names of the family this version does not have: whoever gives one expects what it does
 #: not get.
 _NOT_HERE: tuple[str, ...] = ()
