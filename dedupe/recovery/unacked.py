@@ -40,9 +40,10 @@ logger = logging.getLogger("dedupe.keys")
 
 class RestartWatch:
     """The :class:`~dedupe.store.commands.base.DataLossBarrier` of a store whose broker is a
-    Redis of its own: restores the keys of the broker's unacked messages when the dedup Redis lost its
-    data, before any call is decided there (the store asks with :attr:`marker`), and from
-    the heartbeat thread every third of a lease (called: a worker with no calls to make)."""
+    Redis of its own: restores the keys of the broker's unacked messages when the dedup Redis
+    lost its data, before any call is decided there (the store asks with :attr:`marker`), and
+    from the heartbeat thread every third of a lease (called: a worker with no calls to
+    make)."""
 
     def __init__(
         self,
