@@ -1,20 +1,15 @@
-"""What differs from one kind of broker to another, behind one interface.
+"""What differs from one kind of broker to another, behind one interface (:class:`Broker`):
 
-=========================  ==================================================================
-``redelivery``             when a dead worker's unacked message comes back
-``is_store``               is the broker the dedup store's own Redis (record and message in
-                           one script)?
-``pushing_through``        the publishes of a block, each with its record in one step
-``pushing_in_line``        a limited call's place in line (or start) with its message
-``restart_watch``          the records of the broker's unacked messages written back after
-                           the dedup Redis lost its data
-``redelivery_warning``     a start-up warning about how long a dead worker's key is held
-=========================  ==================================================================
+- when a dead worker's unacked message comes back (``redelivery``, and its start-up warning);
+- whether the broker is the dedup store's own Redis (``is_store``), where one script writes
+  a call's record (or place in line) with its message (``pushing_through``,
+  ``pushing_in_line``);
+- what writes back the records of its unacked messages after the dedup Redis lost its data
+  (``restart_watch``).
 
 One implementation per kind: :class:`~dedupe.brokers.redis_broker.RedisBroker` and
 :class:`~dedupe.brokers.other_broker.OtherBroker`; :func:`~dedupe.brokers.choice.broker_of`
-picks one once per app. What a third kind would implement: docs/design-notes.md,
-"dedupe.brokers".
+picks one once per app. What a third kind implements: docs/design-notes.md, "dedupe.brokers".
 """
 
 from __future__ import annotations

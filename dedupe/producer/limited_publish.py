@@ -1,18 +1,13 @@
 """Flow control per key at the call: a call of a task with ``key_concurrency`` takes its
 place in its key's line; a call of a task with ``key_rate_limit`` reserves the next free
 start of its key, published with the eta of it. A place in line, a start, or both, go with
-the message in one round trip on a Redis broker that is the dedup store's server and db (the
-publish seam; a start's script writes the message's eta); else one round trip to the dedup
-Redis, then the publish.
-Every call is accepted: nothing here refuses or deduplicates.
+the message in one round trip on a Redis broker that is the dedup store's server and db (a
+start's script writes the message's eta); else one round trip to the dedup Redis, then the
+publish. Every call is accepted: nothing here refuses or deduplicates.
 
-Calls of a limited task made through the entry points that deduplicate other tasks' calls
-(``dedupe.apply_many``, ``aapply_many``, ``aapply_async``) are each published as its
-``delay`` publishes it (:func:`publish_limited_many`, :func:`apublish_limited`). A batch's
-calls go one after the other, in call order: each takes its place in its own round trip.
-Not pipelined: :func:`publish_limited` prepares, reserves and publishes in one function, and
-a batch that reserved first would need a copy of its preparation (keys, header, the place's
-ttl).
+The entry points that deduplicate other tasks' calls (``dedupe.apply_many``,
+``aapply_many``, ``aapply_async``) publish each limited call as its ``delay`` does, in call
+order, each in its own round trip (:func:`publish_limited_many`, :func:`apublish_limited`).
 
 The run side (a slot, or a start checked again) is :mod:`dedupe.worker.limits`.
 """

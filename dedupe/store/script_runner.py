@@ -7,10 +7,8 @@ class and settings (TLS, unix sockets, auth, the database, timeouts), and uses i
 methods: ``send_packed_command``, ``can_read``, ``read_response`` (redis-py's parser reads
 every reply kind, hiredis's where installed). Kept on top, as measured to pay: the cached
 packer, a busy poll for the reply, sends read later, NOSCRIPT reloads, the call budget, and a
-guard for replies owed.
-
-Its parts: each thread's connection (:mod:`dedupe.store.connections`), the sends whose
-replies are read later (:mod:`dedupe.store.deferred`), and here the calls themselves.
+guard for replies owed. Below it: each thread's connection (:mod:`dedupe.store.connections`)
+and the sends whose replies are read later (:mod:`dedupe.store.deferred`).
 
 Design notes: docs/design-notes.md, "dedupe.store.script_runner".
 """
