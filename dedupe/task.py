@@ -21,7 +21,8 @@ from .runs.runtime import installed
 from .values.generics import AnyTask
 from .values.header import HEADER
 from .values.options import CALL_OPTIONS, Until, check_call_names, check_declared
-from .worker.execution import end_of_body, guard, refuse_uninstalled
+from .worker.release import end_of_body
+from .worker.run_guard import guard, refuse_uninstalled
 
 __all__ = ["DedupeTask"]
 
