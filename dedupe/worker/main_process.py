@@ -15,13 +15,13 @@ import time
 from typing import Any
 
 from celery.app.task import Task
-from celery.exceptions import TimeLimitExceeded
 
 from dedupe.compat.celery_private import current_app, current_worker_task
 from dedupe.errors import DedupeError, RedisUnavailable
 from dedupe.events import RECLAIMED, UNAVAILABLE, emit
 from dedupe.runs.liveness import lost_run_token, run_is_dead
 from dedupe.runs.run import ANY_RUN, RunSpec
+from dedupe.runs.run_end import RunEnd
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.values.header import KeyHeader, is_publishing
 from dedupe.values.limits import LimitHeader
@@ -52,7 +52,7 @@ def on_failure(
     """
     if sender is None or current_worker_task() is not None:
         return
-    timed_out = isinstance(exception, TimeLimitExceeded)
+    timed_out = RunEnd.of_exception(exception) is RunEnd.TIMED_OUT
     current = sender.request  # (after a lost child, Celery pushed its request here)
     limit = LimitHeader.read(getattr(current, "headers", None)) if current.id == task_id else None
     if limit is not None:

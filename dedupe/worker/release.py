@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from celery import states
 from celery.backends.base import DisabledBackend
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import RELEASED, UNAVAILABLE, emit
 from dedupe.runs.run import NO_RUN, Run, detach, run_of
+from dedupe.runs.run_end import RunEnd
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.values.redelivery import horizon
 from dedupe.values.timing import milliseconds
@@ -28,11 +28,12 @@ from .run_spec import latest_mode
 __all__ = ["end_of_body", "on_postrun"]
 
 
-def end_of_body(task: Any, *, failed: bool) -> None:
-    """A DedupeTask's body returned, or raised an error that ends its run: free the key now,
-    before Celery stores the result (a caller's ``.get()`` must never return while the key
-    still names this finished run). Not a retry's, a reject's or a handed-over key: those
-    stay for ``task_postrun``, as do runs of other bases (:func:`on_postrun`)."""
+def end_of_body(task: Any, end: RunEnd) -> None:
+    """A DedupeTask's body returned, or raised an error that ends its run (``end``, from
+    :meth:`RunEnd.of_body`): free the key now, before Celery stores the result (a caller's
+    ``.get()`` must never return while the key still names this finished run). Not a
+    retry's, a reject's or a handed-over key: those stay for ``task_postrun``, as do runs of
+    other bases (:func:`on_postrun`)."""
     run = run_of(task.request)
     runtime = installed(task.app)
     if (
@@ -49,7 +50,7 @@ def end_of_body(task: Any, *, failed: bool) -> None:
         run.lease = None
     run.released = True
     # With a result to store, the release is read before it; else later (_release).
-    wait = _stores_result(task, task.request, failed)
+    wait = _stores_result(task, task.request, end)
     _release(runtime, task, task.request.id, run, wait=wait)
 
 
@@ -89,13 +90,13 @@ def _send_end_latest(runtime: Runtime, request: Any, task_id: str, run: Run) -> 
 _NOT_FREED = "ended and its key was not freed (its lease frees it)"
 
 
-def _stores_result(task: Any, request: Any, failed: bool) -> bool:
+def _stores_result(task: Any, request: Any, end: RunEnd) -> bool:
     """May Celery store this run's outcome where a caller reads it? When in doubt, yes."""
     if isinstance(task.backend, DisabledBackend):
         return False
     if not (task.ignore_result and getattr(request, "ignore_result", False)):
         return True
-    return failed and bool(getattr(task, "store_errors_even_if_ignored", False))
+    return end.failed and bool(getattr(task, "store_errors_even_if_ignored", False))
 
 
 def on_postrun(
@@ -126,7 +127,7 @@ def on_postrun(
     if run.handover is not None:
         _hand_over(runtime, task, task_id, run, *run.handover)
         return
-    rejected = state == states.REJECTED and getattr(retval, "requeue", False)
+    rejected = RunEnd.of_state(state, retval) is RunEnd.REJECTED_TO_REQUEUE
     if run.verdict == "claimed" and not (rejected and task.acks_late):
         _release(runtime, task, task_id, run, wait=False)
         return
