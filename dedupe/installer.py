@@ -1,6 +1,7 @@
 """``dedupe.install(app)``: enable celery-dedupe on an app, and connect the worker's handlers.
 
-Handlers in :mod:`dedupe.worker.execution` (the process that runs the task) and
+Handlers in :mod:`dedupe.worker` (the process that runs the task: ``lifecycle``,
+``run_start``, ``early_claim``, ``publish_hook``, ``release``) and
 :mod:`dedupe.worker.main_process` (the prefork pool's parent); which signal each serves is in
 the design notes (docs/design-notes.md, "dedupe.installer").
 """
@@ -20,7 +21,7 @@ from .producer.plain_calls import route_through
 from .runs.runtime import add_runtime
 from .values.config import DedupeConfig
 from .webview import recorder
-from .worker import execution, main_process
+from .worker import early_claim, lifecycle, main_process, publish_hook, release, run_start
 
 __all__ = ["connect", "install"]
 
@@ -80,17 +81,17 @@ def connect() -> None:
         if _connected:
             return
         connections = (
-            (signals.task_prerun, execution.on_prerun, "prerun"),
-            (signals.task_postrun, execution.on_postrun, "postrun"),
-            (signals.task_internal_error, execution.on_internal_error, "internal_error"),
-            (signals.before_task_publish, execution.on_before_publish, "before_publish"),
-            (signals.before_task_publish, main_process.on_before_publish, "parent_publish"),
-            (signals.before_task_publish, publish_signals.on_before_publish, "refusal_pairing"),
+            (signals.task_prerun, run_start.on_prerun, "prerun"),
+            (signals.task_postrun, release.on_postrun, "postrun"),
+            (signals.task_internal_error, early_claim.on_internal_error, "internal_error"),
+            (signals.before_task_publish, publish_hook.on_publish_in_run, "before_publish"),
+            (signals.before_task_publish, main_process.on_publish_in_parent, "parent_publish"),
+            (signals.before_task_publish, publish_signals.on_publish_begun, "refusal_pairing"),
             (signals.task_failure, main_process.on_failure, "failure"),
             (signals.task_revoked, main_process.on_revoked, "revoked"),
-            (signals.worker_init, execution.on_worker_init, "init"),
-            (signals.worker_ready, execution.on_worker_ready, "ready"),
-            (signals.worker_process_shutdown, execution.on_process_shutdown, "shutdown"),
+            (signals.worker_init, lifecycle.on_worker_init, "init"),
+            (signals.worker_ready, lifecycle.on_worker_ready, "ready"),
+            (signals.worker_process_shutdown, lifecycle.on_process_shutdown, "shutdown"),
         )
         for signal, handler, name in connections:
             signal.connect(handler, weak=False, dispatch_uid=f"dedupe.{name}")

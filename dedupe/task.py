@@ -17,11 +17,13 @@ from .producer.guard import Call, publish_unique
 from .producer.limited_publish import publish_limited
 from .producer.result import DedupeResult, mark_result
 from .runs.run import run_of
+from .runs.run_end import RunEnd
 from .runs.runtime import installed
 from .values.generics import AnyTask
 from .values.header import HEADER
 from .values.options import CALL_OPTIONS, Until, check_call_names, check_declared
-from .worker.execution import end_of_body, guard, refuse_uninstalled
+from .worker.release import end_of_body
+from .worker.run_guard import guard, refuse_uninstalled
 
 __all__ = ["DedupeTask"]
 
@@ -257,11 +259,11 @@ class DedupeTask(AnyTask):
         except (Retry, Reject):
             raise  # (the key goes with the retry's message, or back to the queue)
         except Exception:
-            end_of_body(self, failed=True)
+            end_of_body(self, RunEnd.of_body(returned=False))
             raise
         finally:
             setattr(request, _IN_BODY, False)
-        end_of_body(self, failed=False)
+        end_of_body(self, RunEnd.of_body(returned=True))
         return value
 
 

@@ -158,11 +158,11 @@ def test_the_package_has_no_import_cycle() -> None:
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
-    GRAPH["dedupe.values.keys"].add("dedupe.worker.execution")
+    GRAPH["dedupe.values.keys"].add("dedupe.worker.run_start")
     try:
         assert _cycle() is not None
     finally:
-        GRAPH["dedupe.values.keys"].discard("dedupe.worker.execution")
+        GRAPH["dedupe.values.keys"].discard("dedupe.worker.run_start")
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
@@ -188,8 +188,8 @@ def test_a_layer_imports_only_its_own_folder_lower_rungs_and_leaves(module: str)
     ("module", "imported"),
     [
         ("dedupe.values.keys", "dedupe.store.store"),  # a rung up
-        ("dedupe.producer.guard", "dedupe.worker.execution"),  # the other side
-        ("dedupe.worker.execution", "dedupe.producer.guard"),
+        ("dedupe.producer.guard", "dedupe.worker.run_start"),  # the other side
+        ("dedupe.worker.run_start", "dedupe.producer.guard"),
         ("dedupe.runs.runtime", "dedupe.task"),  # an entry point
     ],
 )

@@ -9,7 +9,7 @@ The entry points that deduplicate other tasks' calls (``dedupe.apply_many``,
 ``aapply_many``, ``aapply_async``) publish each limited call as its ``delay`` does, in call
 order, each in its own round trip (:func:`publish_limited_many`, :func:`apublish_limited`).
 
-The run side (a slot, or a start checked again) is :mod:`dedupe.worker.limits`.
+The run side (a slot, or a start checked again) is :mod:`dedupe.worker.limited_runs`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from celery import signals
 
 from dedupe.values.header import is_publishing
 
-__all__ = ["end_refused", "forget_begun", "on_before_publish"]
+__all__ = ["end_refused", "forget_begun", "on_publish_begun"]
 
 
 class _Begun(threading.local):
@@ -30,7 +30,7 @@ class _Begun(threading.local):
 _begun = _Begun()
 
 
-def on_before_publish(
+def on_publish_begun(
     sender: Any = None,
     body: Any = None,
     exchange: Any = None,

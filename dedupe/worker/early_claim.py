@@ -1,4 +1,4 @@
-"""A run's claim, and the claim sent as the worker accepts its message, read as the run starts.
+"""The run's claim sent as the worker accepts its message, read as the run starts.
 
 In Celery's solo and threads pools the thread that accepts a message runs it: Celery's own
 work comes between the two (its bookkeeping, the task-started event, the trace's set-up),
@@ -15,68 +15,35 @@ acceptance; failing both, its lease frees the key, as a killed run's would.
 
 from __future__ import annotations
 
-import os
+import logging
 import threading
-import time
-from dataclasses import dataclass
 from typing import Any
 
 from celery.concurrency import solo, thread
 
 from dedupe.errors import RedisUnavailable
-from dedupe.runs.run import RunSpec, new_token
-from dedupe.store.connections import Reply
-from dedupe.values.record import HOST
-from dedupe.values.timing import milliseconds
+from dedupe.events import UNAVAILABLE, emit
+from dedupe.runs.runtime import installed, runtime_of
+from dedupe.values.header import LATEST, KeyHeader
+from dedupe.values.limits import LimitHeader
 
-__all__ = ["Claim", "keep", "pool_accepts_in_place", "sends_at_acceptance", "take", "take_any"]
+from .claim import RunClaim, record_ttl_ms
+from .deferral import deferrals_of
+from .requeue import requeue_key
+from .run_spec import carried_spec
 
+__all__ = [
+    "drop_unread",
+    "keep",
+    "on_internal_error",
+    "pool_accepts_in_place",
+    "send_claim",
+    "sends_at_acceptance",
+    "take",
+    "take_any",
+]
 
-@dataclass(slots=True)
-class Claim:
-    """What a run's claim writes; ``slot``: the reply of one sent already (None: not sent
-    yet, or its send failed). Set by one thread: the one that sends it, then reads it as
-    the run starts, with the run's spec (a canvas member's)."""
-
-    task_id: str
-    spec: RunSpec
-    accepted: bool
-    token: str
-    lease_ms: int
-    record_ttl_ms: int
-    pid: int
-    now: float
-    slot: Reply | None = None
-    #: The task's name, for what is said of a claim given back by another request.
-    name: str = ""
-    #: Why it could not be sent (Redis unreachable, under the Retry policy): the run's
-    #: claim has failed, and says so as the run starts (it would only fail again).
-    error: RedisUnavailable | None = None
-
-    @classmethod
-    def of(
-        cls,
-        task_id: str,
-        spec: RunSpec,
-        accepted: bool,
-        record_ttl_ms: int,
-    ) -> Claim:
-        lease_ms = milliseconds(spec.lease)
-        pid, now = os.getpid(), time.time()
-        return cls(task_id, spec, accepted, new_token(), lease_ms, record_ttl_ms, pid, now)
-
-    def arguments(self) -> tuple[str, int, str, int, int]:
-        """:meth:`Store.claim`'s positional arguments after the keys and the task id."""
-        return self.token, self.lease_ms, HOST, self.pid, int(self.now)
-
-    def options(self) -> dict[str, Any]:
-        """:meth:`Store.claim`'s keyword arguments."""
-        return {
-            "keep_record": self.spec.until == "window",
-            "record_ttl_ms": self.record_ttl_ms,
-            "accepted": self.accepted,
-        }
-
+logger = logging.getLogger("dedupe.worker")
 
 _sent = threading.local()
 
@@ -109,22 +76,102 @@ def sends_at_acceptance() -> bool:
     return _in_place
 
 
-def keep(claim: Claim) -> None:
+def keep(claim: RunClaim) -> None:
     """The claim this thread sent last, for its run to read."""
     _sent.claim = claim
 
 
-def take(task_id: str) -> Claim | None:
+def take(task_id: str) -> RunClaim | None:
     """The claim this thread sent for ``task_id``, once; None if it sent none."""
-    claim: Claim | None = getattr(_sent, "claim", None)
+    claim: RunClaim | None = getattr(_sent, "claim", None)
     if claim is None or claim.task_id != task_id:
         return None  # (another task id's stays, for take_any() to give back)
     _sent.claim = None
     return claim
 
 
-def take_any() -> Claim | None:
+def take_any() -> RunClaim | None:
     """The claim this thread sent whose run never read it, if any (once)."""
-    claim: Claim | None = getattr(_sent, "claim", None)
+    claim: RunClaim | None = getattr(_sent, "claim", None)
     _sent.claim = None
     return claim
+
+
+def send_claim(request: Any) -> None:
+    """Send a run's claim as the worker accepts its message, in the thread that runs it,
+    the reply read as the run starts. Only a message of the plain case, a producer's key
+    and nothing else to do first; any other claims as it starts. Never raises (Celery
+    would neither ack nor run the message): the run claims as it starts."""
+    if not sends_at_acceptance():
+        return
+    unread = take_any()
+    if unread is not None:
+        # Its run never started, and Celery reported no end for it: its message was acked
+        # as it was accepted (never acks_late here), and is gone.
+        drop_unread(request.task, unread, consumed=True)
+    try:
+        claim = _claim_to_send(request)
+    except Exception:
+        logger.exception("%s[%s] claims as it starts", request.name, request.id)
+        return
+    if claim is None:
+        return
+    try:
+        claim.slot = runtime_of(request.task.app).store.start_claim(
+            claim.spec.keys, claim.task_id, *claim.arguments(), **claim.options()
+        )
+    except RedisUnavailable as exc:
+        claim.error = exc  # (the run says so as it starts)
+    except Exception:
+        logger.exception("%s[%s] claims as it starts", request.name, request.id)
+    keep(claim)
+
+
+def _claim_to_send(request: Any) -> RunClaim | None:
+    task = request.task
+    runtime = installed(task.app)
+    headers = request.request_dict
+    if (
+        runtime is None
+        or task.acks_late
+        or LimitHeader.read(headers) is not None
+        or headers.get(LATEST)
+        or (header := KeyHeader.read(headers)) is None
+    ):
+        return None
+    spec = carried_spec(runtime, task, header, canvas=False)
+    accepted = not deferrals_of(headers)  # (as on_prerun has it, for a carried spec)
+    claim = RunClaim.of(request.id, spec, accepted, record_ttl_ms(runtime, task, spec))
+    claim.name = task.name
+    return claim
+
+
+def on_internal_error(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    """``task_internal_error``: Celery could not run a message it accepted (its keyword
+    arguments are not a mapping, say), before ``task_prerun``: undo the claim sent."""
+    unread = take(task_id)
+    if unread is not None and sender is not None:
+        drop_unread(sender, unread, consumed=True)  # (acked as it was accepted)
+
+
+def drop_unread(task: Any, claim: RunClaim, *, consumed: bool) -> None:
+    """Undo a claim sent as its message was accepted, whose run never started (Celery ended
+    the request first): released if the message is consumed (acked), else its record goes
+    back to queued, for the message's next delivery. Never raises (Celery's own handling
+    goes on); a claim it cannot undo is left to its lease."""
+    runtime = installed(task.app)
+    if runtime is None:
+        return
+    keys = claim.spec.keys
+    try:
+        if claim.slot is not None and runtime.store.claim_result(keys, claim.slot) is not None:
+            return  # (held by another run: it wrote nothing)
+        if consumed:
+            runtime.store.release(keys, claim.task_id, claim.token)
+        else:
+            requeue_key(runtime, keys, claim.spec.ttl, claim.task_id, claim.token, 0.0)
+    except Exception as exc:  # (Redis unreachable, or a bug: the lease frees the key)
+        action = "never started, and its claim was not undone (its lease frees it)"
+        emit(UNAVAILABLE, claim.name, claim.task_id, keys.run, action=action, error=exc)
+        return
+    logger.debug("%s[%s] never started: its claim is undone", claim.name, claim.task_id)

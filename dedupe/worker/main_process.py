@@ -15,21 +15,22 @@ import time
 from typing import Any
 
 from celery.app.task import Task
-from celery.exceptions import TimeLimitExceeded
 
 from dedupe.compat.celery_private import current_app, current_worker_task
 from dedupe.errors import DedupeError, RedisUnavailable
 from dedupe.events import RECLAIMED, UNAVAILABLE, emit
 from dedupe.runs.liveness import lost_run_token, run_is_dead
 from dedupe.runs.run import ANY_RUN, RunSpec
+from dedupe.runs.run_end import RunEnd
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.values.header import KeyHeader, is_publishing
 from dedupe.values.limits import LimitHeader
 
-from .execution import derived_spec, requeue_for_message, requeue_key, spec_for_request
-from .limits import free_dead_slots, leave_line
+from .limited_runs import free_dead_slots, leave_line
+from .requeue import requeue_for_message, requeue_key
+from .run_spec import derived_spec, spec_for_request
 
-__all__ = ["on_before_publish", "on_failure", "on_revoked"]
+__all__ = ["on_failure", "on_publish_in_parent", "on_revoked"]
 
 logger = logging.getLogger("dedupe.worker")
 
@@ -51,7 +52,7 @@ def on_failure(
     """
     if sender is None or current_worker_task() is not None:
         return
-    timed_out = isinstance(exception, TimeLimitExceeded)
+    timed_out = RunEnd.of_exception(exception) is RunEnd.TIMED_OUT
     current = sender.request  # (after a lost child, Celery pushed its request here)
     limit = LimitHeader.read(getattr(current, "headers", None)) if current.id == task_id else None
     if limit is not None:
@@ -88,7 +89,7 @@ def on_revoked(
     )
 
 
-def on_before_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+def on_publish_in_parent(sender: Any = None, headers: Any = None, **_: Any) -> None:
     """``before_task_publish`` outside any run: ``retry_on_worker_lost`` sends a dead child's
     message again; its key goes back to queued before the message exists."""
     if is_publishing() or not headers or current_worker_task() is not None:

@@ -9,7 +9,7 @@ from typing import Any
 from celery.worker.request import Request
 
 from . import early_claim
-from .execution import drop_unread, send_claim
+from .early_claim import drop_unread, send_claim
 
 __all__ = ["ClaimingRequest"]
 
@@ -17,7 +17,7 @@ __all__ = ["ClaimingRequest"]
 class ClaimingRequest(Request):
     """Sends the run's claim as Celery accepts the message, where the accepting thread runs
     it (Celery's solo and threads pools): the claim's round trip overlaps Celery's work up
-    to the run. A run that never starts undoes it (:func:`~.execution.drop_unread`)."""
+    to the run. A run that never starts undoes it (:func:`~.early_claim.drop_unread`)."""
 
     def on_accepted(self, pid: Any, time_accepted: float) -> None:
         sent = pid == os.getpid()  # (a prefork child's or a greenlet's: not this thread)

@@ -272,7 +272,7 @@ local function claim_slot(slots, line, due, seq, id, member, lease, now)
 end
 
 -- When the nth waiting run is asked back, ms from now: a turn for every limit runs ahead of
--- it (the line moves limit places a run), cap at most. dedupe/worker/limits.py sends the run
+-- it (the line moves limit places a run), cap at most. dedupe/worker/limited_runs.py sends the run
 -- again with this countdown; its place must outlive it (keep_place).
 local function come_back(ahead, limit, turn, cap)
   return math.min(turn * math.ceil(ahead / math.max(limit, 1)), cap)
