@@ -13,14 +13,25 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from dedupe import KeyDerivationError
 from dedupe.runs.inventory import task_of_key
 from dedupe.values.canonical import canonical_bytes
-from dedupe.values.keys import Binder, CallKeys, binder_for, call_digest, call_keys, keys_for
+from dedupe.values.keys import (
+    FLOW_SUFFIXES,
+    Binder,
+    CallKeyParts,
+    CallKeys,
+    binder_for,
+    call_digest,
+    call_keys,
+    keys_for,
+    parse_call_key,
+)
+from dedupe.values.limits import limit_keys
 from dedupe.values.options import SEPARATE_RUN_LOCK, UniqueOptions
 
 
@@ -272,6 +283,33 @@ def test_distinct_task_names_never_share_keys_and_read_back(name: str) -> None:
     keys = call_keys("dedupe", name, "ab" * 16, separate_run_lock=True)
     assert task_of_key("dedupe", keys.call) == name
     assert key_slot(keys.call.encode()) == key_slot(keys.run.encode())
+
+
+@given(st.text(), st.text(), st.text("0123456789abcdef", min_size=32, max_size=32))
+@example("dedupe", "reports:eu", "ab" * 16)
+@example("dedupe", "a}b{c}:%7D%", "ab" * 16)
+@example("app:{x}", "報告:タスク", "ab" * 16)
+@example("", "", "ab" * 16)
+def test_a_calls_key_and_run_lock_parse_back_to_its_task_name_and_digest(
+    prefix: str, name: str, digest: str
+) -> None:
+    keys = call_keys(prefix, name, digest, separate_run_lock=True)
+    assert parse_call_key(prefix, keys.call) == CallKeyParts(name, digest, run_lock=False)
+    assert parse_call_key(prefix, keys.run) == CallKeyParts(name, digest, run_lock=True)
+
+
+def test_every_key_of_flow_control_beside_a_record_has_a_flow_suffix() -> None:
+    keys = call_keys("dedupe", "jobs", "ab" * 16, separate_run_lock=True)
+    beside = [keys.latest, keys.ran, *limit_keys(keys.call).values()]
+    assert all(key.endswith(FLOW_SUFFIXES) for key in beside)
+    assert not keys.call.endswith(FLOW_SUFFIXES)
+    assert not keys.run.endswith(FLOW_SUFFIXES)
+
+
+def test_the_keys_of_flow_control_beside_a_record_parse_as_no_call_key() -> None:
+    keys = call_keys("dedupe", "jobs", "ab" * 16, separate_run_lock=False)
+    for key in [keys.latest, keys.ran, *limit_keys(keys.call).values()]:
+        assert parse_call_key("dedupe", key) is None
 
 
 def test_digest_is_128_bit_hex() -> None:

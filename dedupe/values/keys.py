@@ -6,6 +6,7 @@ Key format, versioned by :data:`KEY_VERSION` (a change of any rule here must bum
     <prefix>:{<task name>:<32 hex digits>}        the record of a call
     <prefix>:{<task name>:<32 hex digits>}:run    the run lock (unique_until "started", "window")
 
+:func:`format_call_key` spells it and :func:`parse_call_key` reads it back, its exact inverse.
 The braces are a Redis Cluster hash tag: every key of one call lands in one slot, so one
 Lua script may touch them all.
 """
@@ -17,26 +18,31 @@ import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dedupe.errors import KeyDerivationError
 
 from .canonical import Unencodable, canonical_bytes
 from .generics import AnyTask
+from .limits import LIMIT_KEY_NAMES
 from .options import SEPARATE_RUN_LOCK, UniqueOptions
 
 __all__ = [
+    "FLOW_SUFFIXES",
     "KEY_VERSION",
     "LATEST_SUFFIX",
     "RAN_SUFFIX",
     "RUN_SUFFIX",
     "Binder",
+    "CallKeyParts",
     "CallKeys",
     "alive_key",
     "binder_for",
     "call_digest",
     "call_keys",
+    "format_call_key",
     "keys_for",
+    "parse_call_key",
     "tag_safe",
     "task_name_of_tag",
     "tick_key",
@@ -55,6 +61,11 @@ RUN_SUFFIX = ":run"
 LATEST_SUFFIX = ":latest"
 #: The suffix of a call key's ended runs (:attr:`CallKeys.ran`).
 RAN_SUFFIX = ":ran"
+#: The suffixes of flow control's keys beside a record: a debounced or replacing call's
+#: latest arguments and ended runs, a limited key's keys (:func:`dedupe.values.limits.limit_keys`).
+FLOW_SUFFIXES = (LATEST_SUFFIX, RAN_SUFFIX, *(f":{name}" for name in LIMIT_KEY_NAMES))
+#: The length of a call's digest (:func:`call_digest`), in hex digits.
+_DIGEST_LENGTH = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +109,49 @@ class CallKeys:
 
 def call_keys(prefix: str, task_name: str, digest: str, *, separate_run_lock: bool) -> CallKeys:
     """Name the keys of a call from its digest."""
-    name = tag_safe(task_name)
-    return CallKeys.of(f"{prefix}:{{{name}:{digest}}}", separate_run_lock=separate_run_lock)
+    return CallKeys.of(
+        format_call_key(prefix, task_name, digest), separate_run_lock=separate_run_lock
+    )
+
+
+def format_call_key(prefix: str, task_name: str, digest: str) -> str:
+    """The key of a call's record; :func:`parse_call_key` reads it back.
+
+    >>> format_call_key("dedupe", "reports:eu", "ab")
+    'dedupe:{reports:eu:ab}'
+    """
+    return f"{prefix}:{{{tag_safe(task_name)}:{digest}}}"
+
+
+class CallKeyParts(NamedTuple):
+    """What a call key or run lock of a prefix is made of."""
+
+    task_name: str
+    digest: str
+    #: The key is a call's separate run lock (:data:`RUN_SUFFIX`), not its record.
+    run_lock: bool
+
+
+def parse_call_key(prefix: str, key: str) -> CallKeyParts | None:
+    """The parts of a call key or run lock of ``prefix`` (:func:`format_call_key`), or None
+    for any other key: another prefix's or program's, or one of flow control's.
+
+    >>> parse_call_key("dedupe", "dedupe:{reports:eu:0123456789abcdef0123456789abcdef}:run")
+    CallKeyParts(task_name='reports:eu', digest='0123456789abcdef0123456789abcdef', run_lock=True)
+    """
+    head = f"{prefix}:{{"
+    if not key.startswith(head):
+        return None
+    body = key[len(head) :]
+    run_lock = body.endswith(RUN_SUFFIX)
+    if run_lock:
+        body = body[: -len(RUN_SUFFIX)]
+    if not body.endswith("}"):
+        return None
+    name, colon, digest = body[:-1].rpartition(":")
+    if not colon or len(digest) != _DIGEST_LENGTH:
+        return None
+    return CallKeyParts(task_name_of_tag(name), digest, run_lock)
 
 
 def alive_key(prefix: str) -> str:
