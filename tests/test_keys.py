@@ -25,6 +25,7 @@ from dedupe.values.keys import (
     Binder,
     CallKeyParts,
     CallKeys,
+    KeyInputs,
     binder_for,
     call_digest,
     call_keys,
@@ -646,3 +647,42 @@ def test_large_arguments_are_never_remembered() -> None:
     for args in [("x" * 257,), (2**63,), (-(2**63) - 1,), ([1, 2],)]:
         keys_for("p", task, task.name, UniqueOptions(), args, None)
     assert binder_for(task).remembered == {}
+
+
+#: For each input of a call's keys, two options that differ in that input alone.
+KEY_INPUT_PAIRS: dict[str, tuple[UniqueOptions, UniqueOptions]] = {
+    "on": (UniqueOptions(), UniqueOptions(on=("a",))),
+    "key": (UniqueOptions(), UniqueOptions(key=lambda *args, **kwargs: "one for all")),
+    "separate_run_lock": (UniqueOptions(), UniqueOptions(until="started")),
+}
+
+
+def test_each_input_of_a_calls_keys_has_options_that_differ_in_it_alone() -> None:
+    assert set(KEY_INPUT_PAIRS) == set(KeyInputs._fields)
+    for field, (one, other) in KEY_INPUT_PAIRS.items():
+        one_inputs, other_inputs = KeyInputs.of(one), KeyInputs.of(other)
+        differ = [
+            n for n in KeyInputs._fields if getattr(one_inputs, n) != getattr(other_inputs, n)
+        ]
+        assert differ == [field]
+
+
+@pytest.mark.parametrize("field", KeyInputs._fields)
+def test_calls_that_differ_in_one_input_of_their_keys_get_different_keys_derived_and_remembered(
+    field: str,
+) -> None:
+    task = task_object(_sig_plain)  # (unique_on=("a",) leaves b out of the digest)
+    pair = KEY_INPUT_PAIRS[field]
+    binder = Binder(task.name, inspect.signature(task.run))
+    derived = [KeyInputs.of(options).derive("p", task.name, binder, (7,), None) for options in pair]
+    assert derived[0] != derived[1]
+    for _ in range(2):  # the second time, from what the binder remembers
+        assert [keys_for("p", task, task.name, options, (7,), None) for options in pair] == derived
+    assert len(binder_for(task).remembered) == sum(options.key is None for options in pair)
+
+
+def test_a_remembered_call_is_filed_under_its_prefix_task_name_key_inputs_and_arguments() -> None:
+    task = task_object(_sig_plain)
+    options = UniqueOptions(on=("a",), until="started")
+    keys_for("p", task, task.name, options, (7,), None)
+    assert list(binder_for(task).remembered) == [("p", task.name, KeyInputs.of(options), (7,))]

@@ -36,6 +36,7 @@ __all__ = [
     "Binder",
     "CallKeyParts",
     "CallKeys",
+    "KeyInputs",
     "alive_key",
     "binder_for",
     "call_digest",
@@ -227,6 +228,38 @@ def task_name_of_tag(text: str) -> str:
 _ESCAPE = re.compile(r"%(25|7D)")
 
 
+class KeyInputs(NamedTuple):
+    """The options that name a call's keys, beside its prefix, task name and arguments: the
+    one description both a derivation (:meth:`derive`) and a remembered call's entry
+    (:func:`keys_for`) are made of, so that an input added here changes both.
+
+    A tuple: hashed in C, as part of every remembered call's lookup.
+    """
+
+    on: tuple[str, ...] | None
+    key: Callable[..., Any] | None
+    separate_run_lock: bool
+
+    @classmethod
+    def of(cls, options: UniqueOptions) -> KeyInputs:
+        """The inputs of a call's keys in ``options``."""
+        return cls(options.on, options.key, options.until in SEPARATE_RUN_LOCK)
+
+    def derive(
+        self,
+        prefix: str,
+        task_name: str,
+        binder: Binder | None,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+    ) -> CallKeys:
+        """The keys of a call, derived from scratch."""
+        digest = call_digest(
+            task_name, binder, args, kwargs, unique_on=self.on, unique_key=self.key
+        )
+        return call_keys(prefix, task_name, digest, separate_run_lock=self.separate_run_lock)
+
+
 def keys_for(
     prefix: str,
     task: AnyTask | None,
@@ -241,33 +274,27 @@ def keys_for(
     calls whose keys cannot change from one call to the next (:meth:`Binder.memo_key`): the
     next such call looks them up instead of deriving them again.
     """
-    binder = binder_for(task) if task is not None else None
-    separate = options.until in SEPARATE_RUN_LOCK
-    if binder is not None and not kwargs and options.key is None:
+    if task is None:
+        return KeyInputs.of(options).derive(prefix, task_name, None, args, kwargs)
+    binder = binder_for(task)
+    # A task's calls share one options object, unless a call overrides them: its inputs are
+    # made once (this runs on every call).
+    last = binder.last_inputs
+    if last[0] is options:
+        inputs = last[1]
+    else:
+        inputs = KeyInputs.of(options)
+        binder.last_inputs = (options, inputs)
+    if not kwargs and inputs.key is None:
         arguments = binder.memo_key(args)
         if arguments is not None:
-            memo = (prefix, task_name, options.on, separate, arguments)
+            memo = (prefix, task_name, inputs, arguments)
             known = binder.remembered.get(memo)
             if known is None:
-                known = _derived_keys(prefix, task_name, binder, options, args, kwargs, separate)
+                known = inputs.derive(prefix, task_name, binder, args, kwargs)
                 binder.remember(memo, known)
             return known
-    return _derived_keys(prefix, task_name, binder, options, args, kwargs, separate)
-
-
-def _derived_keys(
-    prefix: str,
-    task_name: str,
-    binder: Binder | None,
-    options: UniqueOptions,
-    args: Sequence[Any] | None,
-    kwargs: Mapping[str, Any] | None,
-    separate: bool,
-) -> CallKeys:
-    digest = call_digest(
-        task_name, binder, args, kwargs, unique_on=options.on, unique_key=options.key
-    )
-    return call_keys(prefix, task_name, digest, separate_run_lock=separate)
+    return inputs.derive(prefix, task_name, binder, args, kwargs)
 
 
 #: Calls whose keys a task's binder remembers, at most: a few hundred bytes each, per task,
@@ -320,8 +347,12 @@ class Binder:
         )
         #: How error messages show the signature: ``proj.sync(customer_id, full=False)``.
         self.display = f"{task_name}{plain}"
-        #: The keys of recent calls, by :meth:`memo_key` and the options that name keys.
+        #: The keys of recent calls, by prefix, task name, :class:`KeyInputs` and
+        #: :meth:`memo_key`.
         self.remembered: dict[tuple[Any, ...], CallKeys] = {}
+        #: The options of the last call and their :class:`KeyInputs` (to start, the defaults').
+        start = UniqueOptions()
+        self.last_inputs = (start, KeyInputs.of(start))
         #: Calls of this signature may be remembered: every default is immutable.
         self._memoable = all(_immutable(default) for _, default in self._defaults)
 
