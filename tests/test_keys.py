@@ -13,14 +13,26 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from dedupe import KeyDerivationError
 from dedupe.runs.inventory import task_of_key
 from dedupe.values.canonical import canonical_bytes
-from dedupe.values.keys import Binder, CallKeys, binder_for, call_digest, call_keys, keys_for
+from dedupe.values.keys import (
+    FLOW_SUFFIXES,
+    Binder,
+    CallKeyParts,
+    CallKeys,
+    KeyInputs,
+    binder_for,
+    call_digest,
+    call_keys,
+    keys_for,
+    parse_call_key,
+)
+from dedupe.values.limits import limit_keys
 from dedupe.values.options import SEPARATE_RUN_LOCK, UniqueOptions
 
 
@@ -272,6 +284,33 @@ def test_distinct_task_names_never_share_keys_and_read_back(name: str) -> None:
     keys = call_keys("dedupe", name, "ab" * 16, separate_run_lock=True)
     assert task_of_key("dedupe", keys.call) == name
     assert key_slot(keys.call.encode()) == key_slot(keys.run.encode())
+
+
+@given(st.text(), st.text(), st.text("0123456789abcdef", min_size=32, max_size=32))
+@example("dedupe", "reports:eu", "ab" * 16)
+@example("dedupe", "a}b{c}:%7D%", "ab" * 16)
+@example("app:{x}", "報告:タスク", "ab" * 16)
+@example("", "", "ab" * 16)
+def test_a_calls_key_and_run_lock_parse_back_to_its_task_name_and_digest(
+    prefix: str, name: str, digest: str
+) -> None:
+    keys = call_keys(prefix, name, digest, separate_run_lock=True)
+    assert parse_call_key(prefix, keys.call) == CallKeyParts(name, digest, run_lock=False)
+    assert parse_call_key(prefix, keys.run) == CallKeyParts(name, digest, run_lock=True)
+
+
+def test_every_key_of_flow_control_beside_a_record_has_a_flow_suffix() -> None:
+    keys = call_keys("dedupe", "jobs", "ab" * 16, separate_run_lock=True)
+    beside = [keys.latest, keys.ran, *limit_keys(keys.call).values()]
+    assert all(key.endswith(FLOW_SUFFIXES) for key in beside)
+    assert not keys.call.endswith(FLOW_SUFFIXES)
+    assert not keys.run.endswith(FLOW_SUFFIXES)
+
+
+def test_the_keys_of_flow_control_beside_a_record_parse_as_no_call_key() -> None:
+    keys = call_keys("dedupe", "jobs", "ab" * 16, separate_run_lock=False)
+    for key in [keys.latest, keys.ran, *limit_keys(keys.call).values()]:
+        assert parse_call_key("dedupe", key) is None
 
 
 def test_digest_is_128_bit_hex() -> None:
@@ -608,3 +647,42 @@ def test_large_arguments_are_never_remembered() -> None:
     for args in [("x" * 257,), (2**63,), (-(2**63) - 1,), ([1, 2],)]:
         keys_for("p", task, task.name, UniqueOptions(), args, None)
     assert binder_for(task).remembered == {}
+
+
+#: For each input of a call's keys, two options that differ in that input alone.
+KEY_INPUT_PAIRS: dict[str, tuple[UniqueOptions, UniqueOptions]] = {
+    "on": (UniqueOptions(), UniqueOptions(on=("a",))),
+    "key": (UniqueOptions(), UniqueOptions(key=lambda *args, **kwargs: "one for all")),
+    "separate_run_lock": (UniqueOptions(), UniqueOptions(until="started")),
+}
+
+
+def test_each_input_of_a_calls_keys_has_options_that_differ_in_it_alone() -> None:
+    assert set(KEY_INPUT_PAIRS) == set(KeyInputs._fields)
+    for field, (one, other) in KEY_INPUT_PAIRS.items():
+        one_inputs, other_inputs = KeyInputs.of(one), KeyInputs.of(other)
+        differ = [
+            n for n in KeyInputs._fields if getattr(one_inputs, n) != getattr(other_inputs, n)
+        ]
+        assert differ == [field]
+
+
+@pytest.mark.parametrize("field", KeyInputs._fields)
+def test_calls_that_differ_in_one_input_of_their_keys_get_different_keys_derived_and_remembered(
+    field: str,
+) -> None:
+    task = task_object(_sig_plain)  # (unique_on=("a",) leaves b out of the digest)
+    pair = KEY_INPUT_PAIRS[field]
+    binder = Binder(task.name, inspect.signature(task.run))
+    derived = [KeyInputs.of(options).derive("p", task.name, binder, (7,), None) for options in pair]
+    assert derived[0] != derived[1]
+    for _ in range(2):  # the second time, from what the binder remembers
+        assert [keys_for("p", task, task.name, options, (7,), None) for options in pair] == derived
+    assert len(binder_for(task).remembered) == sum(options.key is None for options in pair)
+
+
+def test_a_remembered_call_is_filed_under_its_prefix_task_name_key_inputs_and_arguments() -> None:
+    task = task_object(_sig_plain)
+    options = UniqueOptions(on=("a",), until="started")
+    keys_for("p", task, task.name, options, (7,), None)
+    assert list(binder_for(task).remembered) == [("p", task.name, KeyInputs.of(options), (7,))]

@@ -20,7 +20,10 @@ import dedupe
 from dedupe.cli import dedupe as dedupe_cli
 from dedupe.runs.runtime import runtime_of
 from dedupe.store.view_log import ViewLog
+from dedupe.values.keys import call_keys
+from dedupe.values.record import pack_queued
 from dedupe.webview import recorder
+from dedupe.webview.rows import KeyRow
 
 from .helpers import ServerProcess, wait_for
 from .view_server import served_view
@@ -53,6 +56,17 @@ def view_app(make_app: Callable[..., Celery], redis_factory: Any) -> Iterator[Ce
     app = make_app(dedupe_redis_url=redis_factory().url, dedupe_web_events=True)
     yield app
     recorder.unwatch(app)  # (no look at its Redis while later tests count commands there)
+
+
+def test_a_row_reads_its_task_digest_and_kind_of_key_from_the_key_name() -> None:
+    digest = "0123456789abcdef" * 2
+    keys = call_keys("dedupe", "reports:eu}", digest, separate_run_lock=True)
+    raw = pack_queued("a", 5.0, None)
+    rows = [KeyRow.of("dedupe", key, raw, 900) for key in (keys.call, keys.run)]
+    assert [(row.task, row.digest, row.run_lock) for row in rows if row is not None] == [
+        ("reports:eu}", digest, False),
+        ("reports:eu}", digest, True),
+    ]
 
 
 def test_the_keys_api_lists_each_held_call_with_its_holder(view_app: Celery) -> None:

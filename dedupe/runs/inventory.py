@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from celery import Celery
 
 from dedupe.store.clients import DedupRedis
-from dedupe.values.keys import LATEST_SUFFIX, RAN_SUFFIX, RUN_SUFFIX, tag_safe, task_name_of_tag
-from dedupe.values.limits import LIMIT_KEY_NAMES
+from dedupe.values.keys import FLOW_SUFFIXES, parse_call_key, tag_safe
 from dedupe.values.record import Holder
 
 from .runtime import runtime_of
@@ -27,27 +26,16 @@ __all__ = [
 ]
 
 _BATCH = 500
-#: The names of flow control's keys beside a record (values.keys, values.limits).
-_FLOW_SUFFIXES = (LATEST_SUFFIX, RAN_SUFFIX, *(f":{name}" for name in LIMIT_KEY_NAMES))
 
 
 def task_of_key(prefix: str, key: str) -> str | None:
-    """The task name in a key of ``prefix`` (keys.call_keys names them), or None.
+    """The task name in a key of ``prefix`` (keys.parse_call_key reads them), or None.
 
     >>> task_of_key("dedupe", "dedupe:{reports:eu:0123456789abcdef0123456789abcdef}:run")
     'reports:eu'
     """
-    head = f"{prefix}:{{"
-    if not key.startswith(head):
-        return None
-    body = key[len(head) :]
-    body = body.removesuffix(RUN_SUFFIX)
-    if not body.endswith("}"):
-        return None
-    name, colon, digest = body[:-1].rpartition(":")
-    if not colon or len(digest) != 32:
-        return None
-    return task_name_of_tag(name)
+    parts = parse_call_key(prefix, key)
+    return None if parts is None else parts.task_name
 
 
 def glob_escaped(text: str) -> str:
@@ -110,7 +98,7 @@ def _is_of(prefix: str, task: str | None, key: bytes) -> bool:
     # line and slots) are no records: never listed (another program's keys are, as unknown).
     name = key.decode()
     if task is None:
-        return not name.endswith(_FLOW_SUFFIXES)
+        return not name.endswith(FLOW_SUFFIXES)
     return task_of_key(prefix, name) == task
 
 

@@ -6,6 +6,7 @@ Key format, versioned by :data:`KEY_VERSION` (a change of any rule here must bum
     <prefix>:{<task name>:<32 hex digits>}        the record of a call
     <prefix>:{<task name>:<32 hex digits>}:run    the run lock (unique_until "started", "window")
 
+:func:`format_call_key` spells it and :func:`parse_call_key` reads it back, its exact inverse.
 The braces are a Redis Cluster hash tag: every key of one call lands in one slot, so one
 Lua script may touch them all.
 """
@@ -17,26 +18,32 @@ import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dedupe.errors import KeyDerivationError
 
 from .canonical import Unencodable, canonical_bytes
 from .generics import AnyTask
+from .limits import LIMIT_KEY_NAMES
 from .options import SEPARATE_RUN_LOCK, UniqueOptions
 
 __all__ = [
+    "FLOW_SUFFIXES",
     "KEY_VERSION",
     "LATEST_SUFFIX",
     "RAN_SUFFIX",
     "RUN_SUFFIX",
     "Binder",
+    "CallKeyParts",
     "CallKeys",
+    "KeyInputs",
     "alive_key",
     "binder_for",
     "call_digest",
     "call_keys",
+    "format_call_key",
     "keys_for",
+    "parse_call_key",
     "tag_safe",
     "task_name_of_tag",
     "tick_key",
@@ -55,6 +62,11 @@ RUN_SUFFIX = ":run"
 LATEST_SUFFIX = ":latest"
 #: The suffix of a call key's ended runs (:attr:`CallKeys.ran`).
 RAN_SUFFIX = ":ran"
+#: The suffixes of flow control's keys beside a record: a debounced or replacing call's
+#: latest arguments and ended runs, a limited key's keys (:func:`dedupe.values.limits.limit_keys`).
+FLOW_SUFFIXES = (LATEST_SUFFIX, RAN_SUFFIX, *(f":{name}" for name in LIMIT_KEY_NAMES))
+#: The length of a call's digest (:func:`call_digest`), in hex digits.
+_DIGEST_LENGTH = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +110,49 @@ class CallKeys:
 
 def call_keys(prefix: str, task_name: str, digest: str, *, separate_run_lock: bool) -> CallKeys:
     """Name the keys of a call from its digest."""
-    name = tag_safe(task_name)
-    return CallKeys.of(f"{prefix}:{{{name}:{digest}}}", separate_run_lock=separate_run_lock)
+    return CallKeys.of(
+        format_call_key(prefix, task_name, digest), separate_run_lock=separate_run_lock
+    )
+
+
+def format_call_key(prefix: str, task_name: str, digest: str) -> str:
+    """The key of a call's record; :func:`parse_call_key` reads it back.
+
+    >>> format_call_key("dedupe", "reports:eu", "ab")
+    'dedupe:{reports:eu:ab}'
+    """
+    return f"{prefix}:{{{tag_safe(task_name)}:{digest}}}"
+
+
+class CallKeyParts(NamedTuple):
+    """What a call key or run lock of a prefix is made of."""
+
+    task_name: str
+    digest: str
+    #: The key is a call's separate run lock (:data:`RUN_SUFFIX`), not its record.
+    run_lock: bool
+
+
+def parse_call_key(prefix: str, key: str) -> CallKeyParts | None:
+    """The parts of a call key or run lock of ``prefix`` (:func:`format_call_key`), or None
+    for any other key: another prefix's or program's, or one of flow control's.
+
+    >>> parse_call_key("dedupe", "dedupe:{reports:eu:0123456789abcdef0123456789abcdef}:run")
+    CallKeyParts(task_name='reports:eu', digest='0123456789abcdef0123456789abcdef', run_lock=True)
+    """
+    head = f"{prefix}:{{"
+    if not key.startswith(head):
+        return None
+    body = key[len(head) :]
+    run_lock = body.endswith(RUN_SUFFIX)
+    if run_lock:
+        body = body[: -len(RUN_SUFFIX)]
+    if not body.endswith("}"):
+        return None
+    name, colon, digest = body[:-1].rpartition(":")
+    if not colon or len(digest) != _DIGEST_LENGTH:
+        return None
+    return CallKeyParts(task_name_of_tag(name), digest, run_lock)
 
 
 def alive_key(prefix: str) -> str:
@@ -175,6 +228,38 @@ def task_name_of_tag(text: str) -> str:
 _ESCAPE = re.compile(r"%(25|7D)")
 
 
+class KeyInputs(NamedTuple):
+    """The options that name a call's keys, beside its prefix, task name and arguments: the
+    one description both a derivation (:meth:`derive`) and a remembered call's entry
+    (:func:`keys_for`) are made of, so that an input added here changes both.
+
+    A tuple: hashed in C, as part of every remembered call's lookup.
+    """
+
+    on: tuple[str, ...] | None
+    key: Callable[..., Any] | None
+    separate_run_lock: bool
+
+    @classmethod
+    def of(cls, options: UniqueOptions) -> KeyInputs:
+        """The inputs of a call's keys in ``options``."""
+        return cls(options.on, options.key, options.until in SEPARATE_RUN_LOCK)
+
+    def derive(
+        self,
+        prefix: str,
+        task_name: str,
+        binder: Binder | None,
+        args: Sequence[Any] | None,
+        kwargs: Mapping[str, Any] | None,
+    ) -> CallKeys:
+        """The keys of a call, derived from scratch."""
+        digest = call_digest(
+            task_name, binder, args, kwargs, unique_on=self.on, unique_key=self.key
+        )
+        return call_keys(prefix, task_name, digest, separate_run_lock=self.separate_run_lock)
+
+
 def keys_for(
     prefix: str,
     task: AnyTask | None,
@@ -189,33 +274,27 @@ def keys_for(
     calls whose keys cannot change from one call to the next (:meth:`Binder.memo_key`): the
     next such call looks them up instead of deriving them again.
     """
-    binder = binder_for(task) if task is not None else None
-    separate = options.until in SEPARATE_RUN_LOCK
-    if binder is not None and not kwargs and options.key is None:
+    if task is None:
+        return KeyInputs.of(options).derive(prefix, task_name, None, args, kwargs)
+    binder = binder_for(task)
+    # A task's calls share one options object, unless a call overrides them: its inputs are
+    # made once (this runs on every call).
+    last = binder.last_inputs
+    if last[0] is options:
+        inputs = last[1]
+    else:
+        inputs = KeyInputs.of(options)
+        binder.last_inputs = (options, inputs)
+    if not kwargs and inputs.key is None:
         arguments = binder.memo_key(args)
         if arguments is not None:
-            memo = (prefix, task_name, options.on, separate, arguments)
+            memo = (prefix, task_name, inputs, arguments)
             known = binder.remembered.get(memo)
             if known is None:
-                known = _derived_keys(prefix, task_name, binder, options, args, kwargs, separate)
+                known = inputs.derive(prefix, task_name, binder, args, kwargs)
                 binder.remember(memo, known)
             return known
-    return _derived_keys(prefix, task_name, binder, options, args, kwargs, separate)
-
-
-def _derived_keys(
-    prefix: str,
-    task_name: str,
-    binder: Binder | None,
-    options: UniqueOptions,
-    args: Sequence[Any] | None,
-    kwargs: Mapping[str, Any] | None,
-    separate: bool,
-) -> CallKeys:
-    digest = call_digest(
-        task_name, binder, args, kwargs, unique_on=options.on, unique_key=options.key
-    )
-    return call_keys(prefix, task_name, digest, separate_run_lock=separate)
+    return inputs.derive(prefix, task_name, binder, args, kwargs)
 
 
 #: Calls whose keys a task's binder remembers, at most: a few hundred bytes each, per task,
@@ -268,8 +347,12 @@ class Binder:
         )
         #: How error messages show the signature: ``proj.sync(customer_id, full=False)``.
         self.display = f"{task_name}{plain}"
-        #: The keys of recent calls, by :meth:`memo_key` and the options that name keys.
+        #: The keys of recent calls, by prefix, task name, :class:`KeyInputs` and
+        #: :meth:`memo_key`.
         self.remembered: dict[tuple[Any, ...], CallKeys] = {}
+        #: The options of the last call and their :class:`KeyInputs` (to start, the defaults').
+        start = UniqueOptions()
+        self.last_inputs = (start, KeyInputs.of(start))
         #: Calls of this signature may be remembered: every default is immutable.
         self._memoable = all(_immutable(default) for _, default in self._defaults)
 

@@ -12,7 +12,7 @@ from typing import Any
 from dedupe.errors import RecordFormatError
 from dedupe.runs.inventory import read_keys, scan_page, task_of_key
 from dedupe.store.clients import DedupRedis
-from dedupe.values.keys import RUN_SUFFIX
+from dedupe.values.keys import parse_call_key
 from dedupe.values.record import Holder
 
 __all__ = ["STATES", "KeyPage", "KeyRow", "key_page", "key_row"]
@@ -53,25 +53,24 @@ class KeyRow:
         >>> (row.task, row.state, row.holder, row.ttl)
         ('t', 'queued', 'a', 0.9)
         """
-        task = task_of_key(prefix, key)
-        if task is None:
+        parts = parse_call_key(prefix, key)
+        if parts is None:
             return None
         try:
             holder = Holder.from_raw(key, raw, pttl if pttl >= 0 else None)
         except RecordFormatError:
             return None
-        body = key.removesuffix(RUN_SUFFIX)
         return cls(
-            task=task,
+            task=parts.task_name,
             key=key,
-            digest=body[:-1].rpartition(":")[2],
+            digest=parts.digest,
             state="provisional" if holder.provisional else holder.state,
             holder=holder.task_id,
             worker=holder.worker,
             since=holder.started_at if holder.state == "running" else holder.enqueued_at,
             eta=holder.eta,
             ttl=holder.ttl,
-            run_lock=key.endswith(RUN_SUFFIX),
+            run_lock=parts.run_lock,
         )
 
     def as_json(self, now: float) -> dict[str, Any]:
