@@ -5,7 +5,7 @@
   a call's record (or place in line) with its message (``pushing_through``,
   ``pushing_in_line``);
 - what writes back the records of its unacked messages after the dedup Redis lost its data
-  (``restart_watch``).
+  (``lists_unacked``, ``restart_watch``).
 
 One implementation per kind: :class:`~dedupe.brokers.redis_broker.RedisBroker` and
 :class:`~dedupe.brokers.other_broker.OtherBroker`; :func:`~dedupe.brokers.choice.broker_of`
@@ -37,6 +37,12 @@ class Broker(Protocol):
     def redelivery(self) -> float | None:
         """Seconds after its delivery at most until the broker gives back the unacked message
         of a dead worker; None where it gives it back as the worker's connection drops."""
+
+    @property
+    def lists_unacked(self) -> bool:
+        """Does the broker keep every worker's unacked messages where any process can read
+        them? Then :meth:`restart_watch` restores their records after a data loss; elsewhere
+        each worker restores those it holds (:mod:`dedupe.recovery.held`)."""
 
     def is_store(self, store: Store) -> bool:
         """Is the broker the dedup store's server and database?"""

@@ -27,6 +27,10 @@ class OtherBroker:
     def redelivery(self) -> float | None:
         return None
 
+    @property
+    def lists_unacked(self) -> bool:
+        return False
+
     def is_store(self, store: Store) -> bool:
         return False
 

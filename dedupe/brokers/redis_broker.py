@@ -37,6 +37,10 @@ class RedisBroker:
     def redelivery(self) -> float | None:
         return self._redelivery
 
+    @property
+    def lists_unacked(self) -> bool:
+        return True
+
     def is_store(self, store: Store) -> bool:
         server = store.server
         return (

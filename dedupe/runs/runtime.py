@@ -76,11 +76,6 @@ class Runtime:
         and kombu's members the one-step publish needs are there)?"""
         return kombu_private.ONE_STEP and self.broker_is_store
 
-    @property
-    def redis_redelivery(self) -> float | None:
-        """The broker's :attr:`~dedupe.brokers.broker.Broker.redelivery` (None but on Redis)."""
-        return self.broker.redelivery
-
     def count_call(self, task_name: str, duplicate: bool) -> None:
         """Fold one call's verdict into the task's duplicate share."""
         share = self.duplicate_share.get(task_name, 0.0)

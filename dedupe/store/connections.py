@@ -30,8 +30,8 @@ from .resp import pack_command, pack_parts
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
+    "ConnectionLocal",
     "ConnectionState",
-    "Holder",
     "Reply",
     "ThreadConnections",
     "Threads",
@@ -149,7 +149,7 @@ class Threads(threading.local):
     local: ConnectionState | None = None
 
 
-class Holder(Protocol):
+class ConnectionLocal(Protocol):
     """Where each thread finds its connection (:class:`Threads`; green_pool.py's for
     greenlets)."""
 
@@ -178,7 +178,7 @@ class ThreadConnections:
         self._retry: Retry = retry or client.get_retry() or Retry(NoBackoff(), 0)
         #: The errors the policy retries.
         self._retried = retried_errors(self._retry)
-        self._threads: Holder = Threads()
+        self._threads: ConnectionLocal = Threads()
         #: The connections threads hold (a thread's goes with it), at most ``_cap``: past
         #: it, a new thread shares one, each call under the connection's lock.
         self._cap = connection_cap(self._pool)

@@ -122,4 +122,4 @@ def record_ttl_ms(runtime: Runtime, task: Any, spec: RunSpec) -> int:
     the calls queued behind it wait out the broker's timeout."""
     if not task.acks_late or spec.until != "finished":
         return 0
-    return milliseconds(horizon(runtime.redis_redelivery, spec.lease, spec.ttl))
+    return milliseconds(horizon(runtime.broker.redelivery, spec.lease, spec.ttl))

@@ -77,10 +77,9 @@ _held_watches: weakref.WeakKeyDictionary[Any, HeldWatch] = weakref.WeakKeyDictio
 
 
 def _watch_held(runtime: Runtime, consumer: Any) -> None:
-    # A Redis broker names the messages a worker holds in its unacked hash (dedupe.recovery.unacked
-    # restores them from there, or loses them with the records where it is the dedup store);
-    # a Cluster has many servers to lose data, one at a time.
-    if runtime.redis_redelivery is not None or cluster_target(runtime.config.redis_url):
+    # A broker that lists the unacked messages has them restored from there
+    # (dedupe.recovery.unacked); a Cluster has many servers to lose data, one at a time.
+    if runtime.broker.lists_unacked or cluster_target(runtime.config.redis_url):
         return
     config = runtime.config
     every = config.default_lease / 3

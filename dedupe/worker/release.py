@@ -81,7 +81,7 @@ def _send_end_latest(runtime: Runtime, request: Any, task_id: str, run: Run) -> 
     # may deliver its message again: that delivery finds it, and does not run the burst twice
     # (a run killed before this point has none, and runs again with the take it kept).
     spec = run.spec
-    horizon_ms = milliseconds(horizon(runtime.redis_redelivery, spec.lease, spec.ttl))
+    horizon_ms = milliseconds(horizon(runtime.broker.redelivery, spec.lease, spec.ttl))
     retries = int(request.retries or 0)
     runtime.store.send_end_latest(spec.keys, task_id, retries, horizon_ms)
 
