@@ -17,8 +17,8 @@ from kombu.serialization import registry
 
 import dedupe
 
-from .conftest import in_process_worker, unique_name
-from .helpers import Lines, wait_for
+from .conftest import RedisFactory, in_process_worker, unique_name
+from .helpers import Lines, WorkerProcess, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -61,15 +61,15 @@ def same_queue_and_keys(make_app: Callable[..., Celery], app: Celery) -> Celery:
     )
 
 
-def dropped_then_accepted_again(
-    task: Any, worker_app: Celery, **options: Any
-) -> tuple[Any, Any]:
+def dropped_then_accepted_again(task: Any, worker_app: Celery, **options: Any) -> tuple[Any, Any]:
     """Publish ``task(7)`` with ``options``, let a worker of ``worker_app`` drop it, and
     call again: the first result and the second."""
     first = task.apply_async((7,), **options)
     assert first.deduplicated is False
     holder = dedupe.lookup(task, (7,))
-    assert holder is not None and holder.task_id == first.id and holder.state == "queued"
+    assert holder is not None
+    assert holder.task_id == first.id
+    assert holder.state == "queued"
     with in_process_worker(worker_app):
         wait_for(
             lambda: dedupe.lookup(task, (7,)) is None,
@@ -89,8 +89,10 @@ def test_a_task_the_worker_does_not_know_frees_its_key(
     with Lines("dedupe.keys") as lines:
         first, again = dropped_then_accepted_again(task, worker_app)
 
-    assert again.deduplicated is False and again.id != first.id
-    assert f"[{first.id}]" in lines.text and "unregistered task" in lines.text
+    assert again.deduplicated is False
+    assert again.id != first.id
+    assert f"[{first.id}]" in lines.text
+    assert "unregistered task" in lines.text
 
 
 def test_content_the_worker_does_not_accept_frees_its_key(app: Celery) -> None:
@@ -99,8 +101,10 @@ def test_content_the_worker_does_not_accept_frees_its_key(app: Celery) -> None:
     with Lines("dedupe.keys") as lines:
         first, again = dropped_then_accepted_again(task, app)
 
-    assert again.deduplicated is False and again.id != first.id
-    assert f"[{first.id}]" in lines.text and "content not accepted" in lines.text
+    assert again.deduplicated is False
+    assert again.id != first.id
+    assert f"[{first.id}]" in lines.text
+    assert "content not accepted" in lines.text
 
 
 def test_a_body_the_worker_cannot_decode_frees_its_key(
@@ -112,8 +116,10 @@ def test_a_body_the_worker_cannot_decode_frees_its_key(
     with Lines("dedupe.keys") as lines:
         first, again = dropped_then_accepted_again(task, app)
 
-    assert again.deduplicated is False and again.id != first.id
-    assert f"[{first.id}]" in lines.text and "undecodable body" in lines.text
+    assert again.deduplicated is False
+    assert again.id != first.id
+    assert f"[{first.id}]" in lines.text
+    assert "undecodable body" in lines.text
 
 
 def test_an_eta_celery_cannot_read_frees_its_key(app: Celery) -> None:
@@ -122,8 +128,31 @@ def test_an_eta_celery_cannot_read_frees_its_key(app: Celery) -> None:
     with Lines("dedupe.keys") as lines:
         first, again = dropped_then_accepted_again(task, app, eta="not a date")
 
-    assert again.deduplicated is False and again.id != first.id
-    assert f"[{first.id}]" in lines.text and "invalid eta" in lines.text
+    assert again.deduplicated is False
+    assert again.id != first.id
+    assert f"[{first.id}]" in lines.text
+    assert "invalid eta" in lines.text
+
+
+def test_a_dedup_redis_down_while_freeing_is_logged_and_the_worker_goes_on(
+    make_app: Callable[..., Celery], broker: str, garbled: str, redis_factory: RedisFactory
+) -> None:
+    store = redis_factory()
+    app = make_app(broker=broker, dedupe_redis_url=store.url, accept_content=["json", GARBLED_TYPE])
+    task = unique_task(app, unique_name("garbled"), serializer=garbled)
+
+    @app.task(shared=False)
+    def ping() -> str:
+        return "pong"
+
+    first = task.delay(7)
+    assert first.deduplicated is False
+    store.stop()
+
+    with Lines("dedupe.redis") as lines, in_process_worker(app):
+        assert ping.delay().get(timeout=20) == "pong"
+
+    assert f"[{first.id}] was dropped unrun (undecodable body); its key was not freed" in lines.text
 
 
 @pytest.fixture
@@ -162,5 +191,32 @@ def test_a_dropped_message_leaves_a_newer_call_holding_its_key_and_says_nothing(
         )
 
     holder = dedupe.lookup(task, (7,))
-    assert holder is not None and holder.task_id == newer.id and holder.state == "queued"
+    assert holder is not None
+    assert holder.task_id == newer.id
+    assert holder.state == "queued"
     assert "freed" not in lines.text
+
+
+def test_a_prefork_worker_frees_the_key_of_a_task_it_does_not_know(
+    make_app: Callable[..., Celery], worker_app: Any, prefork_worker: WorkerProcess
+) -> None:
+    producer = make_app(
+        broker=worker_app.BROKER,
+        task_default_queue=worker_app.QUEUE,
+        dedupe_redis_url=worker_app.STORE,
+        dedupe_key_prefix=worker_app.PREFIX,
+    )
+    task = unique_task(producer, unique_name("unknown"))  # (not in tests.worker_app)
+
+    first = task.delay(7)
+    wait_for(
+        lambda: dedupe.lookup(task, (7,)) is None,
+        timeout=AT_ONCE,
+        message=f"the key of the dropped {first.id} freed",
+    )
+
+    again = task.delay(7)
+    assert again.deduplicated is False
+    assert again.id != first.id
+    line = f"[{first.id}] was dropped unrun (unregistered task)"
+    wait_for(lambda: line in prefork_worker.tail(50000), message="the worker's line")
