@@ -61,23 +61,26 @@ def same_queue_and_keys(make_app: Callable[..., Celery], app: Celery) -> Celery:
     )
 
 
-def dropped_then_accepted_again(task: Any, worker_app: Celery, **options: Any) -> tuple[Any, Any]:
-    """Publish ``task(7)`` with ``options``, let a worker of ``worker_app`` drop it, and
-    call again: the first result and the second."""
+def freed_at_once(task: Any, worker_app: Celery, why: str, **options: Any) -> None:
+    """Publish ``task(7)`` with ``options``; a worker of ``worker_app`` drops it: the same
+    call is accepted again within :data:`AT_ONCE`, and one line says why the key went."""
     first = task.apply_async((7,), **options)
     assert first.deduplicated is False
     holder = dedupe.lookup(task, (7,))
     assert holder is not None
-    assert holder.task_id == first.id
-    assert holder.state == "queued"
-    with in_process_worker(worker_app):
+    assert (holder.task_id, holder.state) == (first.id, "queued")
+
+    with Lines("dedupe.keys") as lines, in_process_worker(worker_app):
         wait_for(
             lambda: dedupe.lookup(task, (7,)) is None,
             timeout=AT_ONCE,
             message=f"the key of the dropped {first.id} freed",
         )
         again = task.apply_async((7,), **options)
-    return first, again
+
+    assert again.deduplicated is False
+    assert again.id != first.id
+    assert f"{task.name}[{first.id}] was dropped unrun ({why}): its key" in lines.text
 
 
 def test_a_task_the_worker_does_not_know_frees_its_key(
@@ -85,26 +88,12 @@ def test_a_task_the_worker_does_not_know_frees_its_key(
 ) -> None:
     task = unique_task(app, unique_name("unknown"))
     worker_app = same_queue_and_keys(make_app, app)  # (it never registers the task)
-
-    with Lines("dedupe.keys") as lines:
-        first, again = dropped_then_accepted_again(task, worker_app)
-
-    assert again.deduplicated is False
-    assert again.id != first.id
-    assert f"[{first.id}]" in lines.text
-    assert "unregistered task" in lines.text
+    freed_at_once(task, worker_app, "unregistered task")
 
 
 def test_content_the_worker_does_not_accept_frees_its_key(app: Celery) -> None:
     task = unique_task(app, unique_name("pickled"), serializer="pickle")  # (accepted: json)
-
-    with Lines("dedupe.keys") as lines:
-        first, again = dropped_then_accepted_again(task, app)
-
-    assert again.deduplicated is False
-    assert again.id != first.id
-    assert f"[{first.id}]" in lines.text
-    assert "content not accepted" in lines.text
+    freed_at_once(task, app, "content not accepted")
 
 
 def test_a_body_the_worker_cannot_decode_frees_its_key(
@@ -112,26 +101,12 @@ def test_a_body_the_worker_cannot_decode_frees_its_key(
 ) -> None:
     app = make_app(broker=broker, accept_content=["json", GARBLED_TYPE])
     task = unique_task(app, unique_name("garbled"), serializer=garbled)
-
-    with Lines("dedupe.keys") as lines:
-        first, again = dropped_then_accepted_again(task, app)
-
-    assert again.deduplicated is False
-    assert again.id != first.id
-    assert f"[{first.id}]" in lines.text
-    assert "undecodable body" in lines.text
+    freed_at_once(task, app, "undecodable body")
 
 
 def test_an_eta_celery_cannot_read_frees_its_key(app: Celery) -> None:
     task = unique_task(app, unique_name("badeta"))
-
-    with Lines("dedupe.keys") as lines:
-        first, again = dropped_then_accepted_again(task, app, eta="not a date")
-
-    assert again.deduplicated is False
-    assert again.id != first.id
-    assert f"[{first.id}]" in lines.text
-    assert "invalid eta" in lines.text
+    freed_at_once(task, app, "invalid eta", eta="not a date")
 
 
 def test_a_dedup_redis_down_while_freeing_is_logged_and_the_worker_goes_on(
