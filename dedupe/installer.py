@@ -2,8 +2,9 @@
 
 Handlers in :mod:`dedupe.worker` (the process that runs the task: ``lifecycle``,
 ``run_start``, ``early_claim``, ``publish_hook``, ``release``) and
-:mod:`dedupe.worker.main_process` (the prefork pool's parent); which signal each serves is in
-the design notes (docs/design-notes.md, "dedupe.installer").
+:mod:`dedupe.worker.main_process` (the prefork pool's parent) and :mod:`dedupe.worker.unrun`
+(the consumer: messages dropped unrun); which signal each serves is in the design notes
+(docs/design-notes.md, "dedupe.installer").
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .producer.plain_calls import route_through
 from .runs.runtime import add_runtime
 from .values.config import DedupeConfig
 from .webview import recorder
-from .worker import early_claim, lifecycle, main_process, publish_hook, release, run_start
+from .worker import early_claim, lifecycle, main_process, publish_hook, release, run_start, unrun
 
 __all__ = ["connect", "install"]
 
@@ -48,6 +49,7 @@ def install(app: Celery) -> None:
     """
     warn_missing()
     add_runtime(app)
+    app.steps["consumer"].add(unrun.FreeUndecodable)
     # Each time Celery reads the settings; now, if it has read them already.
     app.on_after_configure.connect(_on_configure, sender=app, weak=False)
     if getattr(app, "configured", False):  # (untyped in celery-types)
@@ -89,6 +91,8 @@ def connect() -> None:
             (signals.before_task_publish, publish_signals.on_publish_begun, "refusal_pairing"),
             (signals.task_failure, main_process.on_failure, "failure"),
             (signals.task_revoked, main_process.on_revoked, "revoked"),
+            (signals.task_unknown, unrun.on_unknown, "unknown"),
+            (signals.task_rejected, unrun.on_rejected, "rejected"),
             (signals.worker_init, lifecycle.on_worker_init, "init"),
             (signals.worker_ready, lifecycle.on_worker_ready, "ready"),
             (signals.worker_process_shutdown, lifecycle.on_process_shutdown, "shutdown"),

@@ -6,7 +6,9 @@ Each member, and what is turned off without it: docs/design-notes.md, "dedupe.co
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping, MutableMapping
+import logging
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from types import CodeType
 from typing import Any
 
 import celery
@@ -17,16 +19,20 @@ from celery.backends.asynchronous import AsyncBackendMixin
 from celery.beat import Scheduler
 from celery.result import AsyncResult
 from celery.utils.collections import ConfigurationView
+from celery.worker.consumer.consumer import Consumer
+from celery.worker.consumer.tasks import Tasks
 
 from .members import Members
 
 __all__ = [
     "BEAT_SYNC",
+    "DECODE_ERRORS",
     "MEMBERS",
     "RESULTS",
     "SENDER",
     "SENDER_KEYWORDS",
     "SETTINGS",
+    "after_decode_errors",
     "app_of_task",
     "count_beat_send",
     "current_app",
@@ -40,6 +46,7 @@ __all__ = [
 ]
 
 MEMBERS = Members("Celery")
+logger = logging.getLogger("dedupe.compat")
 # (Celery's stubs know none of its private members.)
 _Mixin: Any = AsyncBackendMixin
 _View: Any = ConfigurationView
@@ -260,3 +267,44 @@ def count_beat_send(scheduler: Any) -> None:
         scheduler._tasks_since_sync += 1
         if scheduler.should_sync():
             scheduler._do_sync()
+
+
+def _names_within(code: CodeType) -> set[str]:
+    """The names a function's code reads, its nested functions' included."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            names |= _names_within(constant)
+    return names
+
+
+_Consumer: Any = Consumer
+_Tasks: Any = Tasks
+DECODE_ERRORS: bool = MEMBERS.need(
+    "celery.worker.consumer.Consumer.on_decode_error (looked up at each decode error)",
+    "freeing the key of a message whose body cannot be decoded",
+    lambda: (
+        list(inspect.signature(_Consumer.on_decode_error).parameters) == ["self", "message", "exc"]
+        and "on_decode_error" in _names_within(_Tasks.start.__code__)
+        and "on_decode_error" in _names_within(_Consumer.create_task_handler.__code__)
+    ),
+)
+
+
+def after_decode_errors(consumer: Any, callback: Callable[[Any, BaseException], None]) -> bool:
+    """Call ``callback(message, exc)`` once ``consumer`` has handled a message whose body it
+    cannot decode (Celery logs and acks it, and sends no signal); False where this Celery
+    cannot be followed there. Call it before the consumer starts."""
+    if not DECODE_ERRORS:
+        return False
+    handle = consumer.on_decode_error
+
+    def on_decode_error(message: Any, exc: BaseException) -> None:
+        handle(message, exc)
+        try:
+            callback(message, exc)
+        except Exception:  # (the consumer's loop must go on whatever the callback does)
+            logger.exception("celery-dedupe: after a decode error")
+
+    consumer.on_decode_error = on_decode_error
+    return True
