@@ -12,12 +12,11 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from celery.result import AsyncResult
 from django.db import transaction
 
 from .producer.guard import apply_async
 from .task import DedupeTask
-from .values.generics import TaskOrName
+from .values.generics import AnyAsyncResult, TaskOrName
 
 try:
     from celery.contrib.django.task import DjangoTask
@@ -44,13 +43,13 @@ class OnCommit:
     """
 
     def __init__(self) -> None:
-        self.result: AsyncResult[Any] | None = None
+        self.result: AnyAsyncResult | None = None
 
     @property
     def committed(self) -> bool:
         return self.result is not None
 
-    def _schedule(self, call: Callable[[], AsyncResult[Any]], using: str | None) -> OnCommit:
+    def _schedule(self, call: Callable[[], AnyAsyncResult], using: str | None) -> OnCommit:
         def run() -> None:
             self.result = call()
 
@@ -60,8 +59,8 @@ class OnCommit:
 
 def apply_async_on_commit(
     task_or_name: TaskOrName,
-    args: Sequence[Any] | None = None,
-    kwargs: Mapping[str, Any] | None = None,
+    args: Sequence[object] | None = None,
+    kwargs: Mapping[str, object] | None = None,
     *,
     using: str | None = None,
     **options: Any,
@@ -79,14 +78,14 @@ class DedupeDjangoTask(DedupeTask, _DjangoTask):
     and return an :class:`OnCommit` handle.
     """
 
-    def delay_unique_on_commit(self, *args: Any, **kwargs: Any) -> OnCommit:
+    def delay_unique_on_commit(self, *args: object, **kwargs: object) -> OnCommit:
         """``delay_unique`` when the current transaction commits."""
         return OnCommit()._schedule(functools.partial(self.delay_unique, *args, **kwargs), None)
 
     def apply_async_unique_on_commit(
         self,
-        args: Sequence[Any] | None = None,
-        kwargs: Mapping[str, Any] | None = None,
+        args: Sequence[object] | None = None,
+        kwargs: Mapping[str, object] | None = None,
         *,
         using: str | None = None,
         **options: Any,

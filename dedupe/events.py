@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from celery.utils.dispatch import Signal
 
@@ -191,7 +191,7 @@ def emit(
     task_id: str,
     key: str,
     holder: Holder | None = None,
-    **details: Any,
+    **details: object,
 ) -> None:
     """Log ``event`` in its family and send its signal (a no-op when nobody listens and the
     level is off: it runs on every call)."""
@@ -237,7 +237,7 @@ class Observer(Protocol):
         task_id: str,
         key: str,
         holder: Holder | None,
-        details: dict[str, Any],
+        details: dict[str, object],
     ) -> None: ...
 
 

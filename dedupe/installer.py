@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from celery import Celery, signals
 
@@ -58,7 +57,7 @@ def install(app: Celery) -> None:
     connect()
 
 
-def _on_configure(sender: Celery, **_: Any) -> None:
+def _on_configure(sender: Celery, **_: object) -> None:
     route_through(sender)
     # (Celery logs what a signal receiver raises as a traceback: one line says it better.)
     try:

@@ -13,7 +13,6 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 from celery import Celery, signals
 
@@ -61,7 +60,7 @@ def _set_up() -> CollectorRegistry:
 
 
 def _counting(counter: Counter, name: str) -> Callable[..., None]:
-    def count(task_name: str = "", **_: Any) -> None:
+    def count(task_name: str = "", **_: object) -> None:
         counter.labels(event=name, task=task_name).inc()
 
     return count
@@ -121,7 +120,7 @@ def _exported_registry() -> CollectorRegistry:
     return REGISTRY
 
 
-def _check_pool(sender: Any = None, instance: Any = None, **_: Any) -> None:
+def _check_pool(sender: object = None, instance: object = None, **_: object) -> None:
     """At the start of a worker of an enabled app: say so if its children's counts are lost
     (a prefork pool runs tasks in child processes, whose counters only prometheus_client's
     multiprocess mode brings to the process that exports them)."""
@@ -140,7 +139,7 @@ def _check_pool(sender: Any = None, instance: Any = None, **_: Any) -> None:
     )
 
 
-def _forks_children(pool: Any) -> bool:
+def _forks_children(pool: object) -> bool:
     """Is ``pool`` (a worker's pool class, or its name) Celery's prefork pool?"""
     if isinstance(pool, str):
         return pool in _PREFORK_NAMES
@@ -156,7 +155,7 @@ _PREFORK_NAMES = frozenset({"prefork", "processes", "celery.concurrency.prefork:
 
 
 def _serve_from_worker(app: Celery, port: int, registry: CollectorRegistry) -> None:
-    def serve(sender: Any = None, **_: Any) -> None:
+    def serve(sender: object = None, **_: object) -> None:
         if getattr(sender, "app", None) is app:
             start_http_server(port, registry=registry)
 

@@ -9,33 +9,62 @@ members are not here: they are read in :mod:`dedupe.compat` alone.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 __all__ = ["ChannelSurface", "ProducerSurface", "RequestSurface", "TaskSurface"]
 
 
 class RequestSurface(Protocol):
-    """Celery's task request (``task.request``: a ``celery.app.task.Context``)."""
+    """Celery's task request (``task.request``: a ``celery.app.task.Context``).
 
-    id: str | None
-    args: Sequence[Any] | None
-    kwargs: Mapping[str, Any] | None
-    headers: Mapping[str, Any] | None
-    retries: int
-    is_eager: bool
-    called_directly: bool
-    delivery_info: Mapping[str, Any] | None
+    Its members are read-only here, so that Celery's own types (whose attributes are more
+    precise) fit it.
+    """
+
+    @property
+    def id(self) -> str | None: ...
+    @property
+    def args(self) -> Sequence[object] | None: ...
+    @property
+    def kwargs(self) -> Mapping[str, object] | None: ...
+    @property
+    def headers(self) -> Mapping[str, object] | None: ...
+    @property
+    def retries(self) -> int: ...
+    @property
+    def is_eager(self) -> bool: ...
+    @property
+    def called_directly(self) -> bool: ...
+    @property
+    def delivery_info(self) -> Mapping[str, object] | None: ...
+    @property
+    def chain(self) -> object: ...
+    @property
+    def callbacks(self) -> object: ...
+    @property
+    def errbacks(self) -> object: ...
+    @property
+    def chord(self) -> object: ...
+    @property
+    def group(self) -> object: ...
 
 
 class TaskSurface(Protocol):
     """A Celery task (``celery.Task``), bound to its app."""
 
-    name: str
-    acks_late: bool
-    ignore_result: bool
-
+    @property
+    def name(self) -> str: ...
+    @property
+    def acks_late(self) -> bool: ...
+    @property
+    def ignore_result(self) -> bool: ...
     @property
     def request(self) -> RequestSurface: ...
+    @property
+    def app(self) -> Celery: ...
 
 
 class ChannelSurface(Protocol):

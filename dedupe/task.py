@@ -8,7 +8,6 @@ from typing import Any, ClassVar, Literal
 
 from celery import Celery, signals
 from celery.exceptions import Reject, Retry
-from celery.result import AsyncResult
 
 from .errors import ConfigurationError
 from .producer.aio import apublish_unique
@@ -19,7 +18,7 @@ from .producer.result import DedupeResult, mark_result
 from .runs.run import run_of
 from .runs.run_end import RunEnd
 from .runs.runtime import installed
-from .values.generics import AnyTask
+from .values.generics import AnyAsyncResult, AnyTask
 from .values.header import HEADER
 from .values.options import CALL_OPTIONS, Until, check_call_names, check_declared
 from .worker.release import end_of_body
@@ -58,7 +57,7 @@ class DedupeTask(AnyTask):
     #: Only these arguments make calls the same (names of the task's parameters).
     unique_on: ClassVar[Sequence[str] | str | None] = None
     #: ``unique_key(*args, **kwargs)`` returns the value to deduplicate on.
-    unique_key: ClassVar[Callable[..., Any] | None] = None
+    unique_key: ClassVar[Callable[..., object] | None] = None
     #: Seconds a queued record lives (plus any countdown): how long a lost message keeps
     #: its key. Default: ``dedupe_default_ttl`` (3600).
     unique_ttl: ClassVar[float | None] = None
@@ -114,12 +113,12 @@ class DedupeTask(AnyTask):
 
     def apply_async(
         self,
-        args: Sequence[Any] | None = None,
-        kwargs: Mapping[str, Any] | None = None,
+        args: Sequence[object] | None = None,
+        kwargs: Mapping[str, object] | None = None,
         task_id: str | None = None,
-        producer: Any = None,
-        link: Any = None,
-        link_error: Any = None,
+        producer: object = None,
+        link: object = None,
+        link_error: object = None,
         shadow: str | None = None,
         **options: Any,
     ) -> DedupeResult:
@@ -148,15 +147,15 @@ class DedupeTask(AnyTask):
             )
         return mark_result(self._dedupe_publish(args, kwargs, options), deduplicated=False)
 
-    def delay(self, *args: Any, **kwargs: Any) -> DedupeResult:
+    def delay(self, *args: object, **kwargs: object) -> DedupeResult:
         """Celery's ``delay``, typed as what :meth:`apply_async` returns here."""
         return self.apply_async(args, kwargs)
 
     def apply_async_unique(
         self,
-        args: Sequence[Any] | None = None,
-        kwargs: Mapping[str, Any] | None = None,
-        **options: Any,
+        args: Sequence[object] | None = None,
+        kwargs: Mapping[str, object] | None = None,
+        **options: object,
     ) -> DedupeResult:
         """Publish unless the same call is queued or running; see :func:`dedupe.apply_async`.
 
@@ -170,11 +169,13 @@ class DedupeTask(AnyTask):
             raise ConfigurationError(_never_unique(self.name))
         return publish_unique(self._call(args, kwargs, options))
 
-    def delay_unique(self, *args: Any, **kwargs: Any) -> DedupeResult:
+    def delay_unique(self, *args: object, **kwargs: object) -> DedupeResult:
         """``delay`` with dedup: ``report.delay_unique("2026-11-22")``."""
         return self.apply_async_unique(args, kwargs)
 
-    def map_unique(self, arguments: Iterable[Sequence[Any]], **options: Any) -> list[DedupeResult]:
+    def map_unique(
+        self, arguments: Iterable[Sequence[object]], **options: Any
+    ) -> list[DedupeResult]:
         """One call per tuple of positional arguments, all decided in one round trip; see
         :func:`dedupe.apply_many`.
 
@@ -188,7 +189,7 @@ class DedupeTask(AnyTask):
         return apply_many(self, [(args, {}) for args in arguments], **options)
 
     async def amap_unique(
-        self, arguments: Iterable[Sequence[Any]], **options: Any
+        self, arguments: Iterable[Sequence[object]], **options: Any
     ) -> list[DedupeResult]:
         """:meth:`map_unique` for asyncio code."""
         options.pop("unique", None)
@@ -198,9 +199,9 @@ class DedupeTask(AnyTask):
 
     async def aapply_async_unique(
         self,
-        args: Sequence[Any] | None = None,
-        kwargs: Mapping[str, Any] | None = None,
-        **options: Any,
+        args: Sequence[object] | None = None,
+        kwargs: Mapping[str, object] | None = None,
+        **options: object,
     ) -> DedupeResult:
         """:meth:`apply_async_unique` for asyncio code: the Redis round trip is awaited.
 
@@ -213,7 +214,7 @@ class DedupeTask(AnyTask):
             raise ConfigurationError(_never_unique(self.name))
         return await apublish_unique(self._call(args, kwargs, options))
 
-    async def adelay_unique(self, *args: Any, **kwargs: Any) -> DedupeResult:
+    async def adelay_unique(self, *args: object, **kwargs: object) -> DedupeResult:
         """:meth:`delay_unique` for asyncio code: ``await report.adelay_unique(day)``."""
         return await self.aapply_async_unique(args, kwargs)
 
@@ -222,25 +223,33 @@ class DedupeTask(AnyTask):
         return self.key_concurrency is not None or self.key_rate_limit is not None
 
     def _call(
-        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: dict[str, Any]
+        self,
+        args: Sequence[object] | None,
+        kwargs: Mapping[str, object] | None,
+        options: dict[str, object],
     ) -> Call:
         return Call(self.app, self, self.name, args, kwargs, options, self._dedupe_publish)
 
     def _dedupe_publish(
-        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: dict[str, Any]
-    ) -> AsyncResult[Any]:
+        self,
+        args: Sequence[object] | None,
+        kwargs: Mapping[str, object] | None,
+        options: dict[str, Any],
+    ) -> AnyAsyncResult:
         return super().apply_async(
             tuple(args) if args is not None else None,
             dict(kwargs) if kwargs is not None else None,
             **options,
         )
 
-    def before_start(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def before_start(
+        self, task_id: str, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         """The execution guard: skip or defer this run if another run of its key is live."""
         refuse_uninstalled(self, task_id)
         guard(self, task_id)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> Any:
         """Run the task; in a worker, free its key as the body ends, before Celery stores
         the result: a caller whose ``.get()`` returned may call again at once."""
         request = self.request
@@ -278,7 +287,7 @@ def _never_unique(name: str) -> str:
 
 
 @signals.worker_init.connect
-def _say_when_not_installed(sender: Any = None, **_: Any) -> None:
+def _say_when_not_installed(sender: object = None, **_: object) -> None:
     # Connected for every worker that imports DedupeTask, installed or not: the one place
     # that can say at start what every run of these tasks will fail on.
     app = getattr(sender, "app", None)

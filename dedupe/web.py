@@ -11,19 +11,17 @@ already under way: here is its id) or, with ``duplicate_status=409``, Conflict.
 
 from __future__ import annotations
 
-from typing import Any
-
-from celery.result import AsyncResult
+from .values.generics import AnyAsyncResult
 
 __all__ = ["response_for"]
 
 
 def response_for(
-    result: AsyncResult[Any], *, duplicate_status: int = 200
-) -> tuple[int, dict[str, Any]]:
+    result: AnyAsyncResult, *, duplicate_status: int = 200
+) -> tuple[int, dict[str, object]]:
     """``(status, JSON body)`` for a result returned by a dedup entry point."""
     deduplicated = bool(getattr(result, "deduplicated", False))
-    body: dict[str, Any] = {"task_id": result.id, "deduplicated": deduplicated}
+    body: dict[str, object] = {"task_id": result.id, "deduplicated": deduplicated}
     holder = getattr(result, "holder", None)
     if deduplicated and holder is not None:
         body["state"] = holder.state

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from celery import Celery
 
@@ -75,7 +75,7 @@ class RunSpec:
     def from_options(
         cls,
         keys: CallKeys,
-        until: Any,
+        until: object,
         ttl: float,
         options: UniqueOptions,
         *,
@@ -108,7 +108,7 @@ class Run:
     #: What the call's duplicates left for this run (debounce, replace), if anything.
     latest: Latest | None = None
     #: The arguments the run takes in place of its message's: the latest call's.
-    arguments: tuple[list[Any], dict[str, Any]] | None = None
+    arguments: tuple[list[object], dict[str, object]] | None = None
     #: A continuation (retry, replace) put this key back to queued: its message owns it.
     #: A continuation to another key (new arguments, another task) leaves it False, and
     #: the run's own key is released at the end.
@@ -119,7 +119,7 @@ class Run:
     #: The key was released as the body ended, before the result was stored.
     released: bool = False
 
-    def hand_over_at_end(self, task: Any, keys: CallKeys, ttl: float, eta: float | None) -> bool:
+    def hand_over_at_end(self, task: object, keys: CallKeys, ttl: float, eta: float | None) -> bool:
         """Keep the key until this run ends, then hand it to a continuation of its task id
         published now (``retry(throw=False)`` goes on running after it; a raised retry ends
         at once). Before that, the continuation would start beside this run; as it is, it
@@ -156,17 +156,17 @@ class Run:
         return self.token if self.verdict == "claimed" else ANY_RUN
 
 
-def run_of(request: Any) -> Run | None:
+def run_of(request: object) -> Run | None:
     """The run attached to a task request, if any."""
     run = getattr(request, _ATTRIBUTE, None)
     return run if isinstance(run, Run) else None
 
 
-def attach(request: Any, run: Run) -> None:
+def attach(request: object, run: Run) -> None:
     setattr(request, _ATTRIBUTE, run)
 
 
-def detach(request: Any) -> Run | None:
+def detach(request: object) -> Run | None:
     run = run_of(request)
     if run is not None:
         setattr(request, _ATTRIBUTE, None)

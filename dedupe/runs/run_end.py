@@ -6,7 +6,6 @@ returns or raises (:meth:`RunEnd.of_body`), ``task_postrun`` reports Celery's st
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 from celery import states
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
@@ -46,7 +45,7 @@ class RunEnd(enum.Enum):
         return cls.SUCCEEDED if returned else cls.FAILED
 
     @classmethod
-    def of_state(cls, state: str | None, retval: Any) -> RunEnd:
+    def of_state(cls, state: str | None, retval: object) -> RunEnd:
         """The end ``task_postrun`` reports: Celery's ``state``, and its ``retval`` (for
         REJECTED, the Reject raised). Any other state is Celery's FAILURE."""
         if state == states.REJECTED:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from typing import Any
 
 from celery import Celery
 from redis.backoff import FullJitterBackoff, NoBackoff
@@ -188,7 +187,7 @@ def add_runtime(app: Celery) -> Runtime:
         return runtime
 
 
-def installed(app: Any) -> Runtime | None:
+def installed(app: object) -> Runtime | None:
     """The runtime of ``app``, or None when ``dedupe.install`` was not called for it."""
     runtime = getattr(app, _ATTRIBUTE, None)
     return runtime if isinstance(runtime, Runtime) else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -52,7 +52,7 @@ class Unencodable(Exception):
     ``problem`` says why, or is None when the value's type has no encoding at all.
     """
 
-    def __init__(self, value: Any, problem: str | None = None) -> None:
+    def __init__(self, value: object, problem: str | None = None) -> None:
         super().__init__(problem or type(value).__name__)
         self.value = value
         self.problem = problem
@@ -63,7 +63,7 @@ class Unencodable(Exception):
         return self
 
 
-def canonical_bytes(value: Any) -> bytes:
+def canonical_bytes(value: object) -> bytes:
     """Encode ``value`` canonically.
 
     >>> canonical_bytes((1, "a")) == canonical_bytes([1, "a"])
@@ -89,7 +89,7 @@ _FAULTS = (ValueError, OverflowError, TypeError, RecursionError)
 _SEARCH_DEPTH = 64
 
 
-def _fault_in(value: Any, exc: BaseException, depth: int) -> Unencodable:
+def _fault_in(value: object, exc: BaseException, depth: int) -> Unencodable:
     """The innermost part of ``value`` that fails to encode on its own, with its path."""
     # Too deep is a property of the whole: name the argument (depth 1), not a level inside it.
     too_deep = isinstance(exc, RecursionError) or "recursion limit" in str(exc)
@@ -114,7 +114,7 @@ def _fault_in(value: Any, exc: BaseException, depth: int) -> Unencodable:
     return Unencodable(value, f"a {kind} value cannot be encoded: {exc}")
 
 
-def _parts(value: Any) -> list[tuple[str, Any]]:
+def _parts(value: object) -> list[tuple[str, object]]:
     """The parts ``_canonical`` encodes ``value`` from, each with its path segment."""
     if isinstance(value, (str, bytes, bytearray, memoryview)):
         return []
@@ -139,11 +139,12 @@ def _parts(value: Any) -> list[tuple[str, Any]]:
     return []
 
 
-def _canonical(value: Any) -> Any:
+def _canonical(value: Any) -> object:
     # Exact type checks first: they cover nearly every real argument at a fraction of the
     # cost of isinstance chains. Subclasses (IntEnum, str enums, OrderedDict, namedtuples)
     # fall through to the isinstance checks below and encode like their base type, as the
-    # JSON serializer would send them.
+    # JSON serializer would send them. (Hence ``value: Any``: an exact type check does not
+    # narrow it, and a cast would cost a call on every argument.)
     kind = type(value)
     if kind is str or kind is float or kind is bool or value is None or kind is bytes:
         return value
@@ -156,7 +157,7 @@ def _canonical(value: Any) -> Any:
     return _other(value)
 
 
-def _sequence(items: Any) -> tuple[Any, ...]:
+def _sequence(items: Iterable[object]) -> tuple[object, ...]:
     # Tuples, not lists: a canonical sequence may become a dict key (pickle users pass
     # tuple keys) and must stay hashable; msgpack packs both as arrays.
     out = []
@@ -168,8 +169,8 @@ def _sequence(items: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _map(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
-    pairs = []
+def _map(mapping: Mapping[object, object]) -> dict[object, object]:
+    pairs: list[tuple[Any, object]] = []  # (sorted by _first when every key is a str)
     all_str = True
     for key, item in mapping.items():
         try:
@@ -187,11 +188,11 @@ def _map(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
     return dict(pairs)
 
 
-def _first(pair: tuple[Any, Any]) -> Any:
+def _first(pair: tuple[str, object]) -> str:
     return pair[0]
 
 
-def _packed_first(pair: tuple[Any, Any]) -> bytes:
+def _packed_first(pair: tuple[object, object]) -> bytes:
     return _pack(pair[0])
 
 
@@ -223,7 +224,7 @@ _TAGGED: tuple[tuple[type, int, Callable[[Any], str]], ...] = (
 
 # Subclasses of native types (IntEnum, str enums, OrderedDict, namedtuples) encode like their
 # base type, as the JSON serializer sends them; bool before int: a bool is an int too.
-_AS_BASE: tuple[tuple[type | tuple[type, ...], Callable[[Any], Any]], ...] = (
+_AS_BASE: tuple[tuple[type | tuple[type, ...], Callable[[Any], object]], ...] = (
     (bool, bool),
     (int, lambda value: _canonical(int(value))),
     (float, float),
@@ -234,7 +235,7 @@ _AS_BASE: tuple[tuple[type | tuple[type, ...], Callable[[Any], Any]], ...] = (
 )
 
 
-def _other(value: Any) -> Any:
+def _other(value: object) -> object:
     for kind, code, text in _TAGGED:
         if isinstance(value, kind):
             return _tagged(code, text(value))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 from urllib.parse import parse_qs, urlsplit
@@ -64,7 +64,7 @@ class DedupeConfig:
         own_url = _setting(conf, "dedupe_redis_url")
         if own_url is not None:
             _check_url(own_url)
-        redis_url = own_url or _redis_url_of_broker(app)
+        redis_url = cast("str | None", own_url) or _redis_url_of_broker(app)  # (checked)
         prefix = _setting(conf, "dedupe_key_prefix", defaults.KEY_PREFIX)
         if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ConfigurationError(
@@ -134,7 +134,7 @@ class DedupeConfig:
 MOST_SECONDS = 100 * 365 * 24 * 3600
 
 
-def positive_seconds(name: str, value: Any) -> float:
+def positive_seconds(name: str, value: object) -> float:
     """Validate a duration setting or option."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigurationError(f"{name} must be a positive number of seconds; got {value!r}")
@@ -145,13 +145,13 @@ def positive_seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-def _count(name: str, value: Any) -> int:
+def _count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"{name} must be a whole number, 1 or more; got {value!r}")
     return value
 
 
-def _flag(name: str, value: Any) -> bool:
+def _flag(name: str, value: object) -> bool:
     """A setting that is True or False.
 
     >>> _flag("dedupe_web_events", True)
@@ -162,7 +162,7 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
-def _web_token(token: Any) -> str | None:
+def _web_token(token: object) -> str | None:
     if token is None:
         return None
     # (A short token is guessed: the view may clear keys.)
@@ -175,7 +175,7 @@ def _web_token(token: Any) -> str | None:
     return token
 
 
-def _web_basic_auth(value: Any) -> tuple[str, str] | None:
+def _web_basic_auth(value: object) -> tuple[str, str] | None:
     if value is None:
         return None
     user, colon, password = value.partition(":") if isinstance(value, str) else ("", "", "")
@@ -187,13 +187,13 @@ def _web_basic_auth(value: Any) -> tuple[str, str] | None:
     return user, password
 
 
-def _seconds_or_never(name: str, seconds: Any) -> float:
+def _seconds_or_never(name: str, seconds: object) -> float:
     if seconds == 0 and not isinstance(seconds, bool):
         return 0.0
     return positive_seconds(name, seconds)
 
 
-def _busy_poll(micros: Any) -> float:
+def _busy_poll(micros: object) -> float:
     if isinstance(micros, bool) or not isinstance(micros, (int, float)) or not micros >= 0:
         raise ConfigurationError(
             f"dedupe_busy_poll_us must be a number of microseconds, 0 or more (0: never "
@@ -202,7 +202,7 @@ def _busy_poll(micros: Any) -> float:
     return float(micros) / 1e6
 
 
-def _refuse_decoding(url: str, options: Mapping[str, Any]) -> None:
+def _refuse_decoding(url: str, options: Mapping[str, object]) -> None:
     # Records and keys are binary (msgpack): a client that decodes replies as text fails on
     # every read (lookups, the CLI, the pool parent's revoke handler) long after start-up.
     query = parse_qs(urlsplit(url).query)
@@ -220,11 +220,12 @@ def _refuse_decoding(url: str, options: Mapping[str, Any]) -> None:
 _SETTING_NAMES = tuple(setting.name for setting in SETTINGS)
 
 
-def _check_setting_names(conf: Any, namespace: str | None) -> None:
+def _check_setting_names(conf: Mapping[str, object], namespace: str | None) -> None:
     """Refuse a setting named as celery-dedupe's are that is none of them: a misspelt one
     would be ignored, and its default used without a word. The nearest name is suggested."""
     prefix = namespace.rstrip("_") + "_" if namespace else ""
-    for key in list(conf.keys()):
+    keys: list[object] = list(conf.keys())  # (a plain dict's may be of any type)
+    for key in keys:
         if not isinstance(key, str):
             continue
         if prefix and key.upper().startswith(prefix.upper()):
@@ -247,7 +248,7 @@ def _check_setting_names(conf: Any, namespace: str | None) -> None:
         raise ConfigurationError(f"{key} is not a setting of celery-dedupe; {hint}")
 
 
-def _setting(conf: Any, name: str, default: Any = None) -> Any:
+def _setting(conf: Mapping[str, object], name: str, default: object = None) -> object:
     # Django's namespace="CELERY" loading keeps unknown settings upper-case.
     value = conf.get(name)
     if value is None:
@@ -296,7 +297,7 @@ class SettingReader:
         self._name = name
         #: (the settings object, the keys its view looks the name up under), cached together
         #: so that threads never see one without the other.
-        self._spelled: tuple[Any, tuple[Any, ...]] | None = None
+        self._spelled: tuple[object, tuple[str, ...]] | None = None
 
     def __call__(self, app: Celery) -> Any:
         conf: Any = app.conf  # a PendingConfiguration until the app is finalized
@@ -313,7 +314,7 @@ class SettingReader:
                     return mapping[key]
         return conf[self._name]  # found nowhere: let Celery answer (or raise) as it would
 
-    def _spell(self, conf: ConfigurationView) -> tuple[Any, ...]:
+    def _spell(self, conf: ConfigurationView) -> tuple[str, ...]:
         # The keys ConfigurationView.__getitem__ tries, in its order; none: the plain read.
         return setting_keys(conf, self._name)
 
@@ -322,7 +323,7 @@ class SettingReader:
 URL_SCHEMES = (*_REDIS_SCHEMES, *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
 
 
-def _check_url(url: Any) -> None:
+def _check_url(url: object) -> None:
     if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
         got = repr(redacted(url)) if isinstance(url, str) else f"{url!r} ({type(url).__name__})"
         raise ConfigurationError(
@@ -343,7 +344,7 @@ _NUMBERS = (
 )
 
 
-def _check_redis_options(url: str, options: Mapping[str, Any]) -> None:
+def _check_redis_options(url: str, options: Mapping[str, object]) -> None:
     allowed = _client_arguments(cluster=url.startswith(CLUSTER_SCHEMES))
     for name, value in options.items():
         if name not in allowed:
@@ -365,7 +366,7 @@ def _check_redis_options(url: str, options: Mapping[str, Any]) -> None:
 def _client_arguments(*, cluster: bool) -> frozenset[str]:
     """What redis-py's client and connections take as keyword arguments (a Cluster's client
     too, for a Cluster URL), and the Sentinel lookup's own options."""
-    takers: list[Any] = [
+    takers: list[Callable[..., object]] = [
         redis.Redis.__init__,
         redis.connection.AbstractConnection.__init__,
         redis.connection.Connection.__init__,

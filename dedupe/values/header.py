@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
 
 from .keys import CallKeys
 from .options import SEPARATE_RUN_LOCK, Until, until_of
@@ -56,15 +55,15 @@ class KeyHeader:
         return f"{self.until}|{ttl}|{self.keys.call}"
 
     @classmethod
-    def read(cls, headers: Mapping[str, Any] | None) -> KeyHeader | None:
+    def read(cls, headers: Mapping[str, object] | None) -> KeyHeader | None:
         """The header in a message's headers, or None for a message without it."""
         header = (headers or {}).get(HEADER)
-        until: Any
+        until: object
         if isinstance(header, str):
             until, _, rest = header.partition("|")
             ttl_text, _, key = rest.partition("|")
             try:
-                ttl: Any = float(ttl_text) if ttl_text else None
+                ttl: object = float(ttl_text) if ttl_text else None
             except ValueError:
                 return None
         elif isinstance(header, Mapping) and "key" in header:

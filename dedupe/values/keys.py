@@ -237,7 +237,7 @@ class KeyInputs(NamedTuple):
     """
 
     on: tuple[str, ...] | None
-    key: Callable[..., Any] | None
+    key: Callable[..., object] | None
     separate_run_lock: bool
 
     @classmethod
@@ -250,8 +250,8 @@ class KeyInputs(NamedTuple):
         prefix: str,
         task_name: str,
         binder: Binder | None,
-        args: Sequence[Any] | None,
-        kwargs: Mapping[str, Any] | None,
+        args: Sequence[object] | None,
+        kwargs: Mapping[str, object] | None,
     ) -> CallKeys:
         """The keys of a call, derived from scratch."""
         digest = call_digest(
@@ -265,8 +265,8 @@ def keys_for(
     task: AnyTask | None,
     task_name: str,
     options: UniqueOptions,
-    args: Sequence[Any] | None,
-    kwargs: Mapping[str, Any] | None,
+    args: Sequence[object] | None,
+    kwargs: Mapping[str, object] | None,
 ) -> CallKeys:
     """The keys of a call of ``task`` (None: a task not registered in this process).
 
@@ -349,19 +349,20 @@ class Binder:
         self.display = f"{task_name}{plain}"
         #: The keys of recent calls, by prefix, task name, :class:`KeyInputs` and
         #: :meth:`memo_key`.
-        self.remembered: dict[tuple[Any, ...], CallKeys] = {}
+        self.remembered: dict[tuple[object, ...], CallKeys] = {}
         #: The options of the last call and their :class:`KeyInputs` (to start, the defaults').
         start = UniqueOptions()
         self.last_inputs = (start, KeyInputs.of(start))
         #: Calls of this signature may be remembered: every default is immutable.
         self._memoable = all(_immutable(default) for _, default in self._defaults)
 
-    def memo_key(self, args: Sequence[Any] | None) -> tuple[Any, ...] | None:
+    def memo_key(self, args: Sequence[Any] | None) -> tuple[object, ...] | None:
         """What a call without keyword arguments has its keys remembered under (its
         arguments), or None when they may not be remembered: only ints and strs are, of
         exactly those types (``True`` and ``1`` compare equal and have different keys, as do
         ``0.0`` and ``-0.0``), and none large.
         """
+        # (``Any``: an exact type check does not narrow, and a cast costs a call per argument.)
         if not self._memoable:
             return None
         if not args:
@@ -375,13 +376,13 @@ class Binder:
                 return None
         return tuple(args)
 
-    def remember(self, memo: tuple[Any, ...], keys: CallKeys) -> None:
+    def remember(self, memo: tuple[object, ...], keys: CallKeys) -> None:
         """Keep the keys of a call under ``memo``, within the bound."""
         if len(self.remembered) >= _REMEMBERED:
             self.remembered.clear()  # (a bound, not an LRU: a duplicate refills its entry at once)
         self.remembered[memo] = keys
 
-    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    def bind(self, args: Sequence[object], kwargs: Mapping[str, object]) -> dict[str, object]:
         bound = self._fast_bind(args, kwargs)
         if bound is not None:
             return bound
@@ -394,7 +395,9 @@ class Binder:
         slow.apply_defaults()
         return dict(slow.arguments)
 
-    def _fast_bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    def _fast_bind(
+        self, args: Sequence[object], kwargs: Mapping[str, object]
+    ) -> dict[str, object] | None:
         """The bound arguments, or None when the call does not fit (inspect then explains)."""
         positional = self._positional
         if len(args) > len(positional) and self._var_positional is None:
@@ -422,7 +425,7 @@ class Binder:
         return bound
 
 
-def _immutable(value: Any) -> bool:
+def _immutable(value: object) -> bool:
     if type(value) in _IMMUTABLE:
         return True
     return type(value) is tuple and all(_immutable(item) for item in value)
@@ -447,11 +450,11 @@ def binder_for(task: AnyTask) -> Binder:
 def call_digest(
     task_name: str,
     binder: Binder | None,
-    args: Sequence[Any] | None,
-    kwargs: Mapping[str, Any] | None,
+    args: Sequence[object] | None,
+    kwargs: Mapping[str, object] | None,
     *,
     unique_on: Sequence[str] | None = None,
-    unique_key: Callable[..., Any] | None = None,
+    unique_key: Callable[..., object] | None = None,
 ) -> str:
     """The 128-bit hex digest of the arguments that make a call unique.
 
@@ -465,7 +468,7 @@ def call_digest(
     kwargs = kwargs or {}
     if unique_key is not None:
         try:
-            value: Any = unique_key(*args, **kwargs)
+            value: object = unique_key(*args, **kwargs)
         except Exception as exc:
             raise KeyDerivationError(
                 task_name, None, f"unique_key {_name_of(unique_key)} raised {exc!r}"
@@ -486,7 +489,7 @@ def call_digest(
     return _hexdigest(packed)
 
 
-def _digest(task_name: str, label: str, value: Any) -> str:
+def _digest(task_name: str, label: str, value: object) -> str:
     try:
         packed = canonical_bytes(value)
     except Unencodable as exc:
@@ -505,8 +508,8 @@ def _hexdigest(packed: bytes) -> str:
 
 
 def _pick(
-    task_name: str, binder: Binder | None, arguments: dict[str, Any], names: Sequence[str]
-) -> dict[str, Any]:
+    task_name: str, binder: Binder | None, arguments: dict[str, object], names: Sequence[str]
+) -> dict[str, object]:
     picked = {}
     for name in names:
         if name in arguments:
@@ -550,5 +553,5 @@ def _unencodable_reason(exc: Unencodable) -> str:
     )
 
 
-def _name_of(func: Callable[..., Any]) -> str:
+def _name_of(func: Callable[..., object]) -> str:
     return getattr(func, "__qualname__", None) or repr(func)

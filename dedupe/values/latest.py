@@ -13,8 +13,8 @@ them as it starts. Nothing is kept for any other mode.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgpack
 from kombu.serialization import dumps, loads, prepare_accept_content
@@ -22,7 +22,9 @@ from kombu.serialization import dumps, loads, prepare_accept_content
 __all__ = ["Latest", "LatestWrite", "pack_arguments", "unpack_arguments"]
 
 
-def pack_arguments(args: Any, kwargs: Any, serializer: str) -> bytes:
+def pack_arguments(
+    args: Iterable[object] | None, kwargs: Mapping[str, object] | None, serializer: str
+) -> bytes:
     """``(args, kwargs)`` serialised with ``serializer`` (kombu's registry, as Celery's
     message body), with its content type and encoding."""
     content_type, encoding, data = dumps((tuple(args or ()), dict(kwargs or {})), serializer)
@@ -34,7 +36,9 @@ def pack_arguments(args: Any, kwargs: Any, serializer: str) -> bytes:
     return bytes(msgpack.packb([content_type, encoding, raw], use_bin_type=True))
 
 
-def unpack_arguments(body: bytes, accept: Any = None) -> tuple[list[Any], dict[str, Any]]:
+def unpack_arguments(
+    body: bytes, accept: Iterable[str] | None = None
+) -> tuple[list[object], dict[str, object]]:
     """The ``(args, kwargs)`` of :func:`pack_arguments`'s bytes; ``accept``: the content
     types the worker accepts (Celery's ``accept_content``; None: the body's own)."""
     content_type, encoding, data = msgpack.unpackb(body, raw=False)
@@ -58,7 +62,7 @@ class Latest:
     due: bool
 
     @classmethod
-    def read(cls, reply: Any) -> Latest | None:
+    def read(cls, reply: Sequence[object] | None) -> Latest | None:
         """take_latest.lua's reply: nil, or ``{due, entry}``."""
         if not reply:
             return None
@@ -80,7 +84,7 @@ class LatestWrite:
     debounce: float | None
     max_wait: float | None
 
-    def argv(self) -> list[Any]:
+    def argv(self) -> list[bytes | str]:
         """The scripts' arguments for it, in their order."""
         return [
             self.arguments,

@@ -9,9 +9,9 @@ line), ``slot.lua`` / ``renew_slot.lua`` / ``free_slot.lua`` (a run's slot, a le
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 from dedupe.errors import ConfigurationError
 
@@ -62,7 +62,7 @@ def come_back(ahead: int, limit: int, turn: float, cap: float) -> float:
     return min(turn * math.ceil(ahead / max(limit, 1)), cap)
 
 
-def parse_rate(value: Any, task_name: str) -> Rate:
+def parse_rate(value: object, task_name: str) -> Rate:
     """Read a ``key_rate_limit`` as Celery reads ``rate_limit``: ``"N/s"``, ``"N/m"``,
     ``"N/h"``, or a number (per second). N must be a whole number of starts, 1 or more."""
     where = f"task {task_name!r}: key_rate_limit"
@@ -87,22 +87,27 @@ def parse_rate(value: Any, task_name: str) -> Rate:
     return Rate(int(count), _UNITS[unit])
 
 
-def check_concurrency(value: Any, task_name: str) -> int | Callable[..., Any]:
+def check_concurrency(value: object, task_name: str) -> int | Callable[..., object]:
     """A ``key_concurrency`` as declared: a whole number, 1 or more, or a callable of the
     call's arguments that returns one (checked at each call: :func:`concurrency_of`)."""
     if callable(value):
-        return cast("Callable[..., Any]", value)
+        return cast("Callable[..., object]", value)
     return _whole(value, task_name)
 
 
-def concurrency_of(value: int | Callable[..., Any], task_name: str, args: Any, kwargs: Any) -> int:
+def concurrency_of(
+    value: int | Callable[..., object],
+    task_name: str,
+    args: Sequence[object] | None,
+    kwargs: Mapping[str, object] | None,
+) -> int:
     """The limit of one call: ``value``, or what the callable returns for its arguments."""
     if callable(value):
         return _whole(value(*(args or ()), **(kwargs or {})), task_name, called=True)
     return value
 
 
-def _whole(value: Any, task_name: str, *, called: bool = False) -> int:
+def _whole(value: object, task_name: str, *, called: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         source = "the key_concurrency callable returned" if called else "got"
         raise ConfigurationError(
@@ -168,7 +173,7 @@ class LimitHeader:
         return self.kind != "rate"
 
     @classmethod
-    def read(cls, headers: Mapping[str, Any] | None) -> LimitHeader | None:
+    def read(cls, headers: Mapping[str, object] | None) -> LimitHeader | None:
         """The header in a message's headers, or None (not a limited call's message)."""
         raw = (headers or {}).get(LIMIT)
         if not isinstance(raw, str):

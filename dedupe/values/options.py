@@ -78,7 +78,7 @@ class UniqueOptions:
     """How one call (or one run) of a task is deduplicated."""
 
     on: tuple[str, ...] | None = None
-    key: Callable[..., Any] | None = None
+    key: Callable[..., object] | None = None
     ttl: float = defaults.TTL
     until: Until = "finished"
     lease: float = defaults.LEASE
@@ -91,7 +91,7 @@ class UniqueOptions:
     debounce_max_wait: float | None = None
     #: ``key_concurrency``: runs of one key at once (or a callable of the call's arguments
     #: returning that number); None: no limit.
-    concurrency: int | Callable[..., Any] | None = None
+    concurrency: int | Callable[..., object] | None = None
     #: ``key_rate_limit``: starts of one key per period; None: no limit.
     rate: Rate | None = None
 
@@ -108,15 +108,15 @@ class UniqueOptions:
         return "replace" if self.on_duplicate == "replace" else None
 
 
-def until_of(value: Any) -> Until:
+def until_of(value: object) -> Until:
     """A ``unique_until`` value as the modes name it ("finished" for anything unknown, as a
     message from a newer producer may carry)."""
     if value == "started" or value == "window":
-        return cast("Until", value)
+        return value
     return "finished"
 
 
-def pop_call_options(options: MutableMapping[str, Any]) -> dict[str, Any] | None:
+def pop_call_options(options: MutableMapping[str, Any]) -> dict[str, object] | None:
     """Take the dedup options out of a call's Celery options (None: there were none)."""
     if options.keys().isdisjoint(CALL_OPTIONS):
         return None  # most calls: no dict to build
@@ -127,7 +127,7 @@ def resolve(
     task: AnyTask | None,
     task_name: str,
     config: DedupeConfig,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> UniqueOptions:
     """Merge call overrides, task attributes and app defaults, and validate them.
 
@@ -135,7 +135,7 @@ def resolve(
     that is not registered in this process.
     """
 
-    def pick(name: str, default: Any = None) -> Any:
+    def pick(name: str, default: object = None) -> object:
         if overrides and overrides.get(name) is not None:
             return overrides[name]
         # Static lookup: a function set as a task attribute (unique_key=...) must not come
@@ -145,7 +145,7 @@ def resolve(
             value = value.__get__(task)
         return default if value is None else value
 
-    def choice(name: str, default: str) -> Any:
+    def choice(name: str, default: str) -> str:
         value = pick(name, default)
         if value not in _CHOICES[name]:
             allowed = " or ".join(repr(c) for c in _CHOICES[name])
@@ -188,8 +188,8 @@ def resolve(
 
 
 def _limits(
-    task: AnyTask | None, task_name: str, pick: Callable[..., Any]
-) -> tuple[int | Callable[..., Any] | None, Rate | None]:
+    task: AnyTask | None, task_name: str, pick: Callable[[str], object]
+) -> tuple[int | Callable[..., object] | None, Rate | None]:
     """``key_concurrency`` and ``key_rate_limit``, checked, and refused beside the options
     that deduplicate (a limited task accepts every call: nothing is a duplicate)."""
     given_concurrency, given_rate = pick("key_concurrency"), pick("key_rate_limit")
@@ -223,7 +223,7 @@ def _limits(
     return concurrency, rate
 
 
-def _optional_seconds(task_name: str, name: str, value: Any) -> float | None:
+def _optional_seconds(task_name: str, name: str, value: object) -> float | None:
     if value is None:
         return None
     try:
@@ -277,7 +277,7 @@ def options_for(
     task: AnyTask | None,
     task_name: str,
     config: DedupeConfig,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> UniqueOptions:
     """The dedup options of a call of ``task`` (None: a task not registered here)."""
     if overrides or task is None:
@@ -295,7 +295,7 @@ def _exclusive_only(task: AnyTask | None) -> bool:
     return bool(getattr(task, "exclusive", False)) and not getattr(task, "unique", False)
 
 
-def _names(task_name: str, value: Any) -> tuple[str, ...] | None:
+def _names(task_name: str, value: object) -> tuple[str, ...] | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -308,9 +308,9 @@ def _names(task_name: str, value: Any) -> tuple[str, ...] | None:
     )
 
 
-def _callable(task_name: str, value: Any) -> Callable[..., Any] | None:
+def _callable(task_name: str, value: object) -> Callable[..., object] | None:
     if value is None or callable(value):
-        return cast("Callable[..., Any] | None", value)
+        return cast("Callable[..., object] | None", value)
     raise ConfigurationError(
         f"task {task_name!r}: unique_key must be a callable that takes the task's arguments "
         f"and returns the value to deduplicate on; got {value!r}"

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import msgpack
 
 __all__ = ["shared_pack"]
 
 
-def shared_pack(**options: Any) -> Callable[[Any], bytes]:
+def shared_pack(**options: object) -> Callable[[object], bytes]:
     """``msgpack.Packer(autoreset=True, **options).pack``, safe to call from any thread.
 
     The C Packer packs a value under the GIL, so one instance serves every thread (``packb``
@@ -26,7 +25,7 @@ def shared_pack(**options: Any) -> Callable[[Any], bytes]:
         return msgpack.Packer(autoreset=True, **options).pack  # type: ignore[no-any-return]
     local = threading.local()
 
-    def pack(value: Any) -> bytes:
+    def pack(value: object) -> bytes:
         try:
             packer = local.packer
         except AttributeError:

@@ -8,12 +8,13 @@ else in local time.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 __all__ = ["delay_seconds", "milliseconds", "seconds_to_expiry", "seconds_until"]
 
 
-def delay_seconds(countdown: Any, eta: Any, now: float, *, enable_utc: bool = True) -> float:
+def delay_seconds(
+    countdown: float | None, eta: object, now: float, *, enable_utc: bool = True
+) -> float:
     """Seconds from ``now`` until a message may run: its countdown, else its eta.
 
     >>> delay_seconds(30, None, 0.0)
@@ -28,7 +29,7 @@ def delay_seconds(countdown: Any, eta: Any, now: float, *, enable_utc: bool = Tr
     return seconds_until(eta, now, enable_utc=enable_utc)
 
 
-def seconds_until(eta: Any, now: float, *, enable_utc: bool = True) -> float:
+def seconds_until(eta: object, now: float, *, enable_utc: bool = True) -> float:
     """Seconds from ``now`` until ``eta`` (a datetime or its ISO text), 0 if past or none.
 
     >>> seconds_until(dt.datetime(1970, 1, 1, 0, 0, 5), 0.0)   # naive: UTC
@@ -50,7 +51,7 @@ def seconds_until(eta: Any, now: float, *, enable_utc: bool = True) -> float:
     return max(float(eta.timestamp()) - now, 0.0)
 
 
-def seconds_to_expiry(expires: Any, now: float, *, enable_utc: bool = True) -> float | None:
+def seconds_to_expiry(expires: object, now: float, *, enable_utc: bool = True) -> float | None:
     """Seconds from ``now`` until a message with Celery's ``expires`` option expires (0 if it
     has), or None when it never does.
 

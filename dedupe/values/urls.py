@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from dedupe.errors import ConfigurationError
@@ -107,7 +106,7 @@ class SentinelTarget:
     ssl: bool = False
 
 
-def sentinel_target(url: str, options: Mapping[str, Any]) -> SentinelTarget | None:
+def sentinel_target(url: str, options: Mapping[str, object]) -> SentinelTarget | None:
     """The Sentinel target a URL names, or None for a URL of one server.
 
     >>> sentinel_target("sentinel://:pw@h1:26379/2;sentinel://h2", {"master_name": "m"})
@@ -152,7 +151,7 @@ username=None, password='pw', ssl=False)
     )
 
 
-def redacted(url: Any) -> str:
+def redacted(url: object) -> str:
     """A URL as error messages show it: its password (everything before the ``@``) hidden."""
     text = str(url)
     if "@" in text and "://" in text:

@@ -16,13 +16,13 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
 
 from celery import Celery
 
 from dedupe import events
 from dedupe.runs.runtime import installed
 from dedupe.store.view_log import ViewLog
+from dedupe.values.record import Holder
 
 __all__ = [
     "CHECK_EVERY",
@@ -116,8 +116,8 @@ class Recorder:
         task_name: str,
         task_id: str,
         key: str,
-        holder: Any,
-        details: dict[str, Any],
+        holder: Holder | None,
+        details: dict[str, object],
     ) -> None:
         """Keep one event for the view's stream of its task, if a view of its app runs."""
         log = next((log for prefix, log in self._views() if key.startswith(prefix + ":")), None)

@@ -15,6 +15,7 @@ from dedupe.runs.run import GUARDS_RUNS, Run, RunSpec, new_token
 from dedupe.runs.runtime import Runtime
 from dedupe.store.commands.leases import Lease
 from dedupe.store.connections import Reply
+from dedupe.surfaces import TaskSurface
 from dedupe.values.record import HOST, Holder, pack_running
 from dedupe.values.redelivery import horizon
 from dedupe.values.timing import milliseconds
@@ -70,7 +71,7 @@ class RunClaim:
         }
 
 
-def claim_run(runtime: Runtime, task: Any, claim: RunClaim) -> Run:
+def claim_run(runtime: Runtime, task: TaskSurface, claim: RunClaim) -> Run:
     """Claim the run's key, or read the claim sent as its message was accepted."""
     spec, task_id = claim.spec, claim.task_id
     store = runtime.store
@@ -90,7 +91,7 @@ def claim_run(runtime: Runtime, task: Any, claim: RunClaim) -> Run:
     return _claimed(runtime, task, claim, holder)
 
 
-def _claimed(runtime: Runtime, task: Any, claim: RunClaim, holder: Holder | None) -> Run:
+def _claimed(runtime: Runtime, task: TaskSurface, claim: RunClaim, holder: Holder | None) -> Run:
     spec, task_id = claim.spec, claim.task_id
     if holder is not None:
         if not getattr(task, GUARDS_RUNS, False):
@@ -112,7 +113,7 @@ def _claimed(runtime: Runtime, task: Any, claim: RunClaim, holder: Holder | None
     return Run(spec, claim.token, "claimed", lease=lease)
 
 
-def record_ttl_ms(runtime: Runtime, task: Any, spec: RunSpec) -> int:
+def record_ttl_ms(runtime: Runtime, task: TaskSurface, spec: RunSpec) -> int:
     """How long the running record outlives each renewal: until the broker delivers the
     message again, for a run that holds an unacked message (acks_late: a worker killed
     whole leaves it with the broker); 0, the lease alone, for any other run (its message

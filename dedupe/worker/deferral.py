@@ -10,7 +10,6 @@ message's own header, so it survives the worker that deferred it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 __all__ = ["DEFERRALS", "SINCE", "backoff", "deferrals_of", "since_of"]
 
@@ -21,13 +20,13 @@ DEFERRALS = "celery_dedupe_deferrals"
 SINCE = "celery_dedupe_since"
 
 
-def deferrals_of(headers: Mapping[str, Any] | None) -> int:
+def deferrals_of(headers: Mapping[str, object] | None) -> int:
     """How many times this message was deferred already."""
     value = (headers or {}).get(DEFERRALS)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def since_of(headers: Mapping[str, Any] | None) -> float | None:
+def since_of(headers: Mapping[str, object] | None) -> float | None:
     """When this message was first deferred (None: not yet)."""
     value = (headers or {}).get(SINCE)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

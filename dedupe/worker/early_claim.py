@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from celery.concurrency import solo, thread
+from celery.worker.request import Request
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import installed, runtime_of
+from dedupe.surfaces import TaskSurface
+from dedupe.values.generics import AnyTask
 from dedupe.values.header import LATEST, KeyHeader
 from dedupe.values.limits import LimitHeader
 
@@ -59,7 +61,7 @@ _IN_PLACE = frozenset(
 )
 
 
-def pool_accepts_in_place(pool_cls: Any) -> None:
+def pool_accepts_in_place(pool_cls: object) -> None:
     """Note the worker's pool (``WorkController.pool_cls``, a name or a class): only
     Celery's own solo and threads pools, exactly, run a message where they accept it.
     (A name is not imported: Celery loads the pool after ``worker_init``, so that its
@@ -97,7 +99,7 @@ def take_any() -> RunClaim | None:
     return claim
 
 
-def send_claim(request: Any) -> None:
+def send_claim(request: Request) -> None:
     """Send a run's claim as the worker accepts its message, in the thread that runs it,
     the reply read as the run starts. Only a message of the plain case, a producer's key
     and nothing else to do first; any other claims as it starts. Never raises (Celery
@@ -127,7 +129,7 @@ def send_claim(request: Any) -> None:
     keep(claim)
 
 
-def _claim_to_send(request: Any) -> RunClaim | None:
+def _claim_to_send(request: Request) -> RunClaim | None:
     task = request.task
     runtime = installed(task.app)
     headers = request.request_dict
@@ -146,7 +148,7 @@ def _claim_to_send(request: Any) -> RunClaim | None:
     return claim
 
 
-def on_internal_error(sender: Any = None, task_id: str = "", **_: Any) -> None:
+def on_internal_error(sender: AnyTask | None = None, task_id: str = "", **_: object) -> None:
     """``task_internal_error``: Celery could not run a message it accepted (its keyword
     arguments are not a mapping, say), before ``task_prerun``: undo the claim sent."""
     unread = take(task_id)
@@ -154,7 +156,7 @@ def on_internal_error(sender: Any = None, task_id: str = "", **_: Any) -> None:
         drop_unread(sender, unread, consumed=True)  # (acked as it was accepted)
 
 
-def drop_unread(task: Any, claim: RunClaim, *, consumed: bool) -> None:
+def drop_unread(task: TaskSurface, claim: RunClaim, *, consumed: bool) -> None:
     """Undo a claim sent as its message was accepted, whose run never started (Celery ended
     the request first): released if the message is consumed (acked), else its record goes
     back to queued, for the message's next delivery. Never raises (Celery's own handling

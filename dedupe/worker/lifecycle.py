@@ -9,6 +9,8 @@ import logging
 import weakref
 from typing import Any, cast
 
+from celery import Celery
+
 from dedupe.errors import ConfigurationError, DedupeError, RedisUnavailable
 from dedupe.recovery.held import HeldWatch, held_requests
 from dedupe.runs.run import GUARDS_RUNS, acks_late_leases
@@ -26,7 +28,7 @@ __all__ = ["on_process_shutdown", "on_worker_init", "on_worker_ready"]
 logger = logging.getLogger("dedupe.worker")
 
 
-def on_worker_init(sender: Any = None, **_: Any) -> None:
+def on_worker_init(sender: object = None, **_: object) -> None:
     """Refuse to start a worker whose dedupe settings or tasks are wrong (it would run every
     unique task unguarded); warn when an acks_late task's key would wait for the Redis
     broker's visibility timeout after a worker dies (:meth:`Broker.redelivery_warning
@@ -55,7 +57,7 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
         logger.warning(warning)
 
 
-def on_worker_ready(sender: Any = None, **_: Any) -> None:
+def on_worker_ready(sender: object = None, **_: object) -> None:
     """Warn at start when the dedup Redis may evict live keys; on a broker other than Redis,
     watch the dedup Redis for a loss of its data (:mod:`dedupe.recovery.held`)."""
     app = getattr(sender, "app", None)
@@ -73,10 +75,10 @@ def on_worker_ready(sender: Any = None, **_: Any) -> None:
 
 
 # The watch of each app's worker (one per worker process; a new one replaces it).
-_held_watches: weakref.WeakKeyDictionary[Any, HeldWatch] = weakref.WeakKeyDictionary()
+_held_watches: weakref.WeakKeyDictionary[Celery, HeldWatch] = weakref.WeakKeyDictionary()
 
 
-def _watch_held(runtime: Runtime, consumer: Any) -> None:
+def _watch_held(runtime: Runtime, consumer: object) -> None:
     # A broker that lists the unacked messages has them restored from there
     # (dedupe.recovery.unacked); a Cluster has many servers to lose data, one at a time.
     if runtime.broker.lists_unacked or cluster_target(runtime.config.redis_url):
@@ -104,7 +106,7 @@ def _watch_held(runtime: Runtime, consumer: Any) -> None:
     watch.start()
 
 
-def on_process_shutdown(**_: Any) -> None:
+def on_process_shutdown(**_: object) -> None:
     """``worker_process_shutdown``: a pool process about to exit (``os._exit``: no atexit)
     lands the releases it sent."""
     land_all()

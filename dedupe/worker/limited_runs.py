@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn, cast
+
+from celery.app.task import Context
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
@@ -22,6 +24,8 @@ from dedupe.runs.run import new_token
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.commands.leases import Lease
 from dedupe.store.store import Store
+from dedupe.surfaces import TaskSurface
+from dedupe.values.generics import AnyTask
 from dedupe.values.limits import LimitHeader, come_back
 from dedupe.values.options import options_for
 from dedupe.values.timing import milliseconds
@@ -54,12 +58,12 @@ class LimitedRun:
     lease: Lease | None = None
 
 
-def limited_run_of(request: Any) -> LimitedRun | None:
+def limited_run_of(request: object) -> LimitedRun | None:
     run = getattr(request, _ATTRIBUTE, None)
     return run if isinstance(run, LimitedRun) else None
 
 
-def enter(runtime: Runtime, task: Any, task_id: str, header: LimitHeader) -> None:
+def enter(runtime: Runtime, task: AnyTask, task_id: str, header: LimitHeader) -> None:
     """``task_prerun`` of a limited run: ask for its slot, or check its start."""
     token = new_token()
     run = LimitedRun(header, token)
@@ -108,7 +112,7 @@ def enter(runtime: Runtime, task: Any, task_id: str, header: LimitHeader) -> Non
     runtime.heartbeat.hold(run.lease, task.name)
 
 
-def wait_turn(task: Any) -> None:
+def wait_turn(task: AnyTask) -> None:
     """``before_start``: a run that must wait is sent again, same task id, for its turn."""
     request = task.request
     run = limited_run_of(request)
@@ -117,7 +121,7 @@ def wait_turn(task: Any) -> None:
     _send_again(task, request, run)
 
 
-def _send_again(task: Any, request: Any, run: LimitedRun) -> NoReturn:
+def _send_again(task: AnyTask, request: Context, run: LimitedRun) -> NoReturn:
     countdown = run.countdown
     logger.info(
         "%s[%s] waits its turn (%s limit %d of %s): sent again in %.2f s",
@@ -132,7 +136,7 @@ def _send_again(task: Any, request: Any, run: LimitedRun) -> NoReturn:
     send_again(task, request, signature, countdown)
 
 
-def leave(runtime: Runtime, task: Any) -> None:
+def leave(runtime: Runtime, task: TaskSurface) -> None:
     """``task_postrun``: free the run's slot (a rate's start stays: it is a start made)."""
     request = task.request
     run = limited_run_of(request)
@@ -140,14 +144,15 @@ def leave(runtime: Runtime, task: Any) -> None:
     if run is None or run.lease is None:
         return
     runtime.heartbeat.drop(run.lease)
+    task_id = cast("str", request.id)  # (a run's request has its id)
     try:
-        runtime.store.free_slot(run.header.keys, request.id, run.token)
+        runtime.store.free_slot(run.header.keys, task_id, run.token)
     except RedisUnavailable as exc:
         action = "ended and its slot was not freed (its lease frees it)"
-        emit(UNAVAILABLE, task.name, request.id, run.header.key, action=action, error=exc.cause)
+        emit(UNAVAILABLE, task.name, task_id, run.header.key, action=action, error=exc.cause)
 
 
-def leave_line(task: Any, task_id: str, header: LimitHeader) -> None:
+def leave_line(task: TaskSurface, task_id: str | None, header: LimitHeader) -> None:
     """``task_revoked`` (the pool's parent) of a limited message revoked or expired before
     its run: its place in line goes now (else it would hold the calls behind it until it
     lapses)."""
@@ -155,28 +160,28 @@ def leave_line(task: Any, task_id: str, header: LimitHeader) -> None:
         task,
         task_id,
         header,
-        lambda store: store.leave_line(header.keys, task_id),
+        lambda store, task_id: store.leave_line(header.keys, task_id),
         "was dropped and its place in line was kept (it lapses)",
     )
 
 
-def free_dead_slots(task: Any, task_id: str, header: LimitHeader) -> None:
+def free_dead_slots(task: TaskSurface, task_id: str | None, header: LimitHeader) -> None:
     """``task_failure`` (the pool's parent) of a limited run whose child died: its slot is
     freed now, not a lease later."""
     _in_parent(
         task,
         task_id,
         header,
-        lambda store: store.free_slots_of(header.keys, task_id),
+        lambda store, task_id: store.free_slots_of(header.keys, task_id),
         "was lost and its slot was not freed (its lease frees it)",
     )
 
 
 def _in_parent(
-    task: Any,
-    task_id: str,
+    task: TaskSurface,
+    task_id: str | None,
     header: LimitHeader,
-    act: Callable[[Store], object],
+    act: Callable[[Store, str], object],
     undone: str,
 ) -> None:
     # The pool's parent acts for a message of its own app that holds slots (``act`` on
@@ -185,6 +190,6 @@ def _in_parent(
     if runtime is None or not header.holds_slots or not task_id:
         return
     try:
-        act(runtime.store)
+        act(runtime.store, task_id)
     except RedisUnavailable as exc:
         emit(UNAVAILABLE, task.name, task_id, header.key, action=undone, error=exc.cause)

@@ -12,9 +12,10 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from celery.app.task import Task
+from celery.app.task import Context, Task
 
 from dedupe.compat.celery_private import current_app, current_worker_task
 from dedupe.errors import DedupeError, RedisUnavailable
@@ -23,6 +24,8 @@ from dedupe.runs.liveness import lost_run_token, run_is_dead
 from dedupe.runs.run import ANY_RUN, RunSpec
 from dedupe.runs.run_end import RunEnd
 from dedupe.runs.runtime import Runtime, installed
+from dedupe.surfaces import RequestSurface, TaskSurface
+from dedupe.values.generics import AnyTask
 from dedupe.values.header import KeyHeader, is_publishing
 from dedupe.values.limits import LimitHeader
 
@@ -36,12 +39,12 @@ logger = logging.getLogger("dedupe.worker")
 
 
 def on_failure(
-    sender: Any = None,
+    sender: AnyTask | None = None,
     task_id: str = "",
-    exception: Any = None,
-    args: Any = None,
-    kwargs: Any = None,
-    **_: Any,
+    exception: object = None,
+    args: Sequence[object] | None = None,
+    kwargs: Mapping[str, object] | None = None,
+    **_: object,
 ) -> None:
     """``task_failure`` after a killed child or a hard time limit.
 
@@ -64,11 +67,11 @@ def on_failure(
 
 
 def on_revoked(
-    sender: Any = None,
-    request: Any = None,
+    sender: AnyTask | None = None,
+    request: Context | None = None,
     terminated: bool = False,
-    signum: Any = None,
-    **_: Any,
+    signum: object = None,
+    **_: object,
 ) -> None:
     """``task_revoked``: a message revoked before it ran, expired, or terminated."""
     if sender is None or request is None:
@@ -89,7 +92,9 @@ def on_revoked(
     )
 
 
-def on_publish_in_parent(sender: Any = None, headers: Any = None, **_: Any) -> None:
+def on_publish_in_parent(
+    sender: object = None, headers: dict[str, Any] | None = None, **_: object
+) -> None:
     """``before_task_publish`` outside any run: ``retry_on_worker_lost`` sends a dead child's
     message again; its key goes back to queued before the message exists."""
     if is_publishing() or not headers or current_worker_task() is not None:
@@ -112,7 +117,7 @@ def on_publish_in_parent(sender: Any = None, headers: Any = None, **_: Any) -> N
 _TIMEOUT_CAN_REQUEUE = hasattr(Task, "acks_on_timeout")
 
 
-def _requeued_on_timeout(task: Any) -> bool:
+def _requeued_on_timeout(task: TaskSurface) -> bool:
     """Whether Celery requeues the message of a run killed by its hard time limit."""
     if not task.acks_late or not _TIMEOUT_CAN_REQUEUE:
         return False
@@ -123,11 +128,11 @@ def _requeued_on_timeout(task: Any) -> bool:
 
 
 def _act_for_lost_run(
-    task: Any,
-    task_id: str,
-    args: Any,
-    kwargs: Any,
-    request: Any = None,
+    task: AnyTask,
+    task_id: str | None,
+    args: Sequence[object] | None,
+    kwargs: Mapping[str, object] | None,
+    request: RequestSurface | None = None,
     *,
     requeue: bool = False,
     killing: bool = False,
@@ -157,7 +162,7 @@ def _act_for_lost_run(
 _WATCH_EVERY = 0.2
 
 
-def _free_when_over(task: Any, request: Any) -> None:
+def _free_when_over(task: AnyTask, request: Context) -> None:
     """Free a terminated run's key once its process is gone (when the run ends by itself,
     its own task_postrun frees or hands over the key, and there is nothing left to do)."""
     runtime = installed(task.app)
@@ -189,7 +194,12 @@ def _free_when_over(task: Any, request: Any) -> None:
 
 
 def _spec_of_lost_run(
-    runtime: Runtime, task: Any, args: Any, kwargs: Any, request: Any, task_id: str
+    runtime: Runtime,
+    task: AnyTask,
+    args: Sequence[object] | None,
+    kwargs: Mapping[str, object] | None,
+    request: RequestSurface | None,
+    task_id: str,
 ) -> RunSpec | None:
     if request is None:
         # task_failure after a lost child pushes the request; a hard time limit does not.

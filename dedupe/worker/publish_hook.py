@@ -16,7 +16,9 @@ from .requeue import requeue_for_message, ttl_and_delay
 __all__ = ["on_publish_in_run"]
 
 
-def on_publish_in_run(sender: Any = None, headers: Any = None, **_: Any) -> None:
+def on_publish_in_run(
+    sender: object = None, headers: dict[str, Any] | None = None, **_: object
+) -> None:
     """``before_task_publish`` in a run: a retry (or replace) of the running task id, sent by a
     task of another base class (a DedupeTask's own apply_async handles its continuations),
     takes the key back to queued before its message exists (it may start at once elsewhere).

@@ -9,7 +9,7 @@ the list is in the design notes: docs/design-notes.md, "dedupe.worker.release").
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from celery.backends.base import DisabledBackend
 
@@ -18,6 +18,8 @@ from dedupe.events import RELEASED, UNAVAILABLE, emit
 from dedupe.runs.run import NO_RUN, Run, detach, run_of
 from dedupe.runs.run_end import RunEnd
 from dedupe.runs.runtime import Runtime, installed
+from dedupe.surfaces import RequestSurface, TaskSurface
+from dedupe.values.generics import AnyTask
 from dedupe.values.redelivery import horizon
 from dedupe.values.timing import milliseconds
 
@@ -28,7 +30,7 @@ from .run_spec import latest_mode
 __all__ = ["end_of_body", "on_postrun"]
 
 
-def end_of_body(task: Any, end: RunEnd) -> None:
+def end_of_body(task: AnyTask, end: RunEnd) -> None:
     """A DedupeTask's body returned, or raised an error that ends its run (``end``, from
     :meth:`RunEnd.of_body`): free the key now, before Celery stores the result (a caller's
     ``.get()`` must never return while the key still names this finished run). Not a
@@ -51,10 +53,10 @@ def end_of_body(task: Any, end: RunEnd) -> None:
     run.released = True
     # With a result to store, the release is read before it; else later (_release).
     wait = _stores_result(task, task.request, end)
-    _release(runtime, task, task.request.id, run, wait=wait)
+    _release(runtime, task, cast("str", task.request.id), run, wait=wait)  # (a run's id)
 
 
-def _release(runtime: Runtime, task: Any, task_id: str, run: Run, *, wait: bool) -> None:
+def _release(runtime: Runtime, task: TaskSurface, task_id: str, run: Run, *, wait: bool) -> None:
     """Free a claimed run's key: its reply read now (``wait``), or sent at once and read
     before this thread's next command to Redis (the next run's claim), by the sweeper
     within a fraction of a second, or as the pool process exits
@@ -76,7 +78,7 @@ def _release(runtime: Runtime, task: Any, task_id: str, run: Run, *, wait: bool)
         emit(RELEASED, task.name, task_id, keys.run)
 
 
-def _send_end_latest(runtime: Runtime, request: Any, task_id: str, run: Run) -> None:
+def _send_end_latest(runtime: Runtime, request: RequestSurface, task_id: str, run: Run) -> None:
     # The take kept for a resend goes, and the run's tombstone stays for as long as the broker
     # may deliver its message again: that delivery finds it, and does not run the burst twice
     # (a run killed before this point has none, and runs again with the take it kept).
@@ -90,7 +92,7 @@ def _send_end_latest(runtime: Runtime, request: Any, task_id: str, run: Run) -> 
 _NOT_FREED = "ended and its key was not freed (its lease frees it)"
 
 
-def _stores_result(task: Any, request: Any, end: RunEnd) -> bool:
+def _stores_result(task: AnyTask, request: RequestSurface, end: RunEnd) -> bool:
     """May Celery store this run's outcome where a caller reads it? When in doubt, yes."""
     if isinstance(task.backend, DisabledBackend):
         return False
@@ -102,10 +104,10 @@ def _stores_result(task: Any, request: Any, end: RunEnd) -> bool:
 def on_postrun(
     sender: Any = None,
     task_id: str = "",
-    task: Any = None,
-    retval: Any = None,
+    task: AnyTask | None = None,
+    retval: object = None,
     state: str | None = None,
-    **_: Any,
+    **_: object,
 ) -> None:
     """``task_postrun``: release the run's key (or requeue it with its message)."""
     task = task or sender
@@ -154,7 +156,7 @@ def on_postrun(
 
 
 def _hand_over(
-    runtime: Runtime, task: Any, task_id: str, run: Run, ttl: float, eta: float | None
+    runtime: Runtime, task: TaskSurface, task_id: str, run: Run, ttl: float, eta: float | None
 ) -> None:
     """The run is over: its key goes back to queued for the continuation it published."""
     delay = max(0.0, eta - time.time()) if eta is not None else 0.0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
@@ -36,7 +35,7 @@ def requeue_key(
 
 
 def requeue_for_message(
-    runtime: Runtime, header: KeyHeader, task_id: str, token: str, headers: Mapping[str, Any]
+    runtime: Runtime, header: KeyHeader, task_id: str, token: str, headers: Mapping[str, object]
 ) -> None:
     """Requeue a key for the message about to be published with ``headers``."""
     ttl, delay = ttl_and_delay(runtime, header, headers)
@@ -49,7 +48,7 @@ def requeue_for_message(
 
 
 def ttl_and_delay(
-    runtime: Runtime, header: KeyHeader, headers: Mapping[str, Any]
+    runtime: Runtime, header: KeyHeader, headers: Mapping[str, object]
 ) -> tuple[float, float]:
     """The record ttl a message's header asks for, and the seconds until its eta."""
     enable_utc = bool(_enable_utc(runtime.app))

@@ -7,15 +7,17 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from celery import Task
+from celery import Celery
+from celery.app.task import Context
 from celery.exceptions import Ignore
 
 from dedupe.errors import DedupeError, NotInstalled, RedisUnavailable
 from dedupe.events import DEFERRED, SKIPPED, UNAVAILABLE, emit
 from dedupe.runs.run import Run, RunSpec, run_of
 from dedupe.runs.runtime import Runtime, installed, runtime_of
+from dedupe.values.generics import AnyTask
 from dedupe.values.header import KeyHeader
 from dedupe.values.latest import unpack_arguments
 from dedupe.values.record import Holder, pack_queued
@@ -31,7 +33,7 @@ __all__ = ["guard", "refuse_uninstalled"]
 logger = logging.getLogger("dedupe.worker")
 
 
-def refuse_uninstalled(task: Task[Any, Any], task_id: str) -> None:
+def refuse_uninstalled(task: AnyTask, task_id: str) -> None:
     """Fail a guarded task's run in a worker whose app ``dedupe.install`` was never called
     for, loudly and with the fix, after freeing its message's key: without install no
     claim, no release and no guard runs, and the key would name a finished task for its
@@ -53,17 +55,17 @@ def refuse_uninstalled(task: Task[Any, Any], task_id: str) -> None:
 
 
 # Only to free the keys of refused runs: settings and a Redis client, no signal handlers.
-_bare_runtimes: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
+_bare_runtimes: weakref.WeakKeyDictionary[Celery, Runtime] = weakref.WeakKeyDictionary()
 
 
-def _bare_runtime(app: Any) -> Runtime:
+def _bare_runtime(app: Celery) -> Runtime:
     runtime = _bare_runtimes.get(app)
     if runtime is None:
         runtime = _bare_runtimes[app] = Runtime(app)
     return runtime
 
 
-def guard(task: Task[Any, Any], task_id: str) -> None:
+def guard(task: AnyTask, task_id: str) -> None:
     """Stop a run whose key another run holds: skip it (Ignore) or try it again later."""
     request = task.request
     ended = take_ended_already(request)
@@ -121,7 +123,7 @@ def guard(task: Task[Any, Any], task_id: str) -> None:
     raise Ignore()
 
 
-def _skip_ended(task: Task[Any, Any], task_id: str, key: str) -> NoReturn:
+def _skip_ended(task: AnyTask, task_id: str, key: str) -> NoReturn:
     # The broker delivered again the message of a run that ended (a broker cut or a killed
     # worker lost its ack): running it would be the burst's second run, with its message's
     # own arguments, the burst's first call's. Its result is the ended run's (kept: nothing
@@ -131,7 +133,7 @@ def _skip_ended(task: Task[Any, Any], task_id: str, key: str) -> NoReturn:
     raise Ignore()
 
 
-def _go_again_at_deadline(task: Task[Any, Any], request: Any, run: Run) -> NoReturn:
+def _go_again_at_deadline(task: AnyTask, request: Context, run: Run) -> NoReturn:
     # A debounced message that came before its burst's deadline: the same task id is sent
     # again for the deadline, with the latest arguments (its key goes back to queued for it,
     # as for a retry), and this delivery ends as RETRY. A retry from the body is not counted.
@@ -172,9 +174,7 @@ def _free_given_up(runtime: Runtime, task_name: str, task_id: str, spec: RunSpec
         emit(UNAVAILABLE, task_name, task_id, spec.keys.call, action=action, error=exc.cause)
 
 
-def _store_skipped(
-    task: Task[Any, Any], request: Any, task_id: str, holder: Holder, why: str
-) -> None:
+def _store_skipped(task: AnyTask, request: Context, task_id: str, holder: Holder, why: str) -> None:
     # A skip stores its end, so the caller's .get() raises (TaskRevokedError naming the
     # holder) instead of waiting on PENDING forever.
     if request.ignore_result or getattr(task, "ignore_result", False):
@@ -189,7 +189,7 @@ def _store_skipped(
 
 
 def _defer(
-    task: Task[Any, Any], request: Any, countdown: float, deferral: int, since: float
+    task: AnyTask, request: Context, countdown: float, deferral: int, since: float
 ) -> NoReturn:
     # Like task.retry(), but a deferral does not count as a retry: the task's own
     # max_retries is left for its own failures. The message counts its deferrals itself.

@@ -3,10 +3,12 @@ bypassed the producer path, the task's options and the call's arguments."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from dedupe.runs.run import RunSpec
 from dedupe.runs.runtime import Runtime
+from dedupe.surfaces import RequestSurface
+from dedupe.values.generics import AnyTask
 from dedupe.values.header import LATEST, KeyHeader
 from dedupe.values.keys import keys_for
 from dedupe.values.options import options_for
@@ -15,7 +17,11 @@ __all__ = ["carried_spec", "derived_spec", "in_canvas", "latest_mode", "spec_for
 
 
 def spec_for_request(
-    runtime: Runtime, task: Any, request: Any, args: Any, kwargs: Any
+    runtime: Runtime,
+    task: AnyTask,
+    request: RequestSurface,
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
 ) -> RunSpec | None:
     """The spec of a run: from the message header (``request.headers``, not an attribute:
     in eager mode only the dict has it), or derived for a guarded task's message that
@@ -27,7 +33,7 @@ def spec_for_request(
     return carried_spec(runtime, task, header, canvas)
 
 
-def carried_spec(runtime: Runtime, task: Any, header: KeyHeader, canvas: bool) -> RunSpec:
+def carried_spec(runtime: Runtime, task: AnyTask, header: KeyHeader, canvas: bool) -> RunSpec:
     """The spec of a run whose message carries the producer's ``header``."""
     options = options_for(task, task.name, runtime.config)
     ttl = header.ttl if header.ttl is not None else options.ttl
@@ -36,7 +42,7 @@ def carried_spec(runtime: Runtime, task: Any, header: KeyHeader, canvas: bool) -
     )
 
 
-def in_canvas(request: Any) -> bool:
+def in_canvas(request: RequestSurface) -> bool:
     """Is the run a member of a canvas (a chain, a chord, a group, or with callbacks)?"""
     return bool(
         request.chain or request.callbacks or request.errbacks or request.chord or request.group
@@ -44,7 +50,12 @@ def in_canvas(request: Any) -> bool:
 
 
 def derived_spec(
-    runtime: Runtime, task: Any, args: Any, kwargs: Any, *, canvas: bool = False
+    runtime: Runtime,
+    task: AnyTask,
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+    *,
+    canvas: bool = False,
 ) -> RunSpec | None:
     """The spec of a run of a guarded task whose message carries no header; None for a task
     that is neither ``unique`` nor ``exclusive``."""
@@ -55,7 +66,7 @@ def derived_spec(
     return RunSpec.from_options(keys, options.until, options.ttl, options, canvas=canvas)
 
 
-def latest_mode(request: Any, spec: RunSpec) -> str | None:
+def latest_mode(request: RequestSurface, spec: RunSpec) -> str | None:
     """``"debounce"`` or ``"replace"``: the run of a call whose duplicates leave their
     arguments for it (only a message the producer accepted says so); else None."""
     if not spec.carried:

@@ -7,13 +7,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from celery.app.task import Context
 
 from dedupe.errors import KeyDerivationError, RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.run import Run, RunSpec, attach, new_token
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.replies import Take
+from dedupe.surfaces import RequestSurface, TaskSurface
+from dedupe.values.generics import AnyTask
 from dedupe.values.latest import Latest, unpack_arguments
 from dedupe.values.limits import LimitHeader
 
@@ -30,10 +35,10 @@ logger = logging.getLogger("dedupe.worker")
 def on_prerun(
     sender: Any = None,
     task_id: str = "",
-    task: Any = None,
-    args: Any = None,
-    kwargs: Any = None,
-    **_: Any,
+    task: AnyTask | None = None,
+    args: Sequence[object] | None = None,
+    kwargs: Mapping[str, object] | None = None,
+    **_: object,
 ) -> None:
     """``task_prerun``: claim the run's key."""
     task = task or sender
@@ -93,7 +98,7 @@ def on_prerun(
 
 
 def _look_latest(
-    runtime: Runtime, task: Any, task_id: str, request: Any, spec: RunSpec
+    runtime: Runtime, task: TaskSurface, task_id: str, request: RequestSurface, spec: RunSpec
 ) -> Latest | Take | None:
     retries = int(request.retries or 0)
     try:
@@ -104,7 +109,7 @@ def _look_latest(
         return None
 
 
-def _take_latest(runtime: Runtime, task: Any, task_id: str, request: Any, run: Run) -> None:
+def _take_latest(runtime: Runtime, task: AnyTask, task_id: str, request: Context, run: Run) -> None:
     # The run claimed its key: no duplicate can leave arguments for it any more (a call now
     # is a duplicate of the run, or, unique_until="started", the next call). It takes the
     # last ones left, in place of its message's.
@@ -130,11 +135,11 @@ def _take_latest(runtime: Runtime, task: Any, task_id: str, request: Any, run: R
 _ENDED_ALREADY = "_dedupe_ended_already"
 
 
-def _ended_already(request: Any, key: str) -> None:
+def _ended_already(request: object, key: str) -> None:
     setattr(request, _ENDED_ALREADY, key)
 
 
-def take_ended_already(request: Any) -> str | None:
+def take_ended_already(request: object) -> str | None:
     """The key of the run that ended already, if the request's message is its redelivery
     (once)."""
     ended: str | None = getattr(request, _ENDED_ALREADY, None)

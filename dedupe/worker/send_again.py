@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
+from celery.canvas import Signature
 from celery.exceptions import Reject, Retry
+
+from dedupe.surfaces import RequestSurface, TaskSurface
+
+if TYPE_CHECKING:
+    from numbers import Real
 
 __all__ = ["send_again"]
 
@@ -26,7 +32,9 @@ logger = logging.getLogger("dedupe.worker")
 PAUSE_BEFORE_GIVING_BACK = 1.0
 
 
-def send_again(task: Any, request: Any, signature: Any, countdown: float) -> NoReturn:
+def send_again(
+    task: TaskSurface, request: RequestSurface, signature: Signature[object], countdown: float
+) -> NoReturn:
     """Publish ``signature`` (this run's message, for ``countdown`` seconds from now) and end
     the delivery as RETRY; if the publish fails, give an ``acks_late`` message back."""
     try:
@@ -43,9 +51,9 @@ def send_again(task: Any, request: Any, signature: Any, countdown: float) -> NoR
         time.sleep(min(PAUSE_BEFORE_GIVING_BACK, max(countdown, 0.1)))
         raise Reject(exc, requeue=True) from exc
     # (celery-types wants numbers.Real for `when`, which a float is but mypy cannot see.)
-    raise Retry(when=cast("Any", countdown), sig=signature)
+    raise Retry(when=cast("Real", countdown), sig=signature)
 
 
-def _acks_late(task: Any, request: Any) -> bool:
+def _acks_late(task: TaskSurface, request: RequestSurface) -> bool:
     late = getattr(request, "acks_late", None)
     return bool(late if late is not None else getattr(task, "acks_late", False))
