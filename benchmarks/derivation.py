@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dedupe.values.keys import Binder, call_digest
+from dedupe.values.key_derivation import Binder, call_digest
 
 
 def one(value: Any) -> None: ...

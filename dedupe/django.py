@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from django.db import transaction
 
 from .producer.guard import apply_async
+from .surfaces import AnyAsyncResult, TaskOrName
 from .task import DedupeTask
-from .values.generics import AnyAsyncResult, TaskOrName
 
 try:
     from celery.contrib.django.task import DjangoTask

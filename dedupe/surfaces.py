@@ -1,20 +1,44 @@
-"""The parts of Celery's task and request, and of kombu's channel and producer, that dedupe
-uses: one Protocol each, in one place (a leaf: every layer may import it).
+"""Celery's and kombu's types as dedupe meets them, in one place (a leaf: every layer may
+import it): one Protocol each for the parts of Celery's task and request and of kombu's
+channel and producer that dedupe uses, and aliases of Celery's generic classes.
 
-Each names only what the package reads or calls, so a type checker shows where the code
-leans on Celery or kombu, and a test double or another Celery release needs no more. Private
-members are not here: they are read in :mod:`dedupe.compat` alone.
+A Protocol names only what the package reads or calls. Private members are not here: they
+are read in :mod:`dedupe.compat` alone. celery-types makes ``Task`` and ``AsyncResult``
+generic for the type checker; only Celery 5.7 can subscript them at run time (5.3 to 5.6
+raise ``TypeError``), so the checker sees the generic forms, the interpreter the plain ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+from celery import Task
+from celery.result import AsyncResult
 
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["ChannelSurface", "ProducerSurface", "RequestSurface", "TaskSurface"]
+__all__ = [
+    "AnyAsyncResult",
+    "AnyTask",
+    "ChannelSurface",
+    "ProducerSurface",
+    "RequestSurface",
+    "TaskOrName",
+    "TaskSurface",
+]
+
+if TYPE_CHECKING:
+    AnyTask: TypeAlias = Task[Any, Any]
+    AnyAsyncResult: TypeAlias = AsyncResult[Any]
+else:
+    AnyTask = Task
+    AnyAsyncResult = AsyncResult
+
+#: A task object (``@shared_task``'s proxy too), or the name of a task: what the producer
+#: entry points take.
+TaskOrName: TypeAlias = "AnyTask | str"
 
 
 class RequestSurface(Protocol):

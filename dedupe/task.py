@@ -18,7 +18,7 @@ from .producer.result import DedupeResult, mark_result
 from .runs.run import run_of
 from .runs.run_end import RunEnd
 from .runs.runtime import installed
-from .values.generics import AnyAsyncResult, AnyTask
+from .surfaces import AnyAsyncResult, AnyTask
 from .values.header import HEADER
 from .values.options import CALL_OPTIONS, Until, check_call_names, check_declared
 from .worker.release import end_of_body

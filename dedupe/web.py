@@ -11,7 +11,7 @@ already under way: here is its id) or, with ``duplicate_status=409``, Conflict.
 
 from __future__ import annotations
 
-from .values.generics import AnyAsyncResult
+from .surfaces import AnyAsyncResult
 
 __all__ = ["response_for"]
 

@@ -335,7 +335,7 @@ def test_four_producers_of_a_thousand_calls_over_a_hundred_keys_queue_one_messag
 
 def _key(task: Any, user: int) -> str:
     from dedupe.runs.runtime import runtime_of
-    from dedupe.values.keys import keys_for
+    from dedupe.values.key_derivation import keys_for
     from dedupe.values.options import options_for
 
     runtime = runtime_of(task.app)

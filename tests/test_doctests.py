@@ -21,6 +21,7 @@ RUNNABLE = [
     "dedupe.values.config",
     "dedupe.values.header",
     "dedupe.values.keys",
+    "dedupe.values.key_derivation",
     "dedupe.values.latest",
     "dedupe.values.limits",
     "dedupe.values.packing",

@@ -20,18 +20,8 @@ from redis.crc import key_slot
 from dedupe import KeyDerivationError
 from dedupe.runs.inventory import task_of_key
 from dedupe.values.canonical import canonical_bytes
-from dedupe.values.keys import (
-    FLOW_SUFFIXES,
-    Binder,
-    CallKeyParts,
-    CallKeys,
-    KeyInputs,
-    binder_for,
-    call_digest,
-    call_keys,
-    keys_for,
-    parse_call_key,
-)
+from dedupe.values.key_derivation import Binder, KeyInputs, binder_for, call_digest, keys_for
+from dedupe.values.keys import FLOW_SUFFIXES, CallKeyParts, CallKeys, call_keys, parse_call_key
 from dedupe.values.limits import limit_keys
 from dedupe.values.options import SEPARATE_RUN_LOCK, UniqueOptions
 

@@ -20,7 +20,7 @@ RACE = textwrap.dedent(
 
     import msgpack
 
-    from dedupe.values.keys import call_digest
+    from dedupe.values.key_derivation import call_digest
     from dedupe.values.record import pack_queued
 
     assert msgpack.Packer.__module__ == {module!r}, msgpack.Packer.__module__

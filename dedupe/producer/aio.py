@@ -22,7 +22,7 @@ from celery import Celery
 from dedupe.errors import RedisUnavailable
 from dedupe.runs.run import NO_RUN
 from dedupe.store.replies import Requeue
-from dedupe.values.generics import TaskOrName
+from dedupe.surfaces import TaskOrName
 from dedupe.values.record import Holder
 
 from .guard import Call, keys_of_call

@@ -26,7 +26,7 @@ from dedupe.errors import ConfigurationError, RedisUnavailable
 from dedupe.runs.runtime import Runtime
 from dedupe.store.commands.batches import LatestCall
 from dedupe.store.replies import Push
-from dedupe.values.generics import TaskOrName
+from dedupe.surfaces import TaskOrName
 from dedupe.values.record import Holder
 from dedupe.values.record_state import RecordState
 

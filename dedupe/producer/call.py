@@ -12,7 +12,7 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from dedupe.compat.celery_private import current_app, unproxied
-from dedupe.values.generics import AnyTask, TaskOrName
+from dedupe.surfaces import AnyTask, TaskOrName
 
 __all__ = [
     "Call",

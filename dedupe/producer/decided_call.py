@@ -20,7 +20,8 @@ from dedupe.store.store import Store
 from dedupe.values import defaults
 from dedupe.values.config import SettingReader
 from dedupe.values.header import KeyHeader
-from dedupe.values.keys import CallKeys, keys_for
+from dedupe.values.key_derivation import keys_for
+from dedupe.values.keys import CallKeys
 from dedupe.values.latest import LatestWrite, pack_arguments
 from dedupe.values.options import UniqueOptions, options_for, pop_call_options
 from dedupe.values.record import Holder, new_nonce, pack_provisional

@@ -17,8 +17,9 @@ from dedupe.errors import RedisUnavailable
 from dedupe.runs.liveness import lost_run_token
 from dedupe.runs.runtime import Runtime, runtime_of
 from dedupe.store.replies import Requeue
-from dedupe.values.generics import TaskOrName
-from dedupe.values.keys import CallKeys, keys_for
+from dedupe.surfaces import TaskOrName
+from dedupe.values.key_derivation import keys_for
+from dedupe.values.keys import CallKeys
 from dedupe.values.options import options_for
 from dedupe.values.record import Holder
 

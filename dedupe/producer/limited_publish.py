@@ -29,7 +29,7 @@ from dedupe.store.commands.starts import PlaceWait
 from dedupe.store.store import Store
 from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
-from dedupe.values.keys import keys_for
+from dedupe.values.key_derivation import keys_for
 from dedupe.values.limits import LIMIT, LimitHeader, concurrency_of
 from dedupe.values.options import options_for, pop_call_options
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry

@@ -11,7 +11,7 @@ from vine import promise
 
 from dedupe.compat import celery_private
 from dedupe.errors import DedupeError
-from dedupe.values.generics import AnyAsyncResult
+from dedupe.surfaces import AnyAsyncResult
 from dedupe.values.keys import CallKeys
 
 if TYPE_CHECKING:

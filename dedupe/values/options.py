@@ -15,11 +15,11 @@ from typing import Any, Literal, cast, get_args
 from celery import Task as CeleryTask
 
 from dedupe.errors import ConfigurationError
+from dedupe.surfaces import AnyTask
 
 from . import defaults
 from .catalog import OPTIONS
 from .config import DedupeConfig, positive_seconds
-from .generics import AnyTask
 from .limits import Rate, check_concurrency, parse_rate
 
 __all__ = [

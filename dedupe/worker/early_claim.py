@@ -24,8 +24,7 @@ from celery.worker.request import Request
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import installed, runtime_of
-from dedupe.surfaces import TaskSurface
-from dedupe.values.generics import AnyTask
+from dedupe.surfaces import AnyTask, TaskSurface
 from dedupe.values.header import LATEST, KeyHeader
 from dedupe.values.limits import LimitHeader
 

@@ -24,8 +24,7 @@ from dedupe.runs.run import new_token
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.commands.leases import Lease
 from dedupe.store.store import Store
-from dedupe.surfaces import TaskSurface
-from dedupe.values.generics import AnyTask
+from dedupe.surfaces import AnyTask, TaskSurface
 from dedupe.values.limits import LimitHeader, come_back
 from dedupe.values.options import options_for
 from dedupe.values.timing import milliseconds

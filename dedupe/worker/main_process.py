@@ -24,8 +24,7 @@ from dedupe.runs.liveness import lost_run_token, run_is_dead
 from dedupe.runs.run import ANY_RUN, RunSpec
 from dedupe.runs.run_end import RunEnd
 from dedupe.runs.runtime import Runtime, installed
-from dedupe.surfaces import RequestSurface, TaskSurface
-from dedupe.values.generics import AnyTask
+from dedupe.surfaces import AnyTask, RequestSurface, TaskSurface
 from dedupe.values.header import KeyHeader, is_publishing
 from dedupe.values.limits import LimitHeader
 

@@ -18,8 +18,7 @@ from dedupe.events import RELEASED, UNAVAILABLE, emit
 from dedupe.runs.run import NO_RUN, Run, detach, run_of
 from dedupe.runs.run_end import RunEnd
 from dedupe.runs.runtime import Runtime, installed
-from dedupe.surfaces import RequestSurface, TaskSurface
-from dedupe.values.generics import AnyTask
+from dedupe.surfaces import AnyTask, RequestSurface, TaskSurface
 from dedupe.values.redelivery import horizon
 from dedupe.values.timing import milliseconds
 

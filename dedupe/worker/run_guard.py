@@ -17,7 +17,7 @@ from dedupe.errors import DedupeError, NotInstalled, RedisUnavailable
 from dedupe.events import DEFERRED, SKIPPED, UNAVAILABLE, emit
 from dedupe.runs.run import Run, RunSpec, run_of
 from dedupe.runs.runtime import Runtime, installed, runtime_of
-from dedupe.values.generics import AnyTask
+from dedupe.surfaces import AnyTask
 from dedupe.values.header import KeyHeader
 from dedupe.values.latest import unpack_arguments
 from dedupe.values.record import Holder, pack_queued

@@ -7,10 +7,9 @@ from collections.abc import Mapping, Sequence
 
 from dedupe.runs.run import RunSpec
 from dedupe.runs.runtime import Runtime
-from dedupe.surfaces import RequestSurface
-from dedupe.values.generics import AnyTask
+from dedupe.surfaces import AnyTask, RequestSurface
 from dedupe.values.header import LATEST, KeyHeader
-from dedupe.values.keys import keys_for
+from dedupe.values.key_derivation import keys_for
 from dedupe.values.options import options_for
 
 __all__ = ["carried_spec", "derived_spec", "in_canvas", "latest_mode", "spec_for_request"]

@@ -17,8 +17,7 @@ from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.run import Run, RunSpec, attach, new_token
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.replies import Take
-from dedupe.surfaces import RequestSurface, TaskSurface
-from dedupe.values.generics import AnyTask
+from dedupe.surfaces import AnyTask, RequestSurface, TaskSurface
 from dedupe.values.latest import Latest, unpack_arguments
 from dedupe.values.limits import LimitHeader
 
