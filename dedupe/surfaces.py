@@ -9,7 +9,10 @@ members are not here: they are read in :mod:`dedupe.compat` alone.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kombu import Connection, Exchange
 
 __all__ = ["ChannelSurface", "ProducerSurface", "RequestSurface", "TaskSurface"]
 
@@ -57,3 +60,14 @@ class ProducerSurface(Protocol):
 
     def publish(self, body: Any, **kwargs: Any) -> Any:
         """Publish one message."""
+
+    @property
+    def exchange(self) -> Exchange:
+        """The exchange a publish naming none goes to."""
+
+    @property
+    def connection(self) -> Connection | None:
+        """The connection of the producer's channel."""
+
+    def maybe_declare(self, entity: object, retry: bool = False, **retry_policy: object) -> bool:
+        """Declare ``entity`` unless the connection's declaration cache holds it."""
