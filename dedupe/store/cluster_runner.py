@@ -36,6 +36,7 @@ from dedupe.compat.redis_private import backoff_of, retries_of
 
 from .connections import Reply
 from .green_pool import script_runner
+from .resp import Part
 from .runner import RemembersNothing
 from .script_runner import ScriptRunner, Unanswered
 
@@ -141,7 +142,7 @@ class ClusterScriptRunner(RemembersNothing):
         self._try_time = float(client.nodes_manager.connection_kwargs.get("socket_timeout") or 0)
 
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
     ) -> Any:
         """Run a script and return its reply (``resend``: as the ScriptRunner's)."""
         return self._call(script, keys, args, time.monotonic(), resend)
@@ -154,8 +155,8 @@ class ClusterScriptRunner(RemembersNothing):
     def _call(
         self,
         script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
+        keys: Sequence[Part],
+        args: Sequence[Part],
         started: float,
         resend: bool = True,
     ) -> Any:
@@ -212,7 +213,7 @@ class ClusterScriptRunner(RemembersNothing):
     def call_many(
         self,
         script: Script,
-        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
     ) -> list[Any]:
@@ -255,7 +256,7 @@ class ClusterScriptRunner(RemembersNothing):
         return replies
 
     def send(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, reply: bool = False
     ) -> Reply | None:
         """Run a script (waiting for its reply, see the module's docstring); with ``reply``,
         the outcome is kept for :meth:`result`."""
@@ -278,7 +279,7 @@ class ClusterScriptRunner(RemembersNothing):
     def flush(self, *, wait: bool = True) -> None:
         """Nothing to read: every send waited for its reply."""
 
-    def _evalsha(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    def _evalsha(self, script: Script, keys: Sequence[Part], args: Sequence[Part]) -> Any:
         client: Any = self._client  # (evalsha's arguments are untyped in redis-py)
         try:
             return client.evalsha(script.sha, len(keys), *keys, *args)

@@ -26,7 +26,7 @@ from redis.retry import Retry
 from dedupe.compat.redis_private import retried_errors, socket_of
 
 from .remembered import RememberedAnswers
-from .resp import pack_command, pack_parts
+from .resp import Part, pack_command, pack_parts
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -252,7 +252,7 @@ class ThreadConnections:
 
         return self._retry.call_with_retry(again, self._drop_connection)
 
-    def _pack(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+    def _pack(self, script: Script, keys: Sequence[Part], args: Sequence[Part]) -> bytes:
         shape = (script.sha, len(keys), len(args))
         head = self._heads.get(shape)
         if head is None:

@@ -24,6 +24,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
 
 from .connections import ConnectionState, Reply, ThreadConnections
+from .resp import Part
 
 __all__ = ["DefersReads", "land_all"]
 
@@ -88,7 +89,7 @@ class DefersReads(ThreadConnections):
         _runners.add(self)
 
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
     ) -> Any:
         """Run a script and return its reply (the runner's own)."""
         raise NotImplementedError
@@ -107,8 +108,8 @@ class DefersReads(ThreadConnections):
     def send(
         self,
         script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
+        keys: Sequence[Part],
+        args: Sequence[Part],
         *,
         reply: bool = False,
     ) -> Reply | None:

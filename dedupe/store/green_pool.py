@@ -22,6 +22,7 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from .connections import DEFAULT_MAX_CONNECTIONS, ConnectionState, Reply, connection_cap
+from .resp import Part
 from .script_runner import ScriptRunner
 from .tracking import TrackingScriptRunner
 
@@ -160,7 +161,7 @@ class GreenScriptRunner(ScriptRunner):
             threads.local = mine
 
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
     ) -> Any:
         call = super().__call__
         return self._checked_out(lambda: call(script, keys, args, resend=resend))
@@ -168,7 +169,7 @@ class GreenScriptRunner(ScriptRunner):
     def call_many(
         self,
         script: Script,
-        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
     ) -> list[Any]:
@@ -176,7 +177,7 @@ class GreenScriptRunner(ScriptRunner):
         return self._checked_out(lambda: call_many(script, calls, resend=resend))
 
     def send(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, reply: bool = False
     ) -> Reply | None:
         """A kept reply is read on the connection it was sent on, which goes back to the pool
         meanwhile: whoever uses it next reads the reply first, or :meth:`result` does."""

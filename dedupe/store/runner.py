@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 from redis.commands.core import Script
 
 from .connections import Reply
+from .resp import Part
 
 __all__ = ["RemembersNothing", "ScriptCalls"]
 
@@ -30,7 +31,7 @@ class ScriptCalls(Protocol):
     spans_calls: bool
 
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
     ) -> Any:
         """Run a script and return its reply. ``resend=False``: a script that must not run
         twice is not sent again once written (:class:`~dedupe.store.script_runner.Unanswered`)."""
@@ -38,7 +39,7 @@ class ScriptCalls(Protocol):
     def call_many(
         self,
         script: Script,
-        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
     ) -> list[Any]:
@@ -46,7 +47,7 @@ class ScriptCalls(Protocol):
         replies in order, an error reply as its exception in its place."""
 
     def send(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, reply: bool = False
     ) -> Reply | None:
         """Run a script without waiting for its reply; with ``reply``, keep it for
         :meth:`result` (same thread)."""
@@ -63,7 +64,7 @@ class ScriptCalls(Protocol):
         """``attempt()``: a command of the client itself, under the retries that suit it."""
 
     def call_tracked(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part]
     ) -> tuple[Any, float | None]:
         """Run a script with Redis tracking the keys it reads for this thread: its reply, and
         when it was sent if the keys are tracked from then on, else None."""
@@ -87,7 +88,7 @@ class ScriptCalls(Protocol):
 
 class _RunsScripts(Protocol):
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
     ) -> Any: ...
 
 
@@ -96,7 +97,7 @@ class RemembersNothing:
     the pooled one of greenlets, the plain one): a tracked call is a plain call."""
 
     def call_tracked(
-        self: _RunsScripts, script: Script, keys: Sequence[Any], args: Sequence[Any]
+        self: _RunsScripts, script: Script, keys: Sequence[Part], args: Sequence[Part]
     ) -> tuple[Any, float | None]:
         """A plain call: no key is tracked."""
         return self(script, keys, args), None

@@ -23,6 +23,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
 
 from .deferred import DefersReads
+from .resp import Part
 from .runner import RemembersNothing
 
 __all__ = ["ScriptRunner", "Unanswered"]
@@ -43,7 +44,7 @@ class ScriptRunner(RemembersNothing, DefersReads):
     spans_calls = True
 
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
     ) -> Any:
         """Run a script and return its reply. ``resend=False``: a script that must not run
         twice (it pushes a message): tried again only if it was not written, else
@@ -71,7 +72,7 @@ class ScriptRunner(RemembersNothing, DefersReads):
     def call_many(
         self,
         script: Script,
-        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
     ) -> list[Any]:
@@ -120,7 +121,7 @@ class ScriptRunner(RemembersNothing, DefersReads):
         return got
 
     def _replied(
-        self, script: Script, call: tuple[Sequence[Any], Sequence[Any]], resend: bool
+        self, script: Script, call: tuple[Sequence[Part], Sequence[Part]], resend: bool
     ) -> Any:
         try:
             return self(script, *call, resend=resend)

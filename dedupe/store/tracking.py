@@ -23,7 +23,7 @@ from redis.retry import Retry
 from dedupe.compat.redis_private import hear_pushes
 
 from . import connections
-from .resp import pack_command
+from .resp import Part, pack_command
 from .script_runner import ScriptRunner
 
 __all__ = ["TrackingScriptRunner"]
@@ -97,7 +97,7 @@ class TrackingScriptRunner(ScriptRunner):
         )
 
     def call_tracked(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part]
     ) -> tuple[Any, float | None]:
         """Run a script with Redis tracking the keys it reads for this thread (when the
         server can): its reply, and when it was sent (time.monotonic()) if the keys are
