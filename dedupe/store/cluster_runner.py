@@ -143,7 +143,7 @@ class ClusterScriptRunner(RemembersNothing):
 
     def __call__(
         self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
-    ) -> Any:
+    ) -> object:
         """Run a script and return its reply (``resend``: as the ScriptRunner's)."""
         return self._call(script, keys, args, time.monotonic(), resend)
 
@@ -159,7 +159,7 @@ class ClusterScriptRunner(RemembersNothing):
         args: Sequence[Part],
         started: float,
         resend: bool = True,
-    ) -> Any:
+    ) -> object:
         runner = self._master(keys[0])
         failed: BaseException | None = None
         if runner is not None:
@@ -170,7 +170,7 @@ class ClusterScriptRunner(RemembersNothing):
                     raise
                 failed = exc
 
-        def evalsha() -> Any:
+        def evalsha() -> object:
             try:
                 return self._evalsha(script, keys, args)
             except _TRIED as exc:
@@ -216,13 +216,13 @@ class ClusterScriptRunner(RemembersNothing):
         calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
-    ) -> list[Any]:
+    ) -> list[object]:
         """Run ``script`` once per ``(keys, args)``, pipelined per master (a round trip for
         each master the calls' slots are on); the replies in order, an error reply as its
         exception in its place. A call redirected (its slot moved or moving), or cut off,
         runs again alone, within one budget for the whole batch."""
         started = time.monotonic()
-        replies: list[Any] = [_AGAIN] * len(calls)
+        replies: list[object] = [_AGAIN] * len(calls)
         groups: dict[int, tuple[ScriptRunner | None, list[int]]] = {}
         for index, (keys, _) in enumerate(calls):
             runner = self._master(keys[0])
@@ -270,7 +270,7 @@ class ClusterScriptRunner(RemembersNothing):
             slot.settle(None, exc)
         return slot
 
-    def result(self, slot: Reply) -> Any:
+    def result(self, slot: Reply) -> object:
         """The reply kept by a :meth:`send` with ``reply=True``."""
         if slot.error is not None:
             raise slot.error
@@ -279,7 +279,7 @@ class ClusterScriptRunner(RemembersNothing):
     def flush(self, *, wait: bool = True) -> None:
         """Nothing to read: every send waited for its reply."""
 
-    def _evalsha(self, script: Script, keys: Sequence[Part], args: Sequence[Part]) -> Any:
+    def _evalsha(self, script: Script, keys: Sequence[Part], args: Sequence[Part]) -> object:
         client: Any = self._client  # (evalsha's arguments are untyped in redis-py)
         try:
             return client.evalsha(script.sha, len(keys), *keys, *args)

@@ -90,7 +90,7 @@ class DefersReads(ThreadConnections):
 
     def __call__(
         self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
-    ) -> Any:
+    ) -> object:
         """Run a script and return its reply (the runner's own)."""
         raise NotImplementedError
 
@@ -171,7 +171,7 @@ class DefersReads(ThreadConnections):
         self._connection()
         self._catch_up()
 
-    def result(self, slot: Reply) -> Any:
+    def result(self, slot: Reply) -> object:
         """The reply of a :meth:`send` made with ``reply=True`` on this thread (waits for it;
         a connection lost meanwhile sends the command again, under the Retry policy)."""
 

@@ -162,7 +162,7 @@ class GreenScriptRunner(ScriptRunner):
 
     def __call__(
         self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
-    ) -> Any:
+    ) -> object:
         call = super().__call__
         return self._checked_out(lambda: call(script, keys, args, resend=resend))
 
@@ -172,7 +172,7 @@ class GreenScriptRunner(ScriptRunner):
         calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
-    ) -> list[Any]:
+    ) -> list[object]:
         call_many = super().call_many
         return self._checked_out(lambda: call_many(script, calls, resend=resend))
 
@@ -191,7 +191,7 @@ class GreenScriptRunner(ScriptRunner):
 
         return self._checked_out(sent)
 
-    def result(self, slot: Reply) -> Any:
+    def result(self, slot: Reply) -> object:
         result = super().result
         return self._on(slot.on, lambda: result(slot))
 

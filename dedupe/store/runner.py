@@ -10,11 +10,12 @@ tracking" and "nothing remembered", and its tracked call is a plain one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from redis.commands.core import Script
 
 from .connections import Reply
+from .remembered import Answer
 from .resp import Part
 
 __all__ = ["RemembersNothing", "ScriptCalls"]
@@ -32,7 +33,7 @@ class ScriptCalls(Protocol):
 
     def __call__(
         self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
-    ) -> Any:
+    ) -> object:
         """Run a script and return its reply. ``resend=False``: a script that must not run
         twice is not sent again once written (:class:`~dedupe.store.script_runner.Unanswered`)."""
 
@@ -42,7 +43,7 @@ class ScriptCalls(Protocol):
         calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
-    ) -> list[Any]:
+    ) -> list[object]:
         """Run ``script`` once per ``(keys, args)`` in one round trip (per master); the
         replies in order, an error reply as its exception in its place."""
 
@@ -52,7 +53,7 @@ class ScriptCalls(Protocol):
         """Run a script without waiting for its reply; with ``reply``, keep it for
         :meth:`result` (same thread)."""
 
-    def result(self, slot: Reply) -> Any:
+    def result(self, slot: Reply) -> object:
         """The reply of a :meth:`send` made with ``reply=True`` (waits for it)."""
 
     def flush(self, *, wait: bool = True) -> None:
@@ -65,7 +66,7 @@ class ScriptCalls(Protocol):
 
     def call_tracked(
         self, script: Script, keys: Sequence[Part], args: Sequence[Part]
-    ) -> tuple[Any, float | None]:
+    ) -> tuple[object, float | None]:
         """Run a script with Redis tracking the keys it reads for this thread: its reply, and
         when it was sent if the keys are tracked from then on, else None."""
 
@@ -75,10 +76,10 @@ class ScriptCalls(Protocol):
     def note_duplicate(self, key: str) -> None:
         """``key`` was met held, untracked."""
 
-    def remember(self, key: str, until: float, value: Any) -> None:
+    def remember(self, key: str, until: float, value: Answer) -> None:
         """Keep ``value`` as this thread's answer for a key a tracked call just read."""
 
-    def remembered(self, key: str) -> Any:
+    def remembered(self, key: str) -> Answer | None:
         """This thread's remembered answer for ``key`` while Redis says nothing of it, or
         None."""
 
@@ -89,7 +90,7 @@ class ScriptCalls(Protocol):
 class _RunsScripts(Protocol):
     def __call__(
         self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
-    ) -> Any: ...
+    ) -> object: ...
 
 
 class RemembersNothing:
@@ -98,7 +99,7 @@ class RemembersNothing:
 
     def call_tracked(
         self: _RunsScripts, script: Script, keys: Sequence[Part], args: Sequence[Part]
-    ) -> tuple[Any, float | None]:
+    ) -> tuple[object, float | None]:
         """A plain call: no key is tracked."""
         return self(script, keys, args), None
 
@@ -109,10 +110,10 @@ class RemembersNothing:
     def note_duplicate(self, key: str) -> None:
         """Nothing to note: no key is tracked."""
 
-    def remember(self, key: str, until: float, value: Any) -> None:
+    def remember(self, key: str, until: float, value: Answer) -> None:
         """Nothing is remembered."""
 
-    def remembered(self, key: str) -> Any:
+    def remembered(self, key: str) -> Answer | None:
         """Nothing: no answer is remembered."""
         return None
 

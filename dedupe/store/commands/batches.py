@@ -76,7 +76,7 @@ def _marked(keys: list[Any], args: list[Any], marker: str | None) -> tuple[list[
     return keys, args
 
 
-def chunk_replies(reply: Any, size: int) -> list[Any]:
+def chunk_replies(reply: Any, size: int) -> list[object]:
     """The per-call replies of one enqueue_many.lua (an error reply stands for each call)."""
     if isinstance(reply, BaseException):
         return [reply] * size

@@ -152,7 +152,7 @@ class EnqueueCommands(StoreBase):
         calls: Sequence[_Call],
         many: Script,
         chunk_of: Callable[[Sequence[_Call], str | None], tuple[list[Any], list[Any]]],
-    ) -> list[Any]:
+    ) -> list[object]:
         # One server: a script per chunk, all in one round trip; the chunks sent while the
         # store's data was lost and not restored go again after the restore.
         chunks = [
