@@ -16,15 +16,17 @@ Design notes: docs/design-notes.md, "dedupe.store.script_runner".
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
 
 from .deferred import DefersReads
-from .resp import Part
 from .runner import RemembersNothing
+
+if TYPE_CHECKING:
+    from .resp import Part
 
 __all__ = ["ScriptRunner", "Unanswered"]
 
