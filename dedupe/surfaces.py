@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
+if TYPE_CHECKING:
+    from kombu import Connection, Exchange
+
 from celery import Task
 from celery.result import AsyncResult
 
@@ -110,3 +113,14 @@ class ProducerSurface(Protocol):
 
     def publish(self, body: Any, **kwargs: Any) -> Any:
         """Publish one message."""
+
+    @property
+    def exchange(self) -> Exchange:
+        """The exchange a publish naming none goes to."""
+
+    @property
+    def connection(self) -> Connection | None:
+        """The connection of the producer's channel."""
+
+    def maybe_declare(self, entity: object, retry: bool = False, **retry_policy: object) -> bool:
+        """Declare ``entity`` unless the connection's declaration cache holds it."""

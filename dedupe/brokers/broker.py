@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager as ContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from dedupe.surfaces import ProducerSurface
 
 from .plans import LinePlan, PushPlan, StartPlan
 
@@ -47,12 +49,16 @@ class Broker(Protocol):
     def is_store(self, store: Store) -> bool:
         """Is the broker the dedup store's server and database?"""
 
-    def pushing_through(self, producer: Any, plans: Mapping[str, PushPlan]) -> ContextManager[None]:
+    def pushing_through(
+        self, producer: ProducerSurface, plans: Mapping[str, PushPlan]
+    ) -> ContextManager[None]:
         """Each publish of the block through ``producer`` writes the record of the plan of its
         task id with its message, in one step where the broker can; a message of another task
         id, or on a broker that cannot, goes out as kombu sends it."""
 
-    def pushing_in_line(self, producer: Any, plan: LinePlan | StartPlan) -> ContextManager[None]:
+    def pushing_in_line(
+        self, producer: ProducerSurface, plan: LinePlan | StartPlan
+    ) -> ContextManager[None]:
         """:meth:`pushing_through` for a call with ``key_concurrency`` or ``key_rate_limit``:
         its place in line (or reserved start) and its message."""
 

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import AbstractContextManager as ContextManager
-from typing import Any
+
+from dedupe.surfaces import ChannelSurface, ProducerSurface
 
 from .shadowing import shadowing
 
 __all__ = ["all_declared", "declaring_once"]
 
 
-def declaring_once(producer: Any) -> ContextManager[None]:
+def declaring_once(producer: ProducerSurface) -> ContextManager[None]:
     """kombu's ``Producer.maybe_declare`` on ``producer`` for the block, with the look in its
     connection's declaration cache made first.
 
@@ -22,7 +24,7 @@ def declaring_once(producer: Any) -> ContextManager[None]:
     goes to kombu. ``before_task_publish`` still sees Celery's ``declare``."""
     kombu_maybe_declare = type(producer).maybe_declare
 
-    def maybe_declare(entity: Any, retry: bool = False, **retry_policy: Any) -> Any:
+    def maybe_declare(entity: object, retry: bool = False, **retry_policy: object) -> bool:
         if entity and _declared(producer.channel, entity):
             return False  # (what kombu's maybe_declare returns for a cached declaration)
         return kombu_maybe_declare(producer, entity, retry, **retry_policy)
@@ -30,7 +32,7 @@ def declaring_once(producer: Any) -> ContextManager[None]:
     return shadowing(producer, maybe_declare=maybe_declare)
 
 
-def _declared(channel: Any, entity: Any) -> bool:
+def _declared(channel: ChannelSurface, entity: object) -> bool:
     """Would kombu's ``maybe_declare`` find ``entity`` declared on ``channel``'s connection?"""
     connection = getattr(channel, "connection", None)
     if connection is None or not getattr(entity, "can_cache_declaration", False):
@@ -38,6 +40,6 @@ def _declared(channel: Any, entity: Any) -> bool:
     return hash(entity) in connection.client.declared_entities
 
 
-def all_declared(channel: Any, entities: Any) -> bool:
+def all_declared(channel: ChannelSurface, entities: Iterable[object]) -> bool:
     """Would kombu's ``maybe_declare`` find each of ``entities`` declared, and return?"""
     return all(_declared(channel, entity) for entity in entities)

@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dedupe.surfaces import ProducerSurface
 
 from .plans import LinePlan, PushPlan, StartPlan
 
@@ -34,10 +36,14 @@ class OtherBroker:
     def is_store(self, store: Store) -> bool:
         return False
 
-    def pushing_through(self, producer: Any, plans: Mapping[str, PushPlan]) -> ContextManager[None]:
+    def pushing_through(
+        self, producer: ProducerSurface, plans: Mapping[str, PushPlan]
+    ) -> ContextManager[None]:
         return nullcontext()
 
-    def pushing_in_line(self, producer: Any, plan: LinePlan | StartPlan) -> ContextManager[None]:
+    def pushing_in_line(
+        self, producer: ProducerSurface, plan: LinePlan | StartPlan
+    ) -> ContextManager[None]:
         return nullcontext()
 
     def restart_watch(self, store: Store, prefix: str, lease: float) -> RestartWatch | None:

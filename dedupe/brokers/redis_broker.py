@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager as ContextManager
-from typing import Any
 
 from celery import Celery
 
 from dedupe.compat import kombu_private
 from dedupe.recovery.unacked import RestartWatch
 from dedupe.store.store import Store
+from dedupe.surfaces import ProducerSurface
 from dedupe.values.redelivery import redis_redelivery, visibility_gap
 
 from .plans import LinePlan, PushPlan, StartPlan
@@ -49,10 +49,14 @@ class RedisBroker:
             and self.address == ServerAddress.of_client(server)
         )
 
-    def pushing_through(self, producer: Any, plans: Mapping[str, PushPlan]) -> ContextManager[None]:
+    def pushing_through(
+        self, producer: ProducerSurface, plans: Mapping[str, PushPlan]
+    ) -> ContextManager[None]:
         return pushing_through_many(producer, plans)
 
-    def pushing_in_line(self, producer: Any, plan: LinePlan | StartPlan) -> ContextManager[None]:
+    def pushing_in_line(
+        self, producer: ProducerSurface, plan: LinePlan | StartPlan
+    ) -> ContextManager[None]:
         return pushing_in_line(producer, plan)
 
     def restart_watch(self, store: Store, prefix: str, lease: float) -> RestartWatch | None:

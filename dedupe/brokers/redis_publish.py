@@ -15,20 +15,22 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeGuard
 
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 from dedupe.compat import kombu_private
+from dedupe.compat.kombu_private import KombuMessage, RedisChannel
 from dedupe.errors import RedisUnavailable
 from dedupe.store.commands.pushes import PendingPush
 from dedupe.store.commands.starts import EtaSplit
 from dedupe.store.store import Store
+from dedupe.surfaces import ProducerSurface
 from dedupe.values.record import Holder
 from dedupe.values.record_state import RecordState
 
@@ -41,13 +43,18 @@ __all__ = ["is_redis_channel", "pushing_in_line", "pushing_through_many"]
 
 logger = logging.getLogger("dedupe.producer")
 
+#: A ``_put_fanout`` kombu asked for in a publish: its positional and keyword arguments.
+Fanout = tuple[tuple[object, ...], dict[str, object]]
 
-def is_redis_channel(channel: Any) -> bool:
+
+def is_redis_channel(channel: object) -> TypeGuard[RedisChannel]:
     """A channel of kombu's Redis transport (Sentinel's included)."""
     return isinstance(channel, kombu_redis.Channel)
 
 
-def pushing_through_many(producer: Any, plans: Mapping[str, PushPlan]) -> ContextManager[None]:
+def pushing_through_many(
+    producer: ProducerSurface, plans: Mapping[str, PushPlan]
+) -> ContextManager[None]:
     """:func:`pushing_through` for every publish of the block, each with the plan of its task
     id (``plans``; a message of another id goes out through kombu as it would). When every
     plan holds its push back (a batch), kombu's ``Producer.publish`` of their messages is
@@ -61,7 +68,7 @@ def pushing_through_many(producer: Any, plans: Mapping[str, PushPlan]) -> Contex
     return seam.installed()
 
 
-def pushing_in_line(producer: Any, plan: LinePlan | StartPlan) -> ContextManager[None]:
+def pushing_in_line(producer: ProducerSurface, plan: LinePlan | StartPlan) -> ContextManager[None]:
     """Publish through ``producer`` with ``plan``'s place in line (or start), for the
     duration of the block: on a Redis broker that is the dedup store, the place (or start)
     and the message in one round trip; else the place (or start) first, then the message (a
@@ -83,14 +90,16 @@ class _Seam:
     """The channel's ``basic_publish`` and ``_put`` for a block of publishes: shadowed once for
     the block (a batch makes many publishes through it)."""
 
-    def __init__(self, channel: Any, plans: Mapping[str, PushPlan | LinePlan | StartPlan]) -> None:
+    def __init__(
+        self, channel: RedisChannel, plans: Mapping[str, PushPlan | LinePlan | StartPlan]
+    ) -> None:
         self.channel = channel
         self.plans = plans
         self.kombu = type(channel)
         #: The lists and fanouts kombu hands ``_put`` in the publish of a plan (None: in
         #: no such publish, ``_put`` is kombu's).
         self.queues: list[str] | None = None
-        self.fanouts: list[tuple[Any, ...]] = []
+        self.fanouts: list[Fanout] = []
         #: Is the dedup store on the channel's server? (per store: asked once per block)
         self.same_server: dict[int, bool] = {}
 
@@ -101,26 +110,26 @@ class _Seam:
             **kombu_private.put_shadows(self.put, self.put_fanout),
         )
 
-    def put(self, queue: str, message: Any, **kwargs: Any) -> Any:
+    def put(self, queue: str, message: KombuMessage, **kwargs: object) -> object:
         if self.queues is None:
             return kombu_private.put(self.channel, queue, message, **kwargs)
         self.queues.append(queue)
         return None
 
-    def put_fanout(self, *args: Any, **kwargs: Any) -> Any:
+    def put_fanout(self, *args: object, **kwargs: object) -> object:
         if self.queues is None:
             return kombu_private.put_fanout(self.channel, *args, **kwargs)
         self.fanouts.append((args, kwargs))
         return None
 
     def basic_publish(
-        self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any
-    ) -> Any:
+        self, message: KombuMessage, exchange: str, routing_key: str, **kwargs: object
+    ) -> object:
         plan = self.plans.get(str((message.get("headers") or {}).get("id")))
         if plan is None:
             return self.kombu.basic_publish(self.channel, message, exchange, routing_key, **kwargs)
         queues: list[str] = []
-        fanouts: list[tuple[Any, ...]] = []
+        fanouts: list[Fanout] = []
         self.queues, self.fanouts = queues, fanouts
         try:
             self.kombu.basic_publish(self.channel, message, exchange, routing_key, **kwargs)
@@ -132,7 +141,8 @@ class _Seam:
         if isinstance(plan, StartPlan):
             _publish_at_start(self, plan, message, queues, fanouts)
             return None
-        return _publish(self, plan, message, queues, fanouts)
+        _publish(self, plan, message, queues, fanouts)
+        return None
 
     def on_same_server(self, plan: PushPlan | LinePlan | StartPlan) -> bool:
         store = plan.store
@@ -154,19 +164,19 @@ class _HeldBack:
     kombu 5.7 also copies a retry policy into the connection's transport options: the
     wrapper is skipped only for a policy that a publish of the block has given kombu."""
 
-    def __init__(self, producer: Any, seam: _Seam) -> None:
+    def __init__(self, producer: ProducerSurface, seam: _Seam) -> None:
         self.producer = producer
         self.seam = seam
         # (Bound now: the publish under it, the budget's shadow (:func:`within_budget`) or
         # kombu's.)
-        self.kombu = producer.publish
+        self.kombu: Callable[..., object] = producer.publish
         #: The retry policies kombu was given, with retry, by a publish of the block.
-        self.policies: list[Any] = []
+        self.policies: list[object] = []
 
     def installed(self) -> ContextManager[None]:
         return shadowing(self.producer, publish=self.publish)
 
-    def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+    def publish(self, body: object, *args: object, **kwargs: Any) -> object:
         declare = kwargs.get("declare")
         if declare and all_declared(self.seam.channel, declare):
             kwargs["declare"] = declare = []
@@ -197,21 +207,21 @@ class _HeldBack:
 def _publish(
     seam: _Seam,
     plan: PushPlan,
-    message: dict[str, Any],
+    message: KombuMessage,
     queues: list[str],
-    fanouts: list[tuple[Any, ...]],
-) -> Any:
+    fanouts: list[Fanout],
+) -> None:
     """Write ``plan``'s record with the message kombu routed to ``queues`` (and ``fanouts``)."""
     channel = seam.channel
     if not queues and not fanouts:
         # kombu drops what no queue is bound for: nothing may hold the key for it.
         written = plan.state.provisional_written
         plan.move(RecordState.UNROUTED if written else RecordState.DROPPED)
-        return None
+        return
     routed = _one_step_lists(seam, plan, message, queues, fanouts)
     if routed is None:
         _publish_provisionally(channel, plan, message, queues, fanouts)
-        return None
+        return
     lists, expiring, expire_ms = routed
     push = PendingPush(
         plan.keys,
@@ -227,21 +237,21 @@ def _publish(
     )
     if plan.deferred:
         plan.pending = push
-        return None
+        return
     plan.move(RecordState.SENT)  # its fate is the script's from here
     outcome = plan.store.push(push)
     if isinstance(outcome, Holder):
         raise Refused(outcome)
     plan.pushed(outcome)
-    return None
+    return
 
 
 def _one_step_lists(
     seam: _Seam,
     plan: PushPlan | LinePlan | StartPlan,
-    message: dict[str, Any],
+    message: KombuMessage,
     queues: list[str],
-    fanouts: list[tuple[Any, ...]],
+    fanouts: list[Fanout],
 ) -> tuple[list[str], list[str], int] | None:
     """What one script pushes ``message`` to for ``queues`` (see :func:`_lists_of`); None
     where one script cannot: a fanout, queues of different expiries, another server."""
@@ -253,7 +263,7 @@ def _one_step_lists(
 
 
 def _lists_of(
-    channel: Any, message: dict[str, Any], queues: list[str], expiries: set[int]
+    channel: RedisChannel, message: KombuMessage, queues: list[str], expiries: set[int]
 ) -> tuple[list[str], list[str], int]:
     """The lists kombu would push ``message`` to for ``queues``, the lists whose expiry a
     push extends (queues declared with x-expires, every priority step), and that expiry."""
@@ -275,9 +285,9 @@ def _lists_of(
 def _publish_in_line(
     seam: _Seam,
     plan: LinePlan,
-    message: dict[str, Any],
+    message: KombuMessage,
     queues: list[str],
-    fanouts: list[tuple[Any, ...]],
+    fanouts: list[Fanout],
 ) -> None:
     """Take ``plan``'s place in line with the message kombu routed to ``queues``."""
     channel = seam.channel
@@ -306,9 +316,9 @@ def _publish_in_line(
 def _publish_at_start(
     seam: _Seam,
     plan: StartPlan,
-    message: dict[str, Any],
+    message: KombuMessage,
     queues: list[str],
-    fanouts: list[tuple[Any, ...]],
+    fanouts: list[Fanout],
 ) -> None:
     """Reserve ``plan``'s start (and take its place in line) with the message kombu routed
     to ``queues``, its eta the start's: the script decides the countdown, so the message is
@@ -343,7 +353,7 @@ def _publish_at_start(
     headers["eta"] = json.loads(pushed.eta)
 
 
-def _split_at_eta(message: dict[str, Any], headers: dict[str, Any]) -> EtaSplit | None:
+def _split_at_eta(message: KombuMessage, headers: dict[str, object]) -> EtaSplit | None:
     """``message`` serialised as kombu pushes it, split at its eta's JSON value (None: the
     placeholder is not found once)."""
     own = headers["eta"]
@@ -360,11 +370,11 @@ def _split_at_eta(message: dict[str, Any], headers: dict[str, Any]) -> EtaSplit 
 
 
 def _start_then_push(
-    channel: Any,
+    channel: RedisChannel,
     plan: StartPlan,
-    message: dict[str, Any],
+    message: KombuMessage,
     queues: list[str],
-    fanouts: list[tuple[Any, ...]],
+    fanouts: list[Fanout],
 ) -> None:
     """Two steps, as on any other broker: the start (and the place), then kombu's push, the
     eta written here."""
@@ -392,11 +402,11 @@ def _start_then_push(
 
 
 def _place_then_push(
-    channel: Any,
+    channel: RedisChannel,
     plan: LinePlan,
-    message: dict[str, Any],
+    message: KombuMessage,
     queues: list[str],
-    fanouts: list[tuple[Any, ...]],
+    fanouts: list[Fanout],
 ) -> None:
     logger.debug("%s: no one-step publish here, taking its place first", plan.task_id)
     try:
@@ -408,11 +418,11 @@ def _place_then_push(
 
 
 def _push_as_kombu(
-    channel: Any,
+    channel: RedisChannel,
     plan: LinePlan | StartPlan,
-    message: dict[str, Any],
+    message: KombuMessage,
     queues: list[str],
-    fanouts: list[tuple[Any, ...]],
+    fanouts: list[Fanout],
 ) -> None:
     """kombu's own push of a message whose place (or start) was taken apart from it: a
     place taken is the message's once it is pushed (a failed push leaves the line)."""
@@ -425,11 +435,11 @@ def _push_as_kombu(
 
 
 def _publish_provisionally(
-    channel: Any,
+    channel: RedisChannel,
     plan: PushPlan,
-    message: dict[str, Any],
+    message: KombuMessage,
     queues: list[str],
-    fanouts: list[tuple[Any, ...]],
+    fanouts: list[Fanout],
 ) -> None:
     logger.debug("%s: no one-step publish here, publishing provisionally", plan.task_id)
     if not plan.state.provisional_written:
@@ -457,7 +467,7 @@ def _publish_provisionally(
         plan.move(RecordState.AWAITING_CONFIRM)
 
 
-def _same_server(channel: Any, store: Store) -> bool:
+def _same_server(channel: RedisChannel, store: Store) -> bool:
     """Is the channel's Redis the dedup store's server and database?"""
     server = store.server
     return server is not None and ServerAddress.of_client(server) == ServerAddress.of_client(

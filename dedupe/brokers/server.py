@@ -38,7 +38,7 @@ class ServerAddress:
 
     @classmethod
     def of_broker(
-        cls, hostname: str | None, port: int | None, virtual_host: Any
+        cls, hostname: str | None, port: int | None, virtual_host: object
     ) -> ServerAddress | None:
         """From kombu's Redis connection, not connected (None: a form that names no one
         server and database here, such as Sentinel's)."""
@@ -55,7 +55,7 @@ class ServerAddress:
         return None if db is None else cls(None, host, int(port or _DEFAULT_PORT), db)
 
 
-def _db(virtual_host: Any) -> int | None:
+def _db(virtual_host: object) -> int | None:
     try:
         return int(str(virtual_host or "0").strip("/") or 0)
     except ValueError:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 __all__ = ["shadowing"]
 
 
 @contextmanager
-def shadowing(channel: Any, **methods: Callable[..., Any]) -> Iterator[None]:
+def shadowing(channel: object, **methods: Callable[..., object]) -> Iterator[None]:
     """Shadow methods on this one channel instance for the block; what the instance had before
     is back after it (kombu's channels are shared by no other thread while a producer holds
     them). py-amqp puts ``basic_publish_confirm`` on the instance under confirm_publish: a

@@ -9,10 +9,10 @@ import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from types import CodeType
-from typing import Any
+from typing import Any, TypeVar
 
 import celery
-from celery import _state
+from celery import Celery, _state
 from celery.app.amqp import AMQP
 from celery.app.task import Task
 from celery.backends.asynchronous import AsyncBackendMixin
@@ -51,17 +51,18 @@ logger = logging.getLogger("dedupe.compat")
 _Mixin: Any = AsyncBackendMixin
 _View: Any = ConfigurationView
 _Scheduler: Any = Scheduler
+_T = TypeVar("_T")
 
 
 def _names_in(function: Any) -> tuple[str, ...]:
     return tuple(function.__code__.co_names)
 
 
-_current_app: Any = getattr(_state, "get_current_app", None)
+_current_app: Callable[[], Celery] | None = getattr(_state, "get_current_app", None)
 MEMBERS.need("celery._state.get_current_app", "the current app's lookup", lambda: _current_app)
 
 
-def current_app() -> Any:
+def current_app() -> Celery:
     """The app Celery would use for a call given none."""
     if _current_app is not None:
         return _current_app()
@@ -69,11 +70,11 @@ def current_app() -> Any:
     return unproxied(celery.current_app)
 
 
-def current_worker_task() -> Any:
+def current_worker_task() -> Task[..., object] | None:
     """The task a worker runs in this thread now (not one called directly inside it): the
     app's public ``current_worker_task``, the same for every app."""
-    app: Any = celery.current_app
-    return app.current_worker_task
+    task: Task[..., object] | None = celery.current_app.current_worker_task
+    return task
 
 
 #: The keywords the single-call sender gives ``create_task_message`` (Celery's ``as_task_v2``).
@@ -163,21 +164,23 @@ SENDER: bool = all(
 )
 
 
-def argument_check(task: Any) -> Any:
+def argument_check(task: Task[..., object]) -> Callable[..., object] | None:
     """The check of a call's arguments against the task's signature (``typing``), or None."""
-    return getattr(task, "__header__", None) if task.typing else None
+    check: Callable[..., object] | None = getattr(task, "__header__", None) if task.typing else None
+    return check
 
 
-def sent_through_celery_only(task: Any) -> bool:
+def sent_through_celery_only(task: Task[..., object]) -> bool:
     """Must calls of ``task`` go through Celery's own apply_async: a task of Celery's old
     base, or one whose pydantic arguments Celery dumps?"""
     return bool(task.__v2_compat__) or getattr(task, "_dump_pydantic_arguments", None) is not None
 
 
-def unproxied(obj: Any) -> Any:
+def unproxied(obj: _T) -> _T:
     """The object behind Celery's lazy proxy (what ``@shared_task`` returns), else ``obj``."""
     unwrap = getattr(obj, "_get_current_object", None)
-    return unwrap() if callable(unwrap) else obj
+    behind: _T = unwrap() if callable(unwrap) else obj
+    return behind
 
 
 def exec_options(task: Any) -> Mapping[str, Any]:
@@ -186,9 +189,10 @@ def exec_options(task: Any) -> Mapping[str, Any]:
     return options
 
 
-def app_of_task(task: Any) -> Any:
+def app_of_task(task: Any) -> Celery:
     """The app ``apply_async`` publishes with: the task's, whatever the call was given."""
-    return task._get_app()
+    app: Celery = task._get_app()
+    return app
 
 
 _RESULTS = "the light results of duplicates"
@@ -220,17 +224,18 @@ def removes_pending_by_task_id() -> bool:
     return "task_id" in inspect.signature(remove).parameters
 
 
-def result_without_init(result: Any) -> None:
+def result_without_init(result: object) -> None:
     """What ``AsyncResult.__init__`` sets but for the promise (made when first used)."""
     vars(result).update(_cache=None, _ignored=False)
 
 
-def on_fulfilled(result: Any) -> Any:
+def on_fulfilled(result: Any) -> Callable[..., object]:
     """The result's own callback for its ``on_ready`` promise."""
-    return result._on_fulfilled
+    callback: Callable[..., object] = result._on_fulfilled
+    return callback
 
 
-def pending_results(backend: Any) -> Iterable[MutableMapping[str, Any]]:
+def pending_results(backend: object) -> Iterable[MutableMapping[str, Any]]:
     """The backend's maps of the results waited on, by task id (none: not an async one)."""
     pending: Iterable[MutableMapping[str, Any]] = getattr(backend, "_pending_results", None) or ()
     return pending
@@ -243,7 +248,7 @@ SETTINGS: bool = MEMBERS.need(
 )
 
 
-def setting_keys(conf: Any, name: str) -> tuple[Any, ...]:
+def setting_keys(conf: Any, name: str) -> tuple[str, ...]:
     """The keys ``ConfigurationView.__getitem__`` tries for ``name``, in its order (Celery
     has no public way to ask for them); () when they cannot be had."""
     if not SETTINGS:

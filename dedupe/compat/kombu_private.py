@@ -8,8 +8,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
+import redis
 from kombu import Connection, Producer
 from kombu.transport import redis as kombu_redis
 
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 MEMBERS = Members("kombu")
-_Channel: Any = kombu_redis.Channel
+_Channel = kombu_redis.Channel
 _ONE_STEP = "the one-step publish"
 
 
@@ -93,43 +94,85 @@ HELD_BACK: bool = not hasattr(Producer, "batch") or MEMBERS.need(
 )
 
 
-def put_shadows(put: Callable[..., Any], put_fanout: Callable[..., Any]) -> dict[str, Any]:
+#: The message dict a kombu virtual channel builds and hands ``basic_publish`` and ``_put``.
+KombuMessage = TypedDict(
+    "KombuMessage",
+    {
+        "body": "str | bytes",
+        "content-encoding": str,
+        "content-type": str,
+        "headers": "dict[str, object]",
+        "properties": "dict[str, object]",
+    },
+)
+
+#: A queue's priority as kombu files messages under it (one of its ``priority_steps``).
+Priority = int
+
+
+class RedisChannel(Protocol):
+    """kombu's Redis transport's channel, as far as dedupe reads it (private members
+    included: they are read here alone)."""
+
+    global_keyprefix: str
+    priority_steps: list[Priority]
+
+    @property
+    def pool(self) -> redis.ConnectionPool: ...
+
+    def basic_publish(
+        self, message: KombuMessage, exchange: str, routing_key: str, **kwargs: object
+    ) -> object: ...
+
+    def _put(self, queue: str, message: KombuMessage, **kwargs: object) -> object: ...
+
+    def _put_fanout(self, *args: object, **kwargs: object) -> object: ...
+
+    def _get_message_priority(self, message: KombuMessage, reverse: bool = False) -> Priority: ...
+
+    def _q_for_pri(self, queue: str, pri: Priority) -> str: ...
+
+
+def put_shadows(
+    put: Callable[..., object], put_fanout: Callable[..., object]
+) -> dict[str, Callable[..., object]]:
     """Instance attributes that stand for the channel's ``_put`` and ``_put_fanout``."""
     return {"_put": put, "_put_fanout": put_fanout}
 
 
-def priority_steps(channel: Any) -> Iterable[Any]:
+def priority_steps(channel: RedisChannel) -> Iterable[Priority]:
     """The priorities kombu keeps a list of each queue for."""
-    steps: Iterable[Any] = channel.priority_steps
+    steps: Iterable[Priority] = channel.priority_steps
     return steps
 
 
-def put(channel: Any, queue: str, message: Any, **kwargs: Any) -> Any:
+def put(channel: RedisChannel, queue: str, message: KombuMessage, **kwargs: object) -> object:
     """kombu's own ``_put`` of ``channel``'s class (the instance's may be shadowed)."""
     return type(channel)._put(channel, queue, message, **kwargs)
 
 
-def put_fanout(channel: Any, *args: Any, **kwargs: Any) -> Any:
+def put_fanout(channel: RedisChannel, *args: object, **kwargs: object) -> object:
     """kombu's own ``_put_fanout`` of ``channel``'s class."""
     return type(channel)._put_fanout(channel, *args, **kwargs)
 
 
-def message_priority(channel: Any, message: Any) -> Any:
+def message_priority(channel: RedisChannel, message: KombuMessage) -> Priority:
     """The priority kombu files ``message`` under."""
     return channel._get_message_priority(message, reverse=False)
 
 
-def priority_list(channel: Any, queue: str, priority: Any) -> str:
+def priority_list(channel: RedisChannel, queue: str, priority: Priority) -> str:
     """The Redis list of ``queue`` for ``priority``, with the channel's key prefix."""
     return str(channel.global_keyprefix + channel._q_for_pri(queue, priority))
 
 
-def queue_expiries(channel: Any) -> dict[str, Any]:
+def queue_expiries(channel: RedisChannel) -> dict[str, int]:
     """The ``x-expires`` of each queue declared on ``channel`` (none before kombu 5.6.2)."""
-    return getattr(channel, "_expires", None) or {}
+    expiries: dict[str, int] = getattr(channel, "_expires", None) or {}
+    return expiries
 
 
-def in_kombu_batch(producer: Any) -> bool | None:
+def in_kombu_batch(producer: object) -> bool | None:
     """Is ``producer`` inside kombu's ``Producer.batch()`` block? None: cannot tell."""
     if not hasattr(Producer, "batch"):
         return False
@@ -138,9 +181,10 @@ def in_kombu_batch(producer: Any) -> bool | None:
     return getattr(getattr(producer, "_batch_local", None), "current", None) is not None
 
 
-def library_errors(connection: Any) -> AbstractContextManager[Any]:
+def library_errors(connection: Any) -> AbstractContextManager[None]:
     """kombu's context turning transport errors into kombu's (what Celery's send_task uses)."""
-    reraise: Callable[[], AbstractContextManager[Any]] = connection._reraise_as_library_errors
+    # (celery-types declares the method a generator: it is a context manager.)
+    reraise: Callable[[], AbstractContextManager[None]] = connection._reraise_as_library_errors
     return reraise()
 
 

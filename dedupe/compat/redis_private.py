@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import AbstractBackoff, NoBackoff
 from redis.retry import Retry
 
 from .members import Members
@@ -32,12 +32,17 @@ _Connection: Any = redis.Connection  # (untyped in redis-py)
 _PUSH_HANDLER_SETTERS = ("set_invalidation_push_handler", "set_push_handler")
 
 
-def _push_setter(connection: Any) -> Any:
+#: How a handler of pushes is set on a connection's parser.
+PushSetter = Callable[[Callable[[list[object]], None]], object]
+
+
+def _push_setter(connection: object) -> PushSetter | None:
     parser = getattr(connection, "_parser", None)
     for name in _PUSH_HANDLER_SETTERS:
         setter = getattr(parser, name, None)
         if callable(setter):
-            return setter
+            found: PushSetter = setter
+            return found
     return None
 
 
@@ -48,13 +53,13 @@ SEES_SOCKET: bool = MEMBERS.need(
 )
 
 
-def socket_of(connection: Any) -> socket.socket | None:
+def socket_of(connection: object) -> socket.socket | None:
     """The socket of a connection redis-py has connected (None: not to be had)."""
     sock: socket.socket | None = getattr(connection, "_sock", None) if SEES_SOCKET else None
     return sock
 
 
-def _resp3_parser() -> Any:
+def _resp3_parser() -> object:
     # (A connection switches to it as it says HELLO 3: before 5.1, only then.)
     from redis._parsers import _RESP3Parser
 
@@ -72,7 +77,7 @@ HEARS_PUSHES: bool = MEMBERS.need(
 )
 
 
-def hear_pushes(connection: Any, hear: Callable[[Any], None]) -> bool:
+def hear_pushes(connection: object, hear: Callable[[list[object]], None]) -> bool:
     """Have ``hear`` called with each invalidation pushed on ``connection`` (between replies);
     False where redis-py gives no way to (then nothing may be tracked on it)."""
     setter = _push_setter(connection) if HEARS_PUSHES else None
@@ -91,17 +96,17 @@ MEMBERS.need(
 _DEFAULT_ERRORS = (redis.ConnectionError, redis.TimeoutError, TimeoutError)
 
 
-def retried_errors(retry: Any) -> tuple[type[BaseException], ...]:
+def retried_errors(retry: Retry) -> tuple[type[BaseException], ...]:
     """The errors ``retry`` retries."""
     return tuple(getattr(retry, "_supported_errors", None) or _DEFAULT_ERRORS)
 
 
-def retries_of(retry: Any) -> int:
+def retries_of(retry: Retry) -> int:
     """How many times ``retry`` tries again (``get_retries`` is newer than redis-py 5.0)."""
     get = getattr(retry, "get_retries", None)
     return int(get() if callable(get) else getattr(retry, "_retries", 0))
 
 
-def backoff_of(retry: Any) -> Any:
+def backoff_of(retry: Retry) -> AbstractBackoff:
     """The backoff of ``retry`` (none: retried at once)."""
     return getattr(retry, "_backoff", None) or NoBackoff()

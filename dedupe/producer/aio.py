@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from celery import Celery
 
@@ -87,11 +86,11 @@ async def _decide(prepared: PreparedCall) -> DedupeResult:
 
 async def aapply_async(
     task_or_name: TaskOrName,
-    args: Sequence[Any] | None = None,
-    kwargs: Mapping[str, Any] | None = None,
+    args: Sequence[object] | None = None,
+    kwargs: Mapping[str, object] | None = None,
     *,
     app: Celery | None = None,
-    **options: Any,
+    **options: object,
 ) -> DedupeResult:
     """:func:`dedupe.apply_async`, awaitable: the producer guard for async views. A call of
     a task with ``key_concurrency`` or ``key_rate_limit`` is published as its ``delay``
@@ -106,11 +105,11 @@ async def aapply_async(
 
 async def alookup(
     task_or_name: TaskOrName,
-    args: Sequence[Any] | None = None,
-    kwargs: Mapping[str, Any] | None = None,
+    args: Sequence[object] | None = None,
+    kwargs: Mapping[str, object] | None = None,
     *,
     app: Celery | None = None,
-    **overrides: Any,
+    **overrides: object,
 ) -> Holder | None:
     """:func:`dedupe.lookup`, awaitable."""
     runtime, keys = keys_of_call(task_or_name, args, kwargs, app, overrides)

@@ -7,11 +7,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager as ContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from celery import Celery
+from kombu import Connection
 from kombu.exceptions import OperationalError
 
+from dedupe.surfaces import ProducerSurface
 from dedupe.values.config import SettingReader
+
+if TYPE_CHECKING:
+    from .call import CallOptions
 
 __all__ = ["BrokerBudget", "within_budget"]
 
@@ -30,16 +36,16 @@ class BrokerBudget:
     copies a retry policy into the transport options its pooled connections share, where
     another publish's retries may find it."""
 
-    def __init__(self, connection: Any, budget: float, deadline: float) -> None:
+    def __init__(self, connection: Connection, budget: float, deadline: float) -> None:
         self._connection = connection
         self._budget = budget
         self._deadline = deadline
         self._thread = threading.get_ident()
         self.active = True
         #: The errback of the retry policy of the publish under way, called first.
-        self.then: Callable[..., Any] | None = None
+        self.then: Callable[..., object] | None = None
 
-    def __call__(self, exc: BaseException, interval: float) -> Any:
+    def __call__(self, exc: BaseException, interval: float) -> object:
         answer = self.then(exc, interval) if self.then is not None else None
         if (
             self.active
@@ -60,11 +66,11 @@ class BrokerBudget:
 
 
 def within_budget(
-    producer: Any,
-    app: Any,
+    producer: ProducerSurface,
+    app: Celery,
     budget: float,
     deadline: float | None,
-    calls_options: Sequence[dict[str, Any]],
+    calls_options: Sequence[CallOptions],
 ) -> ContextManager[None]:
     """Publish the calls of ``calls_options`` through ``producer`` in the block, waiting on
     the broker until ``deadline`` (``time.monotonic()``; None: no budget) at most.
@@ -97,25 +103,27 @@ class _WithinBudget:
 
     def __init__(
         self,
-        producer: Any,
-        app: Any,
+        producer: ProducerSurface,
+        app: Celery,
         budget: float,
         deadline: float | None,
-        calls_options: Sequence[dict[str, Any]],
+        calls_options: Sequence[CallOptions],
     ) -> None:
         self._producer = producer
         self._app = app
         self._calls_options = calls_options
-        connection = self._connection = producer.connection
+        # (Any: celery-types makes the transport options optional; kombu always has them.)
+        connection: Any = producer.connection
+        self._connection = connection
         self._errback = (
             BrokerBudget(connection, budget, deadline)
             if deadline is not None and connection is not None
             else None
         )
-        self._before: Any = _ABSENT
+        self._before: object = _ABSENT
         self._installed = False
         #: What the producer instance had as its ``publish`` before the shadow (_ABSENT: none).
-        self._shadowed: Any = _ABSENT
+        self._shadowed: object = _ABSENT
 
     def __enter__(self) -> None:
         connection, errback = self._connection, self._errback
@@ -157,10 +165,10 @@ class _WithinBudget:
                 options["errback"] = self._before
 
 
-def _publishing(publish: Callable[..., Any], errback: BrokerBudget) -> Callable[..., Any]:
+def _publishing(publish: Callable[..., object], errback: BrokerBudget) -> Callable[..., object]:
     """``publish`` (a producer's) with ``errback`` in the retry policy of a retried publish."""
 
-    def publish_within_budget(body: Any, *args: Any, **kwargs: Any) -> Any:
+    def publish_within_budget(body: object, *args: object, **kwargs: Any) -> object:
         if kwargs.get("retry") and not args:
             policy = kwargs.get("retry_policy") or {}
             errback.then = policy.get("errback")
@@ -171,7 +179,10 @@ def _publishing(publish: Callable[..., Any], errback: BrokerBudget) -> Callable[
 
 
 def _connect(
-    connection: Any, app: Any, calls_options: Sequence[dict[str, Any]], errback: Any
+    connection: Connection,
+    app: Celery,
+    calls_options: Sequence[CallOptions],
+    errback: Any,
 ) -> None:
     """Connect as kombu's publish would: with the retries of the call's policy (kombu 5.7
     copies it into the transport options its channel connects with), else of the transport

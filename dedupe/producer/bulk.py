@@ -41,7 +41,7 @@ from .result import DedupeResult
 __all__ = ["aapply_many", "apply_many", "publish_many"]
 
 #: One call of a batch: its positional and keyword arguments.
-CallArguments = tuple[Sequence[Any], Mapping[str, Any]]
+CallArguments = tuple[Sequence[object], Mapping[str, object]]
 
 
 def apply_many(
@@ -49,7 +49,7 @@ def apply_many(
     calls: Iterable[CallArguments],
     *,
     app: Celery | None = None,
-    **options: Any,
+    **options: object,
 ) -> list[DedupeResult]:
     """Publish many calls of a task, each unless the same call is queued or running (or
     made earlier in the batch): one round trip decides them all.
@@ -88,7 +88,7 @@ def apply_many(
     )
 
 
-def _arguments(task_name: str, index: int, call: Any) -> CallArguments:
+def _arguments(task_name: str, index: int, call: object) -> CallArguments:
     """One call of a batch as ``(args, kwargs)``, or an error that shows the expected form."""
     if (
         isinstance(call, (tuple, list))
@@ -108,7 +108,7 @@ async def aapply_many(
     calls: Iterable[CallArguments],
     *,
     app: Celery | None = None,
-    **options: Any,
+    **options: object,
 ) -> list[DedupeResult]:
     """:func:`apply_many`, awaitable: the batch runs in the loop's default executor (kombu
     blocks), shielded from the caller's cancellation (cancelled halfway, a batch would
@@ -260,8 +260,9 @@ def _build_messages(
     for plan in plans.values():
         plan.deferred = True
     failure: Exception | None = None
-    given = first.call.options.get("producer")  # (the batch's options)
-    acquired = app.producer_pool.acquire(block=True) if given is None else None
+    given: Any = first.call.options.get("producer")  # (the batch's options)
+    # (Any, and the given one: celery-types types kombu's Producer apart from ProducerSurface.)
+    acquired: Any = app.producer_pool.acquire(block=True) if given is None else None
     # One sender per publish (a batch of apply_many has one; publish_many's, any number).
     senders: dict[int, CallSender | None] = {}
     # The batch's budget runs from its first call's start (all were prepared together).

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from celery import Celery
-from celery.result import AsyncResult
 
 from dedupe.compat.celery_private import current_app, unproxied
-from dedupe.surfaces import AnyTask, TaskOrName
+from dedupe.surfaces import AnyAsyncResult, AnyTask, TaskOrName
 
 __all__ = [
     "Call",
@@ -24,9 +23,13 @@ __all__ = [
     "resolve_task",
 ]
 
+#: A call's options: Celery's apply_async options plus the dedup call options (``unique_ttl``,
+#: ...), each of the kind its option takes.
+CallOptions: TypeAlias = "dict[str, Any]"
+
 #: Publishes a call: ``publish(args, kwargs, options)`` with Celery's apply_async options.
 Publish: TypeAlias = (
-    "Callable[[Sequence[Any] | None, Mapping[str, Any] | None, dict[str, Any]], AsyncResult[Any]]"
+    "Callable[[Sequence[object] | None, Mapping[str, object] | None, CallOptions], AnyAsyncResult]"
 )
 
 
@@ -38,10 +41,10 @@ class Call:
     #: The registered task object, or None for a name this process does not import.
     task: AnyTask | None
     task_name: str
-    args: Sequence[Any] | None
-    kwargs: Mapping[str, Any] | None
+    args: Sequence[object] | None
+    kwargs: Mapping[str, object] | None
     #: Celery's apply_async options plus the dedup call options (``unique_ttl``, ...).
-    options: dict[str, Any]
+    options: CallOptions
     #: How to publish the call without deduplicating it again.
     publish: Publish
 
@@ -49,9 +52,9 @@ class Call:
     def of(
         cls,
         task_or_name: TaskOrName,
-        args: Sequence[Any] | None,
-        kwargs: Mapping[str, Any] | None,
-        options: dict[str, Any],
+        args: Sequence[object] | None,
+        kwargs: Mapping[str, object] | None,
+        options: CallOptions,
         app: Celery | None = None,
     ) -> Call:
         """The call of a task, or of a task name (the ``send_task`` path)."""
@@ -73,7 +76,10 @@ def resolve_task(
 
 
 def publisher_for(
-    task: Any, name: str, app: Celery, send_task: Callable[..., AsyncResult[Any]] | None = None
+    task: AnyTask | None,
+    name: str,
+    app: Celery,
+    send_task: Callable[..., AnyAsyncResult] | None = None,
 ) -> Publish:
     """How to publish a call of ``task`` (or of ``name`` when ``task`` is None) without
     deduplicating it again."""
@@ -94,13 +100,18 @@ class TaskPublish:
 
     __slots__ = ("task",)
 
+    # (Any: celery-types takes a tuple and a dict for apply_async's arguments, Celery any
+    # sequence and mapping.)
     def __init__(self, task: Any) -> None:
         self.task = task
 
     def __call__(
-        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: dict[str, Any]
-    ) -> AsyncResult[Any]:
-        result: AsyncResult[Any] = self.task.apply_async(args, kwargs, **options)
+        self,
+        args: Sequence[object] | None,
+        kwargs: Mapping[str, object] | None,
+        options: CallOptions,
+    ) -> AnyAsyncResult:
+        result: AnyAsyncResult = self.task.apply_async(args, kwargs, **options)
         return result
 
 
@@ -119,7 +130,7 @@ def new_task_id() -> str:
 _CANVAS_OPTIONS = ("chain", "chord", "group_id", "link", "link_error")
 
 
-def in_canvas(options: Mapping[str, Any]) -> bool:
+def in_canvas(options: Mapping[str, object]) -> bool:
     """Is a call with ``options`` a canvas member (never refused: that would cut its
     workflow)?"""
     # A loop, not any(<generator>): this runs on every call, and the generator costs more.

@@ -176,8 +176,8 @@ class CallSender:
 
     def __call__(
         self,
-        args: Sequence[Any] | None,
-        kwargs: Mapping[str, Any] | None,
+        args: Sequence[object] | None,
+        kwargs: Mapping[str, object] | None,
         call_options: dict[str, Any],
     ) -> AsyncResult[Any]:
         if (

@@ -4,10 +4,10 @@ worker was lost) rather than making a new one: the keys it keeps and the run it 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from dedupe.runs.run import NO_RUN, Run, run_of
 from dedupe.runs.runtime import Runtime
+from dedupe.surfaces import AnyTask
 from dedupe.values.header import KeyHeader
 from dedupe.values.keys import CallKeys
 
@@ -27,7 +27,7 @@ class Continuation:
     #: The header its message carried, when this call is the same call again.
     header: KeyHeader | None
     #: The task whose run continues (None outside any run).
-    task: Any = None
+    task: AnyTask | None = None
 
 
 def continuation_of(call: Call, task_id: str) -> Continuation | None:

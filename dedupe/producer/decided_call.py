@@ -27,7 +27,7 @@ from dedupe.values.options import UniqueOptions, options_for, pop_call_options
 from dedupe.values.record import Holder, new_nonce, pack_provisional
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
-from .call import Call, in_canvas, new_task_id
+from .call import Call, CallOptions, in_canvas, new_task_id
 from .continuation import Continuation, continuation_of, hand_over_token
 from .result import DedupeResult, duplicate_result
 
@@ -52,7 +52,7 @@ class CallShape:
 
     __slots__ = ("budget", "provisional_ttl_ms", "runtime", "task_expires", "unique")
 
-    def __init__(self, call: Call, overrides: Mapping[str, Any] | None) -> None:
+    def __init__(self, call: Call, overrides: Mapping[str, object] | None) -> None:
         runtime = self.runtime = runtime_of(call.app)
         config = runtime.config
         #: The call's dedup options; None under ``task_always_eager`` (nothing to deduplicate).
@@ -297,7 +297,7 @@ class DecidedCall:
         )
 
 
-def latest_arguments(call: Call, unique: UniqueOptions, options: dict[str, Any]) -> bytes:
+def latest_arguments(call: Call, unique: UniqueOptions, options: CallOptions) -> bytes:
     """The serialised arguments of a debounced or replacing call (and, debounced, its
     message's countdown: the quiet period); refuses what cannot be done."""
     name = call.task_name

@@ -9,7 +9,6 @@ scheduler) hands a :class:`Call` to :func:`publish_unique`, which drives a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from celery import Celery
 
@@ -90,11 +89,11 @@ def publish_prepared(prepared: PreparedCall) -> DedupeResult:
 
 def apply_async(
     task_or_name: TaskOrName,
-    args: Sequence[Any] | None = None,
-    kwargs: Mapping[str, Any] | None = None,
+    args: Sequence[object] | None = None,
+    kwargs: Mapping[str, object] | None = None,
     *,
     app: Celery | None = None,
-    **options: Any,
+    **options: object,
 ) -> DedupeResult:
     """Publish a call of any task unless the same call is already queued or running.
 
@@ -119,10 +118,10 @@ def apply_async(
 
 def keys_of_call(
     task_or_name: TaskOrName,
-    args: Sequence[Any] | None,
-    kwargs: Mapping[str, Any] | None,
+    args: Sequence[object] | None,
+    kwargs: Mapping[str, object] | None,
     app: Celery | None,
-    overrides: Mapping[str, Any],
+    overrides: Mapping[str, object],
 ) -> tuple[Runtime, CallKeys]:
     """The runtime of a call's app and the call's keys (for lookups and releases)."""
     task, name, app = resolve_task(task_or_name, app)
@@ -133,11 +132,11 @@ def keys_of_call(
 
 def lookup(
     task_or_name: TaskOrName,
-    args: Sequence[Any] | None = None,
-    kwargs: Mapping[str, Any] | None = None,
+    args: Sequence[object] | None = None,
+    kwargs: Mapping[str, object] | None = None,
     *,
     app: Celery | None = None,
-    **overrides: Any,
+    **overrides: object,
 ) -> Holder | None:
     """The task holding the key of a call (``.task_id``, ``.state``, ``.ttl``), or None.
 
@@ -152,11 +151,11 @@ def lookup(
 
 def clear(
     task_or_name: TaskOrName,
-    args: Sequence[Any] | None = None,
-    kwargs: Mapping[str, Any] | None = None,
+    args: Sequence[object] | None = None,
+    kwargs: Mapping[str, object] | None = None,
     *,
     app: Celery | None = None,
-    **overrides: Any,
+    **overrides: object,
 ) -> bool:
     """Force-clear the key of a call, whoever holds it. True if a key was deleted.
 

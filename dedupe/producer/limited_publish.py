@@ -34,7 +34,7 @@ from dedupe.values.limits import LIMIT, LimitHeader, concurrency_of
 from dedupe.values.options import options_for, pop_call_options
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
-from .call import Call, new_task_id
+from .call import Call, CallOptions, new_task_id
 from .call_sender import sender_for
 from .result import DedupeResult, mark_result
 
@@ -155,9 +155,10 @@ def _publish_in_line(
     (start_ticket_publish.lua) taken with its message, in one round trip."""
     options = call.options
     _add_header(options, header)
-    given = options.get("producer")
+    given: Any = options.get("producer")
     # What Celery's producer_or_acquire does: the seam is installed on the producer's channel.
-    acquired = call.app.producer_pool.acquire(block=True) if given is None else None
+    # (Any, and the given one: celery-types types kombu's Producer apart from ProducerSurface.)
+    acquired: Any = call.app.producer_pool.acquire(block=True) if given is None else None
     with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
         options["producer"] = producer
         try:
@@ -172,7 +173,7 @@ def _publish_in_line(
     return mark_result(sent, deduplicated=False)
 
 
-def _add_header(options: dict[str, Any], header: LimitHeader) -> None:
+def _add_header(options: CallOptions, header: LimitHeader) -> None:
     headers = dict(options.get("headers") or {})
     headers[LIMIT] = header.encode()
     options["headers"] = headers

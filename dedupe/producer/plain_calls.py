@@ -26,11 +26,11 @@ _judged: weakref.WeakSet[type] = weakref.WeakSet()
 
 def refuse_plain_dedup_options(
     name: str,
-    args: Sequence[Any] | None,
-    kwargs: Mapping[str, Any] | None,
+    args: Sequence[object] | None,
+    kwargs: Mapping[str, object] | None,
     options: Mapping[str, Any],
     task: Any = None,
-    **_: Any,
+    **_: object,
 ) -> None:
     """Route nothing; raise :class:`~dedupe.ConfigurationError` when a plain call (of a task
     that is no DedupeTask, or of a task name) carries an option of celery-dedupe."""
@@ -42,10 +42,10 @@ def refuse_plain_dedup_options(
     check_call_names(name, options, ())
 
 
-def _with_router(routes: Any) -> tuple[Any, ...]:
+def _with_router(routes: object) -> tuple[object, ...]:
     """``task_routes`` with :func:`refuse_plain_dedup_options` first (once)."""
     if routes is None:
-        listed: tuple[Any, ...] = ()
+        listed: tuple[object, ...] = ()
     elif isinstance(routes, (list, tuple)):
         listed = tuple(routes)
     else:

@@ -32,6 +32,7 @@ from dedupe.errors import RedisUnavailable
 from dedupe.events import ACCEPTED, emit
 from dedupe.store.connections import Reply
 from dedupe.store.store import Store
+from dedupe.surfaces import ProducerSurface
 from dedupe.values.header import HEADER, LATEST, publishing
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import Holder
@@ -54,7 +55,7 @@ class PreparedCall(RecordMoves):
     drivers make the first write, if any, each with its own client;
     :meth:`publish_with_record` (blocking) does the rest for both."""
 
-    def within_budget(self, producer: Any) -> contextlib.AbstractContextManager[None]:
+    def within_budget(self, producer: ProducerSurface) -> contextlib.AbstractContextManager[None]:
         """The block of this call's publish through ``producer``: no wait on the broker past
         the call budget (:func:`~dedupe.producer.broker_budget.within_budget`)."""
         return within_budget(
@@ -113,9 +114,10 @@ class PreparedCall(RecordMoves):
         call = self.call
         decision = self._start_deciding() if self.path == "overlap" else None
         refused = None
-        given = call.options.get("producer")
+        given: Any = call.options.get("producer")
         # What Celery's producer_or_acquire does, without its second look at the settings.
-        acquired = call.app.producer_pool.acquire(block=True) if given is None else None
+        # (Any, and the given one: celery-types types kombu's Producer apart from ProducerSurface.)
+        acquired: Any = call.app.producer_pool.acquire(block=True) if given is None else None
         with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
             call.options["producer"] = producer
             try:
@@ -164,7 +166,9 @@ class PreparedCall(RecordMoves):
             self.first_write_failed,
         )
 
-    def _seam(self, producer: Any, decision: PendingDecision | None) -> Any:
+    def _seam(
+        self, producer: ProducerSurface, decision: PendingDecision | None
+    ) -> ContextManager[None]:
         if self.path == "one-step" or self.path == "decide":
             return self.runtime.broker.pushing_through(producer, {self.task_id: self.plan})
         if decision is not None:
@@ -197,8 +201,9 @@ class PreparedCall(RecordMoves):
         """The publish after a first write of unknown fate: plain (what the write left, if
         anything, the provisional ttl frees), within what is left of the call budget."""
         call = self.call
-        given = call.options.get("producer")
-        acquired = call.app.producer_pool.acquire(block=True) if given is None else None
+        given: Any = call.options.get("producer")
+        # (Any, and the given one: celery-types types kombu's Producer apart from ProducerSurface.)
+        acquired: Any = call.app.producer_pool.acquire(block=True) if given is None else None
         with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
             call.options["producer"] = producer
             with self.within_budget(producer):
@@ -251,12 +256,13 @@ class PendingDecision:
         return self.holder
 
 
-def deciding_at_push(producer: Any, decision: PendingDecision) -> ContextManager[None]:
+def deciding_at_push(producer: ProducerSurface, decision: PendingDecision) -> ContextManager[None]:
     """Read ``decision`` at the push of the publish made in the block, on any transport: a
     duplicate unwinds as :class:`Refused` before the message reaches the broker."""
-    transport_publish = producer.channel.basic_publish  # the transport's, confirm mode included
+    # The transport's, confirm mode included.
+    transport_publish: Callable[..., object] = producer.channel.basic_publish
 
-    def basic_publish(message: Any, *args: Any, **kwargs: Any) -> Any:
+    def basic_publish(message: object, *args: object, **kwargs: object) -> object:
         holder = decision.decide()
         if holder is not None:
             raise Refused(holder)

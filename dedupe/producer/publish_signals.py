@@ -12,7 +12,6 @@ after the publish, is not sent for it.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from celery import signals
 
@@ -24,19 +23,19 @@ __all__ = ["end_refused", "forget_begun", "on_publish_begun"]
 class _Begun(threading.local):
     #: Celery's arguments of this thread's last ``before_task_publish`` of a guarded publish,
     #: while ``after_task_publish`` has receivers: (sender, body, exchange, routing_key, headers).
-    last: tuple[Any, Any, Any, Any, Any] | None = None
+    last: tuple[object, object, object, object, object] | None = None
 
 
 _begun = _Begun()
 
 
 def on_publish_begun(
-    sender: Any = None,
-    body: Any = None,
-    exchange: Any = None,
-    routing_key: Any = None,
-    headers: Any = None,
-    **_: Any,
+    sender: object = None,
+    body: object = None,
+    exchange: object = None,
+    routing_key: object = None,
+    headers: object = None,
+    **_: object,
 ) -> None:
     """``before_task_publish``: keep what a refusal would need to end it."""
     if signals.after_task_publish.receivers and is_publishing():

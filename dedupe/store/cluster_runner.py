@@ -36,6 +36,7 @@ from dedupe.compat.redis_private import backoff_of, retries_of
 
 from .connections import Reply
 from .green_pool import script_runner
+from .resp import Part
 from .runner import RemembersNothing
 from .script_runner import ScriptRunner, Unanswered
 
@@ -141,8 +142,8 @@ class ClusterScriptRunner(RemembersNothing):
         self._try_time = float(client.nodes_manager.connection_kwargs.get("socket_timeout") or 0)
 
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
-    ) -> Any:
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
+    ) -> object:
         """Run a script and return its reply (``resend``: as the ScriptRunner's)."""
         return self._call(script, keys, args, time.monotonic(), resend)
 
@@ -154,11 +155,11 @@ class ClusterScriptRunner(RemembersNothing):
     def _call(
         self,
         script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
+        keys: Sequence[Part],
+        args: Sequence[Part],
         started: float,
         resend: bool = True,
-    ) -> Any:
+    ) -> object:
         runner = self._master(keys[0])
         failed: BaseException | None = None
         if runner is not None:
@@ -169,7 +170,7 @@ class ClusterScriptRunner(RemembersNothing):
                     raise
                 failed = exc
 
-        def evalsha() -> Any:
+        def evalsha() -> object:
             try:
                 return self._evalsha(script, keys, args)
             except _TRIED as exc:
@@ -212,16 +213,16 @@ class ClusterScriptRunner(RemembersNothing):
     def call_many(
         self,
         script: Script,
-        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
-    ) -> list[Any]:
+    ) -> list[object]:
         """Run ``script`` once per ``(keys, args)``, pipelined per master (a round trip for
         each master the calls' slots are on); the replies in order, an error reply as its
         exception in its place. A call redirected (its slot moved or moving), or cut off,
         runs again alone, within one budget for the whole batch."""
         started = time.monotonic()
-        replies: list[Any] = [_AGAIN] * len(calls)
+        replies: list[object] = [_AGAIN] * len(calls)
         groups: dict[int, tuple[ScriptRunner | None, list[int]]] = {}
         for index, (keys, _) in enumerate(calls):
             runner = self._master(keys[0])
@@ -255,7 +256,7 @@ class ClusterScriptRunner(RemembersNothing):
         return replies
 
     def send(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, reply: bool = False
     ) -> Reply | None:
         """Run a script (waiting for its reply, see the module's docstring); with ``reply``,
         the outcome is kept for :meth:`result`."""
@@ -269,7 +270,7 @@ class ClusterScriptRunner(RemembersNothing):
             slot.settle(None, exc)
         return slot
 
-    def result(self, slot: Reply) -> Any:
+    def result(self, slot: Reply) -> object:
         """The reply kept by a :meth:`send` with ``reply=True``."""
         if slot.error is not None:
             raise slot.error
@@ -278,7 +279,7 @@ class ClusterScriptRunner(RemembersNothing):
     def flush(self, *, wait: bool = True) -> None:
         """Nothing to read: every send waited for its reply."""
 
-    def _evalsha(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    def _evalsha(self, script: Script, keys: Sequence[Part], args: Sequence[Part]) -> object:
         client: Any = self._client  # (evalsha's arguments are untyped in redis-py)
         try:
             return client.evalsha(script.sha, len(keys), *keys, *args)

@@ -26,7 +26,7 @@ from redis.retry import Retry
 from dedupe.compat.redis_private import retried_errors, socket_of
 
 from .remembered import RememberedAnswers
-from .resp import pack_command, pack_parts
+from .resp import Part, pack_command, pack_parts
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
@@ -85,7 +85,7 @@ class Reply:
 
     def __init__(self) -> None:
         self.done = False
-        self.value: Any = None
+        self.value: object = None
         self.error: ResponseError | None = None
 
     def settle(self, value: Any, error: ResponseError | None) -> None:
@@ -252,7 +252,7 @@ class ThreadConnections:
 
         return self._retry.call_with_retry(again, self._drop_connection)
 
-    def _pack(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+    def _pack(self, script: Script, keys: Sequence[Part], args: Sequence[Part]) -> bytes:
         shape = (script.sha, len(keys), len(args))
         head = self._heads.get(shape)
         if head is None:
@@ -264,7 +264,7 @@ class ThreadConnections:
     def _load_command(self, script: Script) -> bytes:
         return pack_command(b"SCRIPT", b"LOAD", script.script, encoding=self._encoding)
 
-    def _reply(self, script: Script, command: bytes, *, reload: bool = True) -> Any:
+    def _reply(self, script: Script, command: bytes, *, reload: bool = True) -> object:
         """Read the reply of ``command``; on NOSCRIPT load the script and send it again
         (``reload``: nothing else is in flight behind it), else raise NoScriptError."""
         try:
@@ -298,7 +298,7 @@ class ThreadConnections:
             self._drop_connection()
             raise redis.ConnectionError(f"the dedup Redis is a replica now: {exc}") from exc
 
-    def _read(self) -> Any:
+    def _read(self) -> object:
         """Read one reply (pushes between replies go to the connection's push handler);
         raise an error reply as redis-py's exception for it."""
         local = self._local
@@ -417,7 +417,7 @@ class ThreadConnections:
             disconnect()
 
 
-def _poller(connection: AbstractConnection) -> Any:
+def _poller(connection: AbstractConnection) -> object:
     # Only a plain stdlib socket: a TLS socket may hold decrypted bytes that poll(2) does not
     # see (can_read does), and a cooperative one must yield to other greenlets instead.
     sock = socket_of(connection)

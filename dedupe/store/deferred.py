@@ -24,6 +24,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
 
 from .connections import ConnectionState, Reply, ThreadConnections
+from .resp import Part
 
 __all__ = ["DefersReads", "land_all"]
 
@@ -88,8 +89,8 @@ class DefersReads(ThreadConnections):
         _runners.add(self)
 
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
-    ) -> Any:
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
+    ) -> object:
         """Run a script and return its reply (the runner's own)."""
         raise NotImplementedError
 
@@ -107,8 +108,8 @@ class DefersReads(ThreadConnections):
     def send(
         self,
         script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
+        keys: Sequence[Part],
+        args: Sequence[Part],
         *,
         reply: bool = False,
     ) -> Reply | None:
@@ -170,7 +171,7 @@ class DefersReads(ThreadConnections):
         self._connection()
         self._catch_up()
 
-    def result(self, slot: Reply) -> Any:
+    def result(self, slot: Reply) -> object:
         """The reply of a :meth:`send` made with ``reply=True`` on this thread (waits for it;
         a connection lost meanwhile sends the command again, under the Retry policy)."""
 

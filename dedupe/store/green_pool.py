@@ -22,6 +22,7 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from .connections import DEFAULT_MAX_CONNECTIONS, ConnectionState, Reply, connection_cap
+from .resp import Part
 from .script_runner import ScriptRunner
 from .tracking import TrackingScriptRunner
 
@@ -160,23 +161,23 @@ class GreenScriptRunner(ScriptRunner):
             threads.local = mine
 
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
-    ) -> Any:
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
+    ) -> object:
         call = super().__call__
         return self._checked_out(lambda: call(script, keys, args, resend=resend))
 
     def call_many(
         self,
         script: Script,
-        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
-    ) -> list[Any]:
+    ) -> list[object]:
         call_many = super().call_many
         return self._checked_out(lambda: call_many(script, calls, resend=resend))
 
     def send(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, reply: bool = False
     ) -> Reply | None:
         """A kept reply is read on the connection it was sent on, which goes back to the pool
         meanwhile: whoever uses it next reads the reply first, or :meth:`result` does."""
@@ -190,7 +191,7 @@ class GreenScriptRunner(ScriptRunner):
 
         return self._checked_out(sent)
 
-    def result(self, slot: Reply) -> Any:
+    def result(self, slot: Reply) -> object:
         result = super().result
         return self._on(slot.on, lambda: result(slot))
 

@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-__all__ = ["MOST_REMEMBERED", "RememberedAnswers"]
+if TYPE_CHECKING:
+    from dedupe.values.record import Holder
+
+__all__ = ["MOST_REMEMBERED", "Answer", "RememberedAnswers"]
+
+#: What an enqueue said of a key: when the holder's record expires (``time.monotonic()``),
+#: and the holder.
+Answer: TypeAlias = "tuple[float, Holder]"
 
 #: Answers one thread remembers at most (each lives ``remember_for`` seconds at most).
 MOST_REMEMBERED = 4096
@@ -25,12 +32,12 @@ class RememberedAnswers:
 
     def __init__(self, remember_for: float) -> None:
         self._remember_for = remember_for
-        self._entries: dict[bytes, tuple[float, Any]] = {}
+        self._entries: dict[bytes, tuple[float, Answer | None]] = {}
 
     def __bool__(self) -> bool:
         return bool(self._entries)
 
-    def keep(self, name: bytes, until: float, value: Any) -> None:
+    def keep(self, name: bytes, until: float, value: Answer | None) -> None:
         """Remember ``value`` for ``name`` until ``until`` (time.monotonic(); capped at
         ``remember_for`` from now). A full table drops what expired, else everything (a
         burst over that many keys asks again)."""
@@ -48,7 +55,7 @@ class RememberedAnswers:
         entry = self._entries.get(name)
         return entry is not None and time.monotonic() < entry[0]
 
-    def answer(self, name: bytes) -> Any:
+    def answer(self, name: bytes) -> Answer | None:
         """The answer kept for ``name``, or None (none, only met held, or expired)."""
         entry = self._entries.get(name)
         if entry is None or entry[1] is None:

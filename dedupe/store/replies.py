@@ -143,7 +143,9 @@ def _code(kind: type[_Code], script: str, reply: Any) -> _Code:
         raise UnexpectedReply(script, reply) from None
 
 
-def _granted_or_held(kind: type[enum.IntEnum], script: str, key: str, reply: Any) -> Holder | None:
+def _granted_or_held(
+    kind: type[enum.IntEnum], script: str, key: str, reply: object
+) -> Holder | None:
     # A granted request answers with an integer; a held key with b"<pttl>:<record>".
     if isinstance(reply, int):
         _code(kind, script, reply)
@@ -154,12 +156,12 @@ def _granted_or_held(kind: type[enum.IntEnum], script: str, key: str, reply: Any
     return Holder.from_raw(key, raw, int(pttl))
 
 
-def read_enqueue(key: str, reply: Any) -> Holder | None:
+def read_enqueue(key: str, reply: object) -> Holder | None:
     """None: the call was accepted; else the holder it duplicates."""
     return _granted_or_held(Enqueue, "enqueue", key, reply)
 
 
-def read_publish(key: str, reply: Any) -> Push | Holder:
+def read_publish(key: str, reply: object) -> Push | Holder:
     """How the message went out, or the holder that refused it (nothing was pushed)."""
     if isinstance(reply, int):
         return _code(Push, "publish", reply)
@@ -168,53 +170,55 @@ def read_publish(key: str, reply: Any) -> Push | Holder:
     return holder
 
 
-def read_confirm(reply: Any) -> bool:
+def read_confirm(reply: object) -> bool:
     """True: the record is durable; False: it was gone, or someone else's."""
     if reply not in (0, 1):
         raise UnexpectedReply("confirm", reply)
     return bool(reply)
 
 
-def read_claim(key: str, reply: Any) -> Holder | None:
+def read_claim(key: str, reply: object) -> Holder | None:
     """None: the run claimed the key; else the holder that keeps it from running."""
     return _granted_or_held(Claim, "claim", key, reply)
 
 
-def read_renew(reply: Any) -> Renewal:
+def read_renew(reply: object) -> Renewal:
     return _code(Renewal, "renew", reply)
 
 
-def read_wait(reply: Any) -> Wait:
+def read_wait(reply: object) -> Wait:
     return _code(Wait, "wait", reply)
 
 
-def read_requeue(reply: Any) -> Requeue:
+def read_requeue(reply: object) -> Requeue:
     return _code(Requeue, "requeue", reply)
 
 
-def read_restore(reply: Any) -> Restore:
+def read_restore(reply: object) -> Restore:
     return _code(Restore, "restore", reply)
 
 
-def read_release(reply: Any) -> int:
+def read_release(reply: object) -> int:
     """The number of keys deleted."""
     if not isinstance(reply, int) or not 0 <= reply <= 2:
         raise UnexpectedReply("release", reply)
     return reply
 
 
-def read_cancel(reply: Any) -> bool:
+def read_cancel(reply: object) -> bool:
     """True if the queued record was deleted."""
     if reply not in (0, 1):
         raise UnexpectedReply("cancel", reply)
     return bool(reply)
 
 
-def read_take(reply: Any) -> Latest | Take | None:
+def read_take(reply: object) -> Latest | Take | None:
     """What a run takes in place of its message's arguments, or looks at; None: nothing left
     for it; :attr:`Take.ENDED`: its run ended already."""
     if isinstance(reply, list) and len(reply) == 1:
         return _code(Take, "take_latest", reply[0])
+    if reply is not None and not isinstance(reply, list):
+        raise UnexpectedReply("take_latest", reply)
     try:
         return Latest.read(reply)
     except (TypeError, ValueError) as exc:
@@ -230,13 +234,13 @@ def first_holder(names: Sequence[str], replies: Sequence[Any]) -> Holder | None:
     return None
 
 
-def run_id_of(info: Any) -> bytes:
+def run_id_of(info: object) -> bytes:
     """The ``run_id`` in an ``INFO server`` reply; empty where it has none (or INFO was
     refused: ``info`` is then the error)."""
     run = info.get("run_id", "") if isinstance(info, dict) else ""
     return str(run).encode()
 
 
-def not_decided(reply: Any) -> bool:
+def not_decided(reply: object) -> bool:
     """Is this an enqueue's answer that the store lost its data (:attr:`Enqueue.LOST`)?"""
     return isinstance(reply, int) and reply == Enqueue.LOST

@@ -4,9 +4,15 @@ float parts out. (Replies are read by redis-py's parser.)"""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
-__all__ = ["pack_command", "pack_parts"]
+__all__ = ["Part", "ScriptCall", "pack_command", "pack_parts"]
+
+#: One part of a command: a script's key or argument (a subclass of these, such as a str
+#: enum or an IntEnum, is sent as its base type).
+Part: TypeAlias = "str | bytes | int | float"
+#: The keys and the arguments of one script call.
+ScriptCall: TypeAlias = "tuple[list[Part], list[Part]]"
 
 
 def pack_command(*parts: Any, encoding: str = "utf-8") -> bytes:

@@ -10,11 +10,13 @@ tracking" and "nothing remembered", and its tracked call is a plain one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from redis.commands.core import Script
 
 from .connections import Reply
+from .remembered import Answer
+from .resp import Part
 
 __all__ = ["RemembersNothing", "ScriptCalls"]
 
@@ -30,28 +32,28 @@ class ScriptCalls(Protocol):
     spans_calls: bool
 
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
-    ) -> Any:
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
+    ) -> object:
         """Run a script and return its reply. ``resend=False``: a script that must not run
         twice is not sent again once written (:class:`~dedupe.store.script_runner.Unanswered`)."""
 
     def call_many(
         self,
         script: Script,
-        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
-    ) -> list[Any]:
+    ) -> list[object]:
         """Run ``script`` once per ``(keys, args)`` in one round trip (per master); the
         replies in order, an error reply as its exception in its place."""
 
     def send(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, reply: bool = False
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, reply: bool = False
     ) -> Reply | None:
         """Run a script without waiting for its reply; with ``reply``, keep it for
         :meth:`result` (same thread)."""
 
-    def result(self, slot: Reply) -> Any:
+    def result(self, slot: Reply) -> object:
         """The reply of a :meth:`send` made with ``reply=True`` (waits for it)."""
 
     def flush(self, *, wait: bool = True) -> None:
@@ -63,8 +65,8 @@ class ScriptCalls(Protocol):
         """``attempt()``: a command of the client itself, under the retries that suit it."""
 
     def call_tracked(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
-    ) -> tuple[Any, float | None]:
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part]
+    ) -> tuple[object, float | None]:
         """Run a script with Redis tracking the keys it reads for this thread: its reply, and
         when it was sent if the keys are tracked from then on, else None."""
 
@@ -74,10 +76,10 @@ class ScriptCalls(Protocol):
     def note_duplicate(self, key: str) -> None:
         """``key`` was met held, untracked."""
 
-    def remember(self, key: str, until: float, value: Any) -> None:
+    def remember(self, key: str, until: float, value: Answer) -> None:
         """Keep ``value`` as this thread's answer for a key a tracked call just read."""
 
-    def remembered(self, key: str) -> Any:
+    def remembered(self, key: str) -> Answer | None:
         """This thread's remembered answer for ``key`` while Redis says nothing of it, or
         None."""
 
@@ -87,8 +89,8 @@ class ScriptCalls(Protocol):
 
 class _RunsScripts(Protocol):
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
-    ) -> Any: ...
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
+    ) -> object: ...
 
 
 class RemembersNothing:
@@ -96,8 +98,8 @@ class RemembersNothing:
     the pooled one of greenlets, the plain one): a tracked call is a plain call."""
 
     def call_tracked(
-        self: _RunsScripts, script: Script, keys: Sequence[Any], args: Sequence[Any]
-    ) -> tuple[Any, float | None]:
+        self: _RunsScripts, script: Script, keys: Sequence[Part], args: Sequence[Part]
+    ) -> tuple[object, float | None]:
         """A plain call: no key is tracked."""
         return self(script, keys, args), None
 
@@ -108,10 +110,10 @@ class RemembersNothing:
     def note_duplicate(self, key: str) -> None:
         """Nothing to note: no key is tracked."""
 
-    def remember(self, key: str, until: float, value: Any) -> None:
+    def remember(self, key: str, until: float, value: Answer) -> None:
         """Nothing is remembered."""
 
-    def remembered(self, key: str) -> Any:
+    def remembered(self, key: str) -> Answer | None:
         """Nothing: no answer is remembered."""
         return None
 

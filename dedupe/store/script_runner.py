@@ -16,7 +16,7 @@ Design notes: docs/design-notes.md, "dedupe.store.script_runner".
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import redis
 from redis.commands.core import Script
@@ -24,6 +24,9 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from .deferred import DefersReads
 from .runner import RemembersNothing
+
+if TYPE_CHECKING:
+    from .resp import Part
 
 __all__ = ["ScriptRunner", "Unanswered"]
 
@@ -43,8 +46,8 @@ class ScriptRunner(RemembersNothing, DefersReads):
     spans_calls = True
 
     def __call__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, resend: bool = True
-    ) -> Any:
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
+    ) -> object:
         """Run a script and return its reply. ``resend=False``: a script that must not run
         twice (it pushes a message): tried again only if it was not written, else
         :class:`Unanswered`."""
@@ -56,7 +59,7 @@ class ScriptRunner(RemembersNothing, DefersReads):
             except self._retried as first:  # (the retry's closure made only when needed)
                 return self._retrying(first, lambda: call(script, command))
 
-    def _call_once(self, script: Script, command: bytes) -> Any:
+    def _call_once(self, script: Script, command: bytes) -> object:
         try:
             return self._call(script, command)
         except self._retried as exc:
@@ -71,17 +74,17 @@ class ScriptRunner(RemembersNothing, DefersReads):
     def call_many(
         self,
         script: Script,
-        calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+        calls: Sequence[tuple[Sequence[Part], Sequence[Part]]],
         *,
         resend: bool = True,
-    ) -> list[Any]:
+    ) -> list[object]:
         """Run ``script`` once per ``(keys, args)``, pipelined: one round trip for them all.
         The replies in order, an error reply as its exception in its place. A lost
         connection sends them all again (under the Retry policy), unless ``resend=False``
         (see :meth:`__call__`): the scripts answer a resent command as its first sending did
         while its key still holds what the first wrote."""
         with self._local.lock:
-            replies: list[Any] = []
+            replies: list[object] = []
             if calls and script.sha not in self._known:
                 # The first alone loads the script if the server lacks it (NOSCRIPT).
                 replies.append(self._replied(script, calls[0], resend))
@@ -95,11 +98,11 @@ class ScriptRunner(RemembersNothing, DefersReads):
                     rest[index] = self._replied(script, calls[index], resend)
             return replies + rest
 
-    def _pipelined(self, command: bytes, count: int, resend: bool) -> list[Any]:
+    def _pipelined(self, command: bytes, count: int, resend: bool) -> list[object]:
         """One try of :meth:`call_many`: ``count`` commands written at once, their replies
         read (an error reply in its place)."""
         self._write(command, count)
-        got: list[Any] = []
+        got: list[object] = []
         try:
             for _ in range(count):
                 try:
@@ -120,13 +123,13 @@ class ScriptRunner(RemembersNothing, DefersReads):
         return got
 
     def _replied(
-        self, script: Script, call: tuple[Sequence[Any], Sequence[Any]], resend: bool
-    ) -> Any:
+        self, script: Script, call: tuple[Sequence[Part], Sequence[Part]], resend: bool
+    ) -> object:
         try:
             return self(script, *call, resend=resend)
         except ResponseError as exc:
             return exc
 
-    def _call(self, script: Script, command: bytes) -> Any:
+    def _call(self, script: Script, command: bytes) -> object:
         self._write(command)
         return self._reply(script, command)

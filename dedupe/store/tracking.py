@@ -23,7 +23,8 @@ from redis.retry import Retry
 from dedupe.compat.redis_private import hear_pushes
 
 from . import connections
-from .resp import pack_command
+from .remembered import Answer
+from .resp import Part, pack_command
 from .script_runner import ScriptRunner
 
 __all__ = ["TrackingScriptRunner"]
@@ -97,8 +98,8 @@ class TrackingScriptRunner(ScriptRunner):
         )
 
     def call_tracked(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
-    ) -> tuple[Any, float | None]:
+        self, script: Script, keys: Sequence[Part], args: Sequence[Part]
+    ) -> tuple[object, float | None]:
         """Run a script with Redis tracking the keys it reads for this thread (when the
         server can): its reply, and when it was sent (time.monotonic()) if the keys are
         tracked from then on, else None. :meth:`remember` keeps an answer made of it."""
@@ -106,7 +107,7 @@ class TrackingScriptRunner(ScriptRunner):
         sent_at: list[float | None] = [None]
         local = self._local
 
-        def attempt() -> Any:
+        def attempt() -> object:
             self._connection()  # (a new connection starts tracking here)
             if not local.tracking or script.sha not in self._known:
                 sent_at[0] = None
@@ -133,7 +134,7 @@ class TrackingScriptRunner(ScriptRunner):
         with local.lock:
             return self._tried(attempt), sent_at[0]
 
-    def remember(self, key: str, until: float, value: Any) -> None:
+    def remember(self, key: str, until: float, value: Answer) -> None:
         """Keep ``value`` as this thread's answer for ``key`` until Redis says the key changed,
         or ``until`` (time.monotonic(); capped at ``remember_for`` from now). Only for a key a
         :meth:`call_tracked` just read, tracked."""
@@ -158,7 +159,7 @@ class TrackingScriptRunner(ScriptRunner):
         so the first meeting of a key asks untracked."""
         return self._local.known.is_fresh(key.encode(self._encoding))
 
-    def remembered(self, key: str) -> Any:
+    def remembered(self, key: str) -> Answer | None:
         """This thread's remembered answer for ``key``, or None: Redis has said nothing of the
         key since it was remembered, and nothing waits to be read on the connection (bytes
         that do may be an invalidation, read now: the answer is then looked up again)."""

@@ -4,7 +4,7 @@ script runner, the data-loss barrier, and the reading of replies they all make."
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from dedupe.errors import UnexpectedReply
 from dedupe.store.clients import DedupRedis
@@ -64,14 +64,14 @@ class StoreBase:
         return self._run.command(attempt)
 
 
-def integer_reply(script: str, reply: Any) -> int:
+def integer_reply(script: str, reply: object) -> int:
     """A script's integer reply; anything else (a bool included) is unexpected."""
     if isinstance(reply, bool) or not isinstance(reply, int):
         raise UnexpectedReply(script, reply)
     return reply
 
 
-def raise_first_error(replies: Sequence[Any]) -> None:
+def raise_first_error(replies: Sequence[object]) -> None:
     """Raise the first error reply of a batch's replies, if any."""
     # Inside reraise_unavailable: "not now" refusals become RedisUnavailable, others
     # RedisCommandError. (On one server a batch is refused whole, for a reason that holds for

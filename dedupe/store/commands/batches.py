@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dedupe.errors import UnexpectedReply
+from dedupe.store.resp import Part, ScriptCall
 from dedupe.values.keys import CallKeys
 from dedupe.values.latest import LatestWrite
 
@@ -33,35 +34,31 @@ EnqueueCall = tuple[CallKeys, bytes, int]
 LatestCall = tuple[CallKeys, bytes, int, LatestWrite]
 
 
-def enqueue_call(call: EnqueueCall) -> tuple[list[Any], list[Any]]:
+def enqueue_call(call: EnqueueCall) -> ScriptCall:
     """The keys and arguments of enqueue.lua for one call."""
     keys, record, ttl_ms = call
     return [keys.call], [record, ttl_ms]
 
 
-def enqueue_latest_call(call: LatestCall) -> tuple[list[Any], list[Any]]:
+def enqueue_latest_call(call: LatestCall) -> ScriptCall:
     """The keys and arguments of enqueue_latest.lua for one call."""
     keys, record, ttl_ms, latest = call
     return [keys.call, keys.latest], [record, ttl_ms, *latest.argv()]
 
 
-def enqueue_many_call(
-    chunk: Sequence[EnqueueCall], marker: str | None
-) -> tuple[list[Any], list[Any]]:
+def enqueue_many_call(chunk: Sequence[EnqueueCall], marker: str | None) -> ScriptCall:
     """The keys and arguments of enqueue_many.lua for a chunk of calls (and the marker key,
     flagged by one more argument)."""
-    keys: list[Any] = [keys.call for keys, _, _ in chunk]
-    args: list[Any] = [part for _, record, ttl_ms in chunk for part in (record, ttl_ms)]
+    keys: list[Part] = [keys.call for keys, _, _ in chunk]
+    args: list[Part] = [part for _, record, ttl_ms in chunk for part in (record, ttl_ms)]
     return _marked(keys, args, marker)
 
 
-def enqueue_latest_many_call(
-    chunk: Sequence[LatestCall], marker: str | None
-) -> tuple[list[Any], list[Any]]:
+def enqueue_latest_many_call(chunk: Sequence[LatestCall], marker: str | None) -> ScriptCall:
     """The keys and arguments of enqueue_latest_many.lua for a chunk of calls (and the
     marker key, flagged by one more argument)."""
-    keys: list[Any] = []
-    args: list[Any] = []
+    keys: list[Part] = []
+    args: list[Part] = []
     for call in chunk:
         call_keys, call_args = enqueue_latest_call(call)
         keys.extend(call_keys)
@@ -69,14 +66,14 @@ def enqueue_latest_many_call(
     return _marked(keys, args, marker)
 
 
-def _marked(keys: list[Any], args: list[Any], marker: str | None) -> tuple[list[Any], list[Any]]:
+def _marked(keys: list[Part], args: list[Part], marker: str | None) -> ScriptCall:
     if marker is not None:
         keys.append(marker)
         args.append(1)
     return keys, args
 
 
-def chunk_replies(reply: Any, size: int) -> list[Any]:
+def chunk_replies(reply: Any, size: int) -> list[object]:
     """The per-call replies of one enqueue_many.lua (an error reply stands for each call)."""
     if isinstance(reply, BaseException):
         return [reply] * size

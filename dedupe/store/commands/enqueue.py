@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from redis.commands.core import Script
 
 from dedupe.store.connections import Reply
 from dedupe.store.redis_errors import reraise_unavailable
 from dedupe.store.replies import not_decided, read_enqueue
+from dedupe.store.resp import ScriptCall
 from dedupe.values.keys import CallKeys
 from dedupe.values.latest import LatestWrite
 from dedupe.values.record import Holder
@@ -133,8 +134,8 @@ class EnqueueCommands(StoreBase):
         calls: Sequence[_Call],
         single: Script,
         many: Script,
-        one: Callable[[_Call], tuple[list[Any], list[Any]]],
-        chunk_of: Callable[[Sequence[_Call], str | None], tuple[list[Any], list[Any]]],
+        one: Callable[[_Call], ScriptCall],
+        chunk_of: Callable[[Sequence[_Call], str | None], ScriptCall],
     ) -> list[Holder | None]:
         key = calls[0][0].call if calls else None
         with reraise_unavailable("enqueue", key):
@@ -151,8 +152,8 @@ class EnqueueCommands(StoreBase):
         self,
         calls: Sequence[_Call],
         many: Script,
-        chunk_of: Callable[[Sequence[_Call], str | None], tuple[list[Any], list[Any]]],
-    ) -> list[Any]:
+        chunk_of: Callable[[Sequence[_Call], str | None], ScriptCall],
+    ) -> list[object]:
         # One server: a script per chunk, all in one round trip; the chunks sent while the
         # store's data was lost and not restored go again after the restore.
         chunks = [

@@ -4,12 +4,12 @@ its key's line, a run's slot, and the starts of a rate-limited key."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from redis.commands.core import Script
 
 from dedupe.errors import UnexpectedReply
 from dedupe.store.redis_errors import reraise_unavailable
+from dedupe.store.resp import Part
 
 from .base import StoreBase, integer_reply
 from .leases import slot_member
@@ -173,7 +173,7 @@ class FlowControlCommands(StoreBase):
         than ``earliest_ms`` from now. With ``place`` (both limits), its place in line is
         taken too (start_ticket_publish.lua)."""
         head = [keys["starts"], keys["plan"]]
-        args: list[Any] = [task_id, count, period_ms, earliest_ms, message.prefix, message.own]
+        args: list[Part] = [task_id, count, period_ms, earliest_ms, message.prefix, message.own]
         args += [message.suffix, len(lists), expire_ms]
         name, script = "start_publish", self._start_publish
         if place is not None:

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from dedupe.store.resp import Part
 from dedupe.values.record import pack_owner
 
 __all__ = ["Lease", "claim_args", "slot_member"]
@@ -35,7 +35,7 @@ class Lease:
         """renew.lua's (or renew_slot.lua's) KEYS."""
         return [self.key, self.call_key] if self.call_key else [self.key]
 
-    def args(self) -> list[Any]:
+    def args(self) -> list[Part]:
         """renew.lua's (or renew_slot.lua's) ARGV."""
         if self.slot:
             return [slot_member(self.task_id, self.token), self.lease_ms]
@@ -63,7 +63,7 @@ def claim_args(
     keep_record: bool,
     record_ttl_ms: int,
     accepted: bool,
-) -> list[Any]:
+) -> list[Part]:
     """claim.lua's ARGV."""
     keep = 1 if keep_record else 0
     owner = pack_owner(task_id)

@@ -5,7 +5,6 @@ withdrawn before it runs."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from redis.commands.core import Script
 
@@ -62,7 +61,7 @@ class PublishCommands(StoreBase):
         that leave latest arguments with pushes that do not: a pipeline runs one script);
         the outcomes in order."""
         key = pushes[0].keys.call if pushes else None
-        replies: list[Any] = [None] * len(pushes)
+        replies: list[object] = [None] * len(pushes)
         with reraise_unavailable("publish", key):
             for script, indices in self._by_script(pushes).items():
                 # (Not sent again once written: pushed, then freed by its run, it would push

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from dedupe.store.resp import Part, ScriptCall
 from dedupe.values.keys import CallKeys
 from dedupe.values.latest import LatestWrite
 
@@ -30,9 +30,9 @@ class PendingPush:
     #: (publish_latest.lua; None: publish.lua).
     latest: LatestWrite | None = None
 
-    def script_call(self) -> tuple[list[Any], list[Any]]:
+    def script_call(self) -> ScriptCall:
         """The keys and arguments of publish.lua (publish_latest.lua) for this push."""
-        args: list[Any] = [
+        args: list[Part] = [
             self.queued,
             self.ttl_ms,
             self.provisional,
@@ -43,5 +43,5 @@ class PendingPush:
         ]
         if self.latest is None:
             return [self.keys.call, *self.lists, *self.expiring], args
-        keys = [self.keys.call, self.keys.latest, *self.lists, *self.expiring]
+        keys: list[Part] = [self.keys.call, self.keys.latest, *self.lists, *self.expiring]
         return keys, [*args, *self.latest.argv()]

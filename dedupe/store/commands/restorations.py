@@ -4,8 +4,8 @@ lost its data (restore.lua, restore_run_lock.lua) or withdrawn (withdraw.lua).""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from dedupe.store.resp import Part
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import pack_owner, pack_queued, pack_restored
 
@@ -41,10 +41,10 @@ class Restoration:
         queued = pack_queued(task_id, delivered_at, eta)
         return cls(keys, task_id, record, queued, ttl_ms, lease_ms)
 
-    def args(self) -> list[Any]:
+    def args(self) -> list[Part]:
         """restore.lua's ARGV."""
         return [pack_owner(self.task_id), self.record, self.queued, self.ttl_ms, self.lease_ms]
 
-    def run_lock_args(self) -> list[Any]:
+    def run_lock_args(self) -> list[Part]:
         """restore_run_lock.lua's ARGV."""
         return [self.record, self.ttl_ms, self.lease_ms]

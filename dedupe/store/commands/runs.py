@@ -22,6 +22,7 @@ from dedupe.store.replies import (
     read_take,
     read_wait,
 )
+from dedupe.store.resp import Part
 from dedupe.values.keys import CallKeys
 from dedupe.values.latest import Latest
 from dedupe.values.record import Holder, pack_owner
@@ -179,7 +180,7 @@ class RunCommands(StoreBase):
         (None: none left). ``now``: only look, and say whether the deadline passed.
         :attr:`Take.ENDED`: the run of this task id and ``retries`` ended already
         (:meth:`send_end_latest`), and nothing is taken."""
-        argv = [pack_owner(task_id), repr(now), retries]
+        argv: list[Part] = [pack_owner(task_id), repr(now), retries]
         with reraise_unavailable("take_latest", keys.call):
             reply = self._run(self._take_latest, [keys.latest, keys.ran], argv)
         return read_take(reply)
@@ -189,6 +190,6 @@ class RunCommands(StoreBase):
         for a resend (and the hash, if that was all), and leave the run's tombstone for
         ``horizon_ms`` (a delivery of the same task id and ``retries`` then does not run),
         without waiting for the reply."""
-        argv = [pack_owner(task_id), retries, horizon_ms]
+        argv: list[Part] = [pack_owner(task_id), retries, horizon_ms]
         with reraise_unavailable("end_latest", keys.call):
             self._run.send(self._end_latest, [keys.latest, keys.ran], argv)
