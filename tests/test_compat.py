@@ -19,7 +19,20 @@ PACKAGE = Path(__file__).resolve().parent.parent / "dedupe"
 
 
 def test_every_private_member_is_there_in_the_installed_versions() -> None:
-    assert missing_members() == []
+    assert missing_members(later_too=True) == []
+
+
+def test_import_dedupe_leaves_celerys_worker_consumer_unimported() -> None:
+    # The consumer binds build_tracer at its import: a tracing tool (Sentry) initialised
+    # after `import dedupe` patches it, and the worker must bind the patched one.
+    imported = run_script(
+        """
+        import json, sys
+        import dedupe
+        print(json.dumps("celery.worker.consumer.consumer" in sys.modules))
+        """
+    )
+    assert imported is False
 
 
 def _private_names() -> set[str]:

@@ -28,8 +28,13 @@ def known_members() -> list[Member]:
     return [member for members in _LIBRARIES for member in members.known]
 
 
-def missing_members() -> list[Member]:
-    """Every member missing or changed in the running Celery, kombu and redis-py."""
+def missing_members(*, later_too: bool = False) -> list[Member]:
+    """Every member missing or changed in the running Celery, kombu and redis-py, of those
+    looked up so far; ``later_too``: those looked up at their first use too, now."""
+    if later_too:
+        for members in _LIBRARIES:
+            for check in members.later:
+                check()
     return [member for members in _LIBRARIES for member in members.missing]
 
 
@@ -45,12 +50,4 @@ def warn_missing() -> None:
             return
         _warned = True
     for member in missing_members():
-        logger.warning(
-            "celery-dedupe: %s's %s is not there as this version of dedupe knows it; "
-            "%s is off, calls take the plain path (correct, slower). Please report your %s "
-            "version.",
-            member.library,
-            member.path,
-            member.shortcut,
-            member.library,
-        )
+        logger.warning(member.warning())

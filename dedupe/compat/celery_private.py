@@ -19,14 +19,11 @@ from celery.backends.asynchronous import AsyncBackendMixin
 from celery.beat import Scheduler
 from celery.result import AsyncResult
 from celery.utils.collections import ConfigurationView
-from celery.worker.consumer.consumer import Consumer
-from celery.worker.consumer.tasks import Tasks
 
 from .members import Members
 
 __all__ = [
     "BEAT_SYNC",
-    "DECODE_ERRORS",
     "MEMBERS",
     "RESULTS",
     "SENDER",
@@ -37,6 +34,7 @@ __all__ = [
     "count_beat_send",
     "current_app",
     "current_worker_task",
+    "decode_errors_followed",
     "exec_options",
     "on_fulfilled",
     "pending_results",
@@ -283,16 +281,24 @@ def _names_within(code: CodeType) -> set[str]:
     return names
 
 
-_Consumer: Any = Consumer
-_Tasks: Any = Tasks
-DECODE_ERRORS: bool = MEMBERS.need(
+def _decode_errors_followed() -> bool:
+    # (Imported here, at a worker's start: see Members.need_later.)
+    from celery.worker.consumer.consumer import Consumer
+    from celery.worker.consumer.tasks import Tasks
+
+    consumer: Any = Consumer
+    tasks: Any = Tasks
+    return (
+        list(inspect.signature(consumer.on_decode_error).parameters) == ["self", "message", "exc"]
+        and "on_decode_error" in _names_within(tasks.start.__code__)
+        and "on_decode_error" in _names_within(consumer.create_task_handler.__code__)
+    )
+
+
+decode_errors_followed = MEMBERS.need_later(
     "celery.worker.consumer.Consumer.on_decode_error (looked up at each decode error)",
     "freeing the key of a message whose body cannot be decoded",
-    lambda: (
-        list(inspect.signature(_Consumer.on_decode_error).parameters) == ["self", "message", "exc"]
-        and "on_decode_error" in _names_within(_Tasks.start.__code__)
-        and "on_decode_error" in _names_within(_Consumer.create_task_handler.__code__)
-    ),
+    _decode_errors_followed,
 )
 
 
@@ -300,7 +306,7 @@ def after_decode_errors(consumer: Any, callback: Callable[[Any, BaseException], 
     """Call ``callback(message, exc)`` once ``consumer`` has handled a message whose body it
     cannot decode (Celery logs and acks it, and sends no signal); False where this Celery
     cannot be followed there. Call it before the consumer starts."""
-    if not DECODE_ERRORS:
+    if not decode_errors_followed():
         return False
     handle = consumer.on_decode_error
 
