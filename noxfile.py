@@ -64,6 +64,7 @@ COMPAT_TESTS = [
     "tests/test_canvas.py",
     "tests/test_worker_inprocess.py",
     "tests/test_worker_prefork.py",
+    "tests/test_revoked_waiting.py",
     "tests/test_main_process.py",
     "tests/test_beat.py",
     "tests/test_beat_mixin.py",

@@ -49,6 +49,7 @@ def install(app: Celery) -> None:
     warn_missing()
     add_runtime(app)
     app.steps["consumer"].add(unrun.FreeUndecodable)
+    app.steps["consumer"].add(unrun.FreeRevoked)
     # Each time Celery reads the settings; now, if it has read them already.
     app.on_after_configure.connect(_on_configure, sender=app, weak=False)
     if getattr(app, "configured", False):  # (untyped in celery-types)

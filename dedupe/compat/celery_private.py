@@ -5,8 +5,10 @@ Each member, and what is turned off without it: docs/design-notes.md, "dedupe.co
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from types import CodeType
 from typing import Any, TypeVar
@@ -19,6 +21,11 @@ from celery.backends.asynchronous import AsyncBackendMixin
 from celery.beat import Scheduler
 from celery.result import AsyncResult
 from celery.utils.collections import ConfigurationView
+from celery.utils.functional import maybe_list
+from celery.worker import request as worker_request
+from celery.worker import state as worker_state
+from celery.worker.control import Panel
+from celery.worker.pidbox import Pidbox
 
 from .members import Members
 
@@ -26,10 +33,12 @@ __all__ = [
     "BEAT_SYNC",
     "MEMBERS",
     "RESULTS",
+    "REVOKES",
     "SENDER",
     "SENDER_KEYWORDS",
     "SETTINGS",
     "after_decode_errors",
+    "after_revokes",
     "app_of_task",
     "count_beat_send",
     "current_app",
@@ -319,3 +328,88 @@ def after_decode_errors(consumer: Any, callback: Callable[[Any, BaseException], 
 
     consumer.on_decode_error = on_decode_error
     return True
+
+
+_Panel: Any = Panel
+_requests: Any = worker_request  # (the stubs know no create_request_cls)
+_Request: Any = worker_request.Request
+_REVOKES = "freeing the key of a message revoked while it waits in the worker"
+REVOKES: bool = all(
+    [
+        MEMBERS.need(
+            "celery.worker.control.Panel.data['revoke'] (the worker's mailbox looks it up at "
+            "each command)",
+            _REVOKES,
+            lambda: (
+                list(inspect.signature(_Panel.data["revoke"]).parameters)[:2]
+                == ["state", "task_id"]
+                and {"Panel", "data"} <= set(_names_in(Pidbox.__init__))
+            ),
+        ),
+        MEMBERS.need(
+            "celery.worker.state.reserved_requests, .active_requests and .revoked",
+            _REVOKES,
+            lambda: all(
+                callable(getattr(worker_state, name).__contains__)
+                for name in ("reserved_requests", "active_requests", "revoked")
+            ),
+        ),
+        MEMBERS.need(
+            "celery.worker.request.Request._apply_result (set as the request goes to the pool)",
+            _REVOKES,
+            lambda: (
+                "_apply_result" in vars(_Request)
+                and "_apply_result" in _names_in(_Request.execute_using_pool)
+                and "_apply_result" in _names_within(_requests.create_request_cls.__code__)
+            ),
+        ),
+    ]
+)
+
+_after_revoke: list[Callable[[Any, list[Any]], None]] = []
+_revoke_lock = threading.Lock()
+
+
+def after_revokes(callback: Callable[[Any, list[Any]], None]) -> bool:
+    """Call ``callback(consumer, requests)`` once a worker of this process has handled a
+    ``revoke`` command, with the revoked requests that wait in it, not yet given to its pool
+    (Celery drops each when it reaches it, and says so only then); False where this Celery
+    cannot be followed there."""
+    if not REVOKES:
+        return False
+    with _revoke_lock:
+        if not _after_revoke:  # (the command's handler is one for the process)
+            _Panel.data["revoke"] = _followed(_Panel.data["revoke"])
+        if callback not in _after_revoke:
+            _after_revoke.append(callback)
+    return True
+
+
+def _followed(handle: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(handle)
+    def revoke(state: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = handle(state, task_id, *args, **kwargs)
+        try:
+            waiting = _waiting_revoked(set(maybe_list(task_id) or ()))
+            if waiting:
+                for callback in _after_revoke:
+                    callback(state.consumer, waiting)
+        except Exception:  # (the worker's mailbox must go on whatever the callback does)
+            logger.exception("celery-dedupe: after a revoke")
+        return reply
+
+    return revoke
+
+
+def _waiting_revoked(task_ids: set[str]) -> list[Any]:
+    """The requests of ``task_ids`` that the worker holds, revoked, and will drop unrun: not
+    running, and not given to the pool yet (there, a revoke without terminate stops nothing)."""
+    running = worker_state.active_requests
+    return [
+        request
+        for request in list(worker_state.reserved_requests)
+        if request.id in task_ids
+        and request.id in worker_state.revoked
+        and request not in running
+        and request._apply_result is None
+    ]

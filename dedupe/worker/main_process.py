@@ -148,13 +148,15 @@ def _act_for_lost_run(
         token = lost_run_token(runtime.store, spec.keys, killing=killing)
         if requeue:
             requeue_key(runtime, spec.keys, spec.ttl, task_id, token, 0.0)
-        else:
-            runtime.store.release(spec.keys, task_id, token)
+        # A release may free nothing: the record went already (a revoke freed it while its
+        # message waited), or a newer call holds the key. Only a freed key is reported.
+        reclaimed = requeue or runtime.store.release(spec.keys, task_id, token) > 0
     except RedisUnavailable as exc:
         action = "was lost and its key was not freed (its lease frees it)"
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
     else:
-        emit(RECLAIMED, task.name, task_id, spec.keys.run, requeued=requeue)
+        if reclaimed:
+            emit(RECLAIMED, task.name, task_id, spec.keys.run, requeued=requeue)
 
 
 #: Seconds between two looks at a terminated run's key.

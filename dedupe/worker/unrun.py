@@ -3,9 +3,10 @@ running.
 
 Celery drops a message it will not run: a task it does not know (``task_unknown``), content
 it does not accept or a message it cannot read, such as an eta (``task_rejected``), a body it
-cannot decode (the consumer's decode-error path, no signal: :class:`FreeUndecodable`). Each
-frees that message's queued record at once: its own task id's, never a running record, never
-another call's.
+cannot decode (the consumer's decode-error path, no signal: :class:`FreeUndecodable`), a
+message revoked while it waits in the worker (``task_revoked`` comes only when the worker
+reaches it: :class:`FreeRevoked`). Each frees that message's queued record at once: its own
+task id's, never a running record, never another call's.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from typing import Any
 from celery import bootsteps
 from kombu.exceptions import ContentDisallowed
 
-from dedupe.compat.celery_private import after_decode_errors
+from dedupe.compat.celery_private import after_decode_errors, after_revokes
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import installed
 from dedupe.values.header import KeyHeader
 
-__all__ = ["FreeUndecodable", "on_rejected", "on_unknown"]
+__all__ = ["FreeRevoked", "FreeUndecodable", "on_rejected", "on_unknown"]
 
 logger = logging.getLogger("dedupe.keys")
 
@@ -45,6 +46,21 @@ class FreeUndecodable(bootsteps.Step):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         after_decode_errors(parent, lambda message, exc: _free(parent, message, "undecodable body"))
+
+
+class FreeRevoked(bootsteps.Step):
+    """A consumer bootstep: after each ``revoke`` command, frees the key of each revoked
+    message that waits in the worker, not started (``dedupe.install`` adds it to the app's
+    consumer steps)."""
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        after_revokes(_free_revoked)
+
+
+def _free_revoked(consumer: Any, requests: list[Any]) -> None:
+    for request in requests:
+        _free(consumer, request.message, "revoked")
 
 
 def _why_rejected(exc: BaseException | None) -> str:
