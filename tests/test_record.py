@@ -68,7 +68,13 @@ def test_a_running_record_reads_back_as_a_running_holder() -> None:
     raw = pack_running(task_id, "0123456789ab", "worker-1.example", 4_000_000, now)
     holder = Holder.from_raw("k", raw, 1_500)
     assert holder == Holder(
-        "k", task_id, "running", 1.5, started_at=int(now), worker="worker-1.example:4000000"
+        "k",
+        task_id,
+        "running",
+        1.5,
+        started_at=int(now),
+        worker="worker-1.example:4000000",
+        run_token="0123456789ab",
     )
 
 
@@ -79,7 +85,13 @@ def test_a_running_record_with_its_lease_inside_reads_back_as_a_running_holder()
     raw = msgpack.packb((*fields, 1_700_000_060), use_bin_type=False)
     holder = Holder.from_raw("k", raw, 3_600_000)
     assert holder == Holder(
-        "k", task_id, "running", 3600.0, started_at=1_700_000_000, worker="worker-1.example:42"
+        "k",
+        task_id,
+        "running",
+        3600.0,
+        started_at=1_700_000_000,
+        worker="worker-1.example:42",
+        run_token="0123456789ab",
     )
 
 

@@ -279,6 +279,58 @@ def test_claim_is_held_by_a_live_redeliverable_run_of_the_same_task_id(
     assert record(store, finished.run)["token"] == "t0"  # type: ignore[index]
 
 
+def claim_replacing(store: Store, keys: CallKeys, task_id: str, token: str, dead: str) -> object:
+    """A redeliverable run's claim that names the run of its task id found dead (its process
+    gone) before that run's lease is over."""
+    now = int(time.time())
+    return store.claim(
+        keys, task_id, token, LEASE_MS, "host", 8, now, record_ttl_ms=TTL_MS, replacing=dead
+    )
+
+
+def test_claim_takes_over_the_named_dead_run_of_its_task_id_before_its_lease_is_over(
+    store: Store, finished: CallKeys
+) -> None:
+    # Celery requeued the message after losing its process: the dead run's lease goes on.
+    assert claim_redeliverable(store, finished, "A", "t0") is None
+    assert claim_replacing(store, finished, "A", "t1", "t0") is None
+    found = record(store, finished.run)
+    assert found is not None
+    assert (found["token"], found["pid"]) == ("t1", 8)
+
+
+def test_claim_naming_a_dead_run_is_held_by_another_run_of_its_task_id(
+    store: Store, finished: CallKeys
+) -> None:
+    assert claim_redeliverable(store, finished, "A", "t0") is None
+    holder = claim_replacing(store, finished, "A", "t2", "t1")
+    assert holder is not None
+    assert holder.run_token == "t0"  # type: ignore[attr-defined]
+    assert record(store, finished.run)["token"] == "t0"  # type: ignore[index]
+
+
+def test_claim_naming_a_dead_run_is_held_by_that_token_of_another_task_id(
+    store: Store, finished: CallKeys
+) -> None:
+    assert claim_redeliverable(store, finished, "B", "t0") is None
+    holder = claim_replacing(store, finished, "A", "t1", "t0")
+    assert holder is not None
+    assert holder.task_id == "B"  # type: ignore[attr-defined]
+    assert record(store, finished.run)["token"] == "t0"  # type: ignore[index]
+
+
+def test_claim_naming_a_dead_run_keeps_the_call_waiting_in_it(
+    store: Store, finished: CallKeys
+) -> None:
+    assert claim_redeliverable(store, finished, "A", "t0") is None
+    queued = pack_queued("B", time.time(), None)
+    assert store.wait(finished, "B", queued, TTL_MS) is Wait.WAITS
+    assert claim_replacing(store, finished, "A", "t1", "t0") is None
+    assert record(store, finished.run)["token"] == "t1"  # type: ignore[index]
+    assert store.release(finished, "A", "t1") == 1
+    assert record(store, finished.call)["id"] == "B"  # type: ignore[index]
+
+
 def test_claim_is_held_by_a_dead_run_of_another_task_id(store: Store, finished: CallKeys) -> None:
     # The dead run's message will be delivered again and must run: like a queued record.
     write_dead_run(store, finished, "B", "t0")

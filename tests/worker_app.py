@@ -243,6 +243,21 @@ def redelivered(self: Any, tag: str, seconds: float) -> str:
 
 
 @app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    unique_lease=ENDING_LEASE,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def redelivered_long_lease(self: Any, tag: str, seconds: float) -> str:
+    """:func:`redelivered` with a 30 s lease: its redelivery after a killed child starts
+    within seconds only if it takes over its dead run's key, not if it waits out the lease."""
+    _run(self, tag, seconds if _events.incr(f"deliveries:{tag}") == 1 else 1)
+    return tag
+
+
+@app.task(
     bind=True, base=dedupe.DedupeTask, unique=True, unique_until="started", on_running_countdown=0.2
 )
 def started_mode(self: Any, tag: str, seconds: float) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import random
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import msgpack
@@ -163,6 +163,10 @@ class Holder:
     worker: str | None = None
     #: A queued record whose message is still being published (a short TTL until then).
     provisional: bool = False
+    #: The run's token (running records only): it tells the run from a redelivered copy of
+    #: its task id, which may take over the key of exactly this run once it is known dead.
+    #: Not shown: a token means nothing to a reader.
+    run_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_raw(cls, key: str, raw: bytes, pttl_ms: int | None) -> Holder:
@@ -201,7 +205,10 @@ def _running(key: str, fields: tuple[object, ...], ttl: float | None) -> Holder 
     ):
         worker = f"{host.decode('utf-8', 'surrogateescape')}:{pid}"
         started = float(started_at)  # type: ignore[arg-type]
-        return Holder(key, unpack_owner(owner), "running", ttl, None, None, started, worker)
+        run = token.decode("utf-8", "surrogateescape")
+        return Holder(
+            key, unpack_owner(owner), "running", ttl, None, None, started, worker, run_token=run
+        )
     return None
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from dedupe.errors import RedisUnavailable
 from dedupe.events import CLAIMED, UNAVAILABLE, emit
+from dedupe.runs.liveness import run_is_dead
 from dedupe.runs.run import GUARDS_RUNS, Run, RunSpec, new_token
 from dedupe.runs.runtime import Runtime
 from dedupe.store.commands.leases import Lease
@@ -23,6 +24,7 @@ from dedupe.values.timing import milliseconds
 __all__ = ["RunClaim", "claim_run", "record_ttl_ms"]
 
 logger = logging.getLogger("dedupe.worker")
+keys_logger = logging.getLogger("dedupe.keys")
 
 
 @dataclass(slots=True)
@@ -82,6 +84,8 @@ def claim_run(runtime: Runtime, task: TaskSurface, claim: RunClaim) -> Run:
             holder = store.claim(spec.keys, task_id, *claim.arguments(), **claim.options())
         else:
             holder = store.claim_result(spec.keys, claim.slot)
+        if holder is not None and _own_dead_run(holder, task_id):
+            holder = _take_over(runtime, task, claim, holder)
     except RedisUnavailable as exc:
         # The message is consumed already: running it beats losing it. (Its end frees
         # what a claim that landed unanswered wrote.)
@@ -89,6 +93,33 @@ def claim_run(runtime: Runtime, task: TaskSurface, claim: RunClaim) -> Run:
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
         return Run(spec, claim.token, "error")
     return _claimed(runtime, task, claim, holder)
+
+
+def _own_dead_run(holder: Holder, task_id: str) -> bool:
+    # A run of this very task id whose process is gone: Celery requeued its message after
+    # losing the process (reject_on_worker_lost) and sent no end signal, so nothing freed
+    # its key. Only a run of this host can be known dead; any other waits out its lease.
+    return holder.task_id == task_id and holder.run_token is not None and run_is_dead(holder)
+
+
+def _take_over(runtime: Runtime, task: TaskSurface, claim: RunClaim, dead: Holder) -> Holder | None:
+    """Claim again, replacing exactly the dead run (its token): a second round trip, on this
+    rare path only. None: the key is this run's now; else what holds it instead."""
+    spec, task_id = claim.spec, claim.task_id
+    replacing = dead.run_token or ""
+    holder = runtime.store.claim(
+        spec.keys, task_id, *claim.arguments(), replacing=replacing, **claim.options()
+    )
+    if holder is None:
+        keys_logger.warning(
+            "%s[%s] took over the key of its own dead run (%s, its process gone; its message "
+            "was delivered again): %s",
+            task.name,
+            task_id,
+            dead.worker,
+            spec.keys.run,
+        )
+    return holder
 
 
 def _claimed(runtime: Runtime, task: TaskSurface, claim: RunClaim, holder: Holder | None) -> Run:

@@ -63,8 +63,20 @@ def claim_args(
     keep_record: bool,
     record_ttl_ms: int,
     accepted: bool,
+    replacing: str = "",
 ) -> list[Part]:
-    """claim.lua's ARGV."""
+    """claim.lua's ARGV (``replacing``: the token of this task id's dead run, if any)."""
     keep = 1 if keep_record else 0
     owner = pack_owner(task_id)
-    return [owner, token, lease_ms, host, pid, now, keep, record_ttl_ms, 1 if accepted else 0]
+    args: list[Part] = [
+        owner,
+        token,
+        lease_ms,
+        host,
+        pid,
+        now,
+        keep,
+        record_ttl_ms,
+        1 if accepted else 0,
+    ]
+    return [*args, replacing] if replacing else args

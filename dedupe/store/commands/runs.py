@@ -59,15 +59,27 @@ class RunCommands(StoreBase):
         keep_record: bool = False,
         record_ttl_ms: int = 0,
         accepted: bool = False,
+        replacing: str = "",
     ) -> Holder | None:
         """Start a run. None: claimed; a Holder: another run is live on the key.
         ``keep_record``: leave the call's queued record in place (a throttle window).
         ``record_ttl_ms``: keep the running record this long past each renewal, its lease
         carried inside (a run whose message the broker would deliver again); 0: the lease.
         ``accepted``: the message carries the producer's key (it was accepted): one that
-        finds another call's queued record runs, and that call waits in its run."""
+        finds another call's queued record runs, and that call waits in its run.
+        ``replacing``: the token of a run of this task id known dead (its process gone),
+        whose key this claim takes over before its lease is over."""
         args = claim_args(
-            task_id, token, lease_ms, host, pid, now, keep_record, record_ttl_ms, accepted
+            task_id,
+            token,
+            lease_ms,
+            host,
+            pid,
+            now,
+            keep_record,
+            record_ttl_ms,
+            accepted,
+            replacing,
         )
         with reraise_unavailable("claim", keys.call):
             reply = self._run(self._claim, [keys.call, keys.run], args)

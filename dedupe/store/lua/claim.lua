@@ -15,6 +15,8 @@
 --          message the broker delivers again if the run dies (acks_late); the lease (or
 --          less, or absent) for any other run
 -- ARGV[9]  "1": the message carries the producer's key (the producer accepted it)
+-- ARGV[10] (optional) the run token of a run of this task id that the worker found dead (its
+--          process gone): this claim takes its key over, its lease over or not
 --
 -- Returns
 --   1                    claimed (also when this very run claimed already: a re-sent command)
@@ -33,8 +35,11 @@
 -- again and again. A provisional record (a call being published) holds it.
 -- A run of another task id whose lease is over stands for its message, which the broker
 -- will deliver again: it is held like a queued record. A run of this very task id whose
--- lease is over is taken over: this is its message, delivered again. A dead run with a call
--- waiting in it (see successor()) is that call's queued record for every other task id.
+-- lease is over is taken over: this is its message, delivered again. So is the run of this
+-- task id named in ARGV[10], whose process the worker found gone: Celery requeued its
+-- message (reject_on_worker_lost), and nothing else frees its key before its lease is over.
+-- A dead run with a call waiting in it (see successor()) is that call's queued record for
+-- every other task id.
 -- When that call takes the key over and the dead run's message comes back (acks_late: this
 -- task's records outlive their lease; or a restored record: a message the broker holds),
 -- the dead run's task id waits in line behind it.
@@ -44,7 +49,8 @@ local waiting = nil
 local comes_back = nil
 if run then
   local running = run_token(run)
-  local dead = running and running ~= token and lease_over(run, server_seconds())
+  local dead = running and running ~= token
+    and (lease_over(run, server_seconds()) or (run[1] == id and running == ARGV[10]))
   local took_dead = false
   if dead and run[1] ~= id and successor(run) then
     if (tonumber(ARGV[8]) or 0) > tonumber(ARGV[3]) or running == RESTORED then
