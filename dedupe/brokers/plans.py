@@ -118,6 +118,15 @@ class LinePlan:
         publish must free it, or it holds the calls behind it until it lapses.)"""
         return self.state == "placed"
 
+    def take_place_apart(self) -> None:
+        """Take the place in a round trip of its own, before the message goes out (where one
+        script cannot write both); Redis unreachable is :attr:`unavailable`'s to judge."""
+        try:
+            self.store.take_ticket(self.keys, self.task_id, self.ttl_ms)
+            self.state = "placed"
+        except RedisUnavailable as exc:
+            self.unavailable(exc)
+
 
 @dataclass(eq=False)
 class StartPlan:
@@ -150,3 +159,24 @@ class StartPlan:
     def owns_a_place_alone(self) -> bool:
         """As :attr:`LinePlan.owns_a_place_alone`."""
         return self.state == "placed"
+
+    def reserve_apart(self) -> int:
+        """Reserve the start, then (with both limits) take the place, each in a round trip of
+        its own, before the message goes out; returns the message's delay, ms: its start's,
+        where that is later than the call's own. Redis unreachable is :attr:`unavailable`'s
+        to judge (the call's own delay stands)."""
+        try:
+            wait_ms = self.store.next_start(
+                self.keys, self.task_id, self.count, self.period_ms, earliest_ms=self.earliest_ms
+            )
+        except RedisUnavailable as exc:
+            self.unavailable(exc)
+            wait_ms = 0
+        delay_ms = wait_ms if wait_ms > max(self.earliest_ms, 1) else self.earliest_ms
+        if self.place is not None:
+            try:
+                self.store.take_ticket(self.keys, self.task_id, self.place.ms_after(delay_ms))
+                self.state = "placed"
+            except RedisUnavailable as exc:
+                self.unavailable(exc)
+        return delay_ms

@@ -379,25 +379,10 @@ def _start_then_push(
     """Two steps, as on any other broker: the start (and the place), then kombu's push, the
     eta written here."""
     logger.debug("%s: no one-step publish here, reserving its start first", plan.task_id)
-    store, keys, task_id = plan.store, plan.keys, plan.task_id
-    try:
-        wait_ms = store.next_start(
-            keys, task_id, plan.count, plan.period_ms, earliest_ms=plan.earliest_ms
-        )
-    except RedisUnavailable as exc:
-        plan.unavailable(exc)
-        wait_ms = 0
-    delay_ms = plan.earliest_ms
-    if wait_ms > max(delay_ms, 1):
-        delay_ms = wait_ms
-        at = datetime.fromtimestamp(time.time() + wait_ms / 1000, timezone.utc)
+    delay_ms = plan.reserve_apart()
+    if delay_ms != plan.earliest_ms:
+        at = datetime.fromtimestamp(time.time() + delay_ms / 1000, timezone.utc)
         message["headers"]["eta"] = at.isoformat()  # (protocol 2: see publish_limited)
-    if plan.place is not None:
-        try:
-            store.take_ticket(keys, task_id, plan.place.ms_after(delay_ms))
-            plan.state = "placed"
-        except RedisUnavailable as exc:
-            plan.unavailable(exc)
     _push_as_kombu(channel, plan, message, queues, fanouts)
 
 
@@ -409,11 +394,7 @@ def _place_then_push(
     fanouts: list[Fanout],
 ) -> None:
     logger.debug("%s: no one-step publish here, taking its place first", plan.task_id)
-    try:
-        plan.store.take_ticket(plan.keys, plan.task_id, plan.ttl_ms)
-        plan.state = "placed"
-    except RedisUnavailable as exc:
-        plan.unavailable(exc)
+    plan.take_place_apart()
     _push_as_kombu(channel, plan, message, queues, fanouts)
 
 

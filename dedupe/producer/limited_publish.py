@@ -106,29 +106,26 @@ def publish_limited(call: Call) -> DedupeResult:
         return _publish_in_line(runtime, call, header, start)
     if rate is not None:
         # The start first: its countdown is in the message, and a place waits as long.
-        try:
-            wait_ms = store.next_start(
-                header.keys,
-                task_id,
-                rate.count,
-                milliseconds(rate.period),
-                earliest_ms=earliest_ms,
-            )
-            if wait_ms > milliseconds(delay):
-                options.pop("eta", None)
-                options["countdown"] = delay = wait_ms / 1000
-        except RedisUnavailable as exc:
-            unavailable(exc)
+        start = StartPlan(
+            lambda: runtime.store,
+            header.keys,
+            task_id,
+            rate.count,
+            milliseconds(rate.period),
+            earliest_ms,
+            unavailable,
+        )
+        delay_ms = start.reserve_apart()
+        if delay_ms != earliest_ms:
+            options.pop("eta", None)
+            options["countdown"] = delay = delay_ms / 1000
     if not header.holds_slots:
         return _publish_with(call, header, store, task_id)
     place_ms = _place_wait(call, unique.ttl, now).ms_after(milliseconds(delay) if delay else 0)
+    line = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
     if runtime.one_step:
-        plan = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
-        return _publish_in_line(runtime, call, header, plan)
-    try:
-        store.take_ticket(header.keys, task_id, place_ms)
-    except RedisUnavailable as exc:
-        unavailable(exc)
+        return _publish_in_line(runtime, call, header, line)
+    line.take_place_apart()
     return _publish_with(call, header, store, task_id)
 
 
