@@ -113,9 +113,30 @@ class PreparedCall(RecordMoves):
     def _publish_through_seam(self) -> DedupeResult:
         call = self.call
         decision = self._start_deciding() if self.path == "overlap" else None
+        # From here the enqueue is out: anything that raises before the publish settles it
+        # (an exception from a signal handler while a producer is awaited) withdraws it.
+        try:
+            result = self._publish_on_a_producer(decision)
+        except Refused:
+            # Celery subscribed to the result of a task id that will never exist.
+            forget_result(call.app, self.task_id)
+            raise
+        except BaseException:
+            self._decided(decision, published=False)
+            raise
+        if self.path == "overlap":
+            # Its record is the decision's (none when the enqueue could not even be sent).
+            self._decided(decision)
+        elif self.path != "confirm":  # (its record was written first: confirmed after this)
+            self.settle_publish()
+        return result
+
+    def _publish_on_a_producer(self, decision: PendingDecision | None) -> DedupeResult:
+        """The publish on the call's producer, or one of the app's pool (what Celery's
+        producer_or_acquire does, without its second look at the settings)."""
+        call = self.call
         refused = None
         given: Any = call.options.get("producer")
-        # What Celery's producer_or_acquire does, without its second look at the settings.
         # (Any, and the given one: celery-types types kombu's Producer apart from ProducerSurface.)
         acquired: Any = call.app.producer_pool.acquire(block=True) if given is None else None
         with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
@@ -131,40 +152,31 @@ class PreparedCall(RecordMoves):
                 # Caught inside the block: kombu (5.5+) replaces the connection of a pooled
                 # producer that an exception leaves.
                 refused = exc
-            except BaseException:
-                self._decided(decision, published=False)
-                raise
         if refused is not None:
-            # Celery subscribed to the result of a task id that will never exist.
-            forget_result(call.app, self.task_id)
             raise refused
-        if self.path == "overlap":
-            # Its record is the decision's (none when the enqueue could not even be sent).
-            self._decided(decision)
-        elif self.path != "confirm":  # (its record was written first: confirmed after this)
-            self.settle_publish()
         return result
 
     def _start_deciding(self) -> PendingDecision | None:
         plan = self.plan
         try:
             reply = self.store.start_enqueue(self.keys, plan.provisional, plan.provisional_ttl_ms)
+            return PendingDecision(
+                self.store,
+                self.keys,
+                reply,
+                plan.provisional,
+                plan.provisional_ttl_ms,
+                self.first_write_failed,
+            )
         except RedisUnavailable as exc:
             self.first_write_failed(exc)
             return None
         except BaseException:
             # (A script the connection has not run yet, or one idle a while, is sent and read
-            # at once: an interruption there leaves its fate unknown.)
+            # at once: an interruption there, or before its decision is kept, leaves its fate
+            # unknown.)
             self.withdraw_first_write()
             raise
-        return PendingDecision(
-            self.store,
-            self.keys,
-            reply,
-            plan.provisional,
-            plan.provisional_ttl_ms,
-            self.first_write_failed,
-        )
 
     def _seam(
         self, producer: ProducerSurface, decision: PendingDecision | None
