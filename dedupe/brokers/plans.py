@@ -121,11 +121,7 @@ class LinePlan:
     def take_place_apart(self) -> None:
         """Take the place in a round trip of its own, before the message goes out (where one
         script cannot write both); Redis unreachable is :attr:`unavailable`'s to judge."""
-        try:
-            self.store.take_ticket(self.keys, self.task_id, self.ttl_ms)
-            self.state = "placed"
-        except RedisUnavailable as exc:
-            self.unavailable(exc)
+        _take_place(self, self.ttl_ms)
 
 
 @dataclass(eq=False)
@@ -174,9 +170,14 @@ class StartPlan:
             wait_ms = 0
         delay_ms = wait_ms if wait_ms > max(self.earliest_ms, 1) else self.earliest_ms
         if self.place is not None:
-            try:
-                self.store.take_ticket(self.keys, self.task_id, self.place.ms_after(delay_ms))
-                self.state = "placed"
-            except RedisUnavailable as exc:
-                self.unavailable(exc)
+            _take_place(self, self.place.ms_after(delay_ms))
         return delay_ms
+
+
+def _take_place(plan: LinePlan | StartPlan, ttl_ms: int) -> None:
+    """A place in line for ``plan``'s call, apart from its message: ``placed`` once taken."""
+    try:
+        plan.store.take_ticket(plan.keys, plan.task_id, ttl_ms)
+        plan.state = "placed"
+    except RedisUnavailable as exc:
+        plan.unavailable(exc)

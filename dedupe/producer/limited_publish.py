@@ -90,22 +90,9 @@ def publish_limited(call: Call) -> DedupeResult:
     store = runtime.store
     unavailable = _on_unavailable(runtime, call.task_name, task_id, keys.call)
     earliest_ms = milliseconds(delay) if delay else 0
-    if rate is not None and runtime.one_step and _task_protocol(app) == 2:
-        # (Protocol 2: the eta the script writes is a header's, outside the message body.)
-        place = _place_wait(call, unique.ttl, now) if header.holds_slots else None
-        start = StartPlan(
-            lambda: runtime.store,
-            header.keys,
-            task_id,
-            rate.count,
-            milliseconds(rate.period),
-            earliest_ms,
-            unavailable,
-            place,
-        )
-        return _publish_in_line(runtime, call, header, start)
     if rate is not None:
-        # The start first: its countdown is in the message, and a place waits as long.
+        # (Protocol 2: the eta a script writes is a header's, outside the message body.)
+        in_one_step = runtime.one_step and _task_protocol(app) == 2
         start = StartPlan(
             lambda: runtime.store,
             header.keys,
@@ -114,7 +101,12 @@ def publish_limited(call: Call) -> DedupeResult:
             milliseconds(rate.period),
             earliest_ms,
             unavailable,
+            # With both limits, the place goes with the start in one step; else after it.
+            _place_wait(call, unique.ttl, now) if in_one_step and header.holds_slots else None,
         )
+        if in_one_step:
+            return _publish_in_line(runtime, call, header, start)
+        # The start first: its countdown is in the message, and a place waits as long.
         delay_ms = start.reserve_apart()
         if delay_ms != earliest_ms:
             options.pop("eta", None)
