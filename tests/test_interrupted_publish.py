@@ -1,8 +1,8 @@
 """A call interrupted on the provisional path after its enqueue was sent (an exception from a
 signal handler while it waits for a producer of the app's pool) leaves no record: its
 message was never published, so nothing may answer calls of its key with a task id that
-never runs. In-process: the dedup Redis apart from the broker, the pool's one producer held
-by the test."""
+never runs. In-process: the dedup Redis apart from the broker, every producer of the app's
+pool held by the test."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from types import FrameType
 
 import pytest
@@ -49,7 +49,7 @@ def test_a_call_interrupted_while_it_waits_for_a_producer_leaves_its_key_free(
     store = redis_factory()
     # The broker on the session's Redis, the records on a server of their own: the call
     # sends its provisional enqueue before it takes a producer (the "overlap" path).
-    app = make_app(dedupe_redis_url=store.url, broker_pool_limit=1)
+    app = make_app(dedupe_redis_url=store.url)
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def job(x: int) -> int:
@@ -58,8 +58,13 @@ def test_a_call_interrupted_while_it_waits_for_a_producer_leaves_its_key_free(
     # A first call: the script is loaded and the store's data-loss marker set, so the next
     # enqueue writes its record as it is sent.
     job.delay(0)
-    # The pool's only producer held: the call waits for one until the signal interrupts it.
-    with app.producer_pool.acquire(block=True), pytest.raises(Interrupted), _interrupt_after(0.3):
-        job.delay(1)
+    # Every producer of the app's pool held: the call waits for one until the signal
+    # interrupts it. (Not broker_pool_limit=1: Celery sets kombu's limit for every pool of
+    # the process, the other tests' apps included.)
+    with ExitStack() as held:
+        for _ in range(app.producer_pool.limit):
+            held.enter_context(app.producer_pool.acquire(block=True))
+        with pytest.raises(Interrupted), _interrupt_after(0.3):
+            job.delay(1)
     assert dedupe.lookup(job, (1,)) is None
     assert job.delay(1).deduplicated is False
