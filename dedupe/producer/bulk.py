@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import nullcontext
-from typing import Any
 
 from celery import Celery
 
@@ -31,7 +29,7 @@ from dedupe.values.record import Holder
 from dedupe.values.record_state import RecordState
 
 from .broker_budget import within_budget
-from .call import Call, publisher_for, resolve_task
+from .call import Call, producer_block, publisher_for, resolve_task
 from .call_sender import CallSender
 from .guard import publish_prepared
 from .limited_publish import is_limited, publish_limited_many
@@ -260,16 +258,14 @@ def _build_messages(
     for plan in plans.values():
         plan.deferred = True
     failure: Exception | None = None
-    given: Any = first.call.options.get("producer")  # (the batch's options)
-    # (Any, and the given one: celery-types types kombu's Producer apart from ProducerSurface.)
-    acquired: Any = app.producer_pool.acquire(block=True) if given is None else None
     # One sender per publish (a batch of apply_many has one; publish_many's, any number).
     senders: dict[int, CallSender | None] = {}
     # The batch's budget runs from its first call's start (all were prepared together).
     options = [prepared[i].call.options for i in accepted]
+    held = producer_block(first.call)  # (the batch's options)
     try:
         with (
-            acquired if acquired is not None else nullcontext(given) as producer,
+            held as producer,
             within_budget(producer, app, first.shape.budget, first.deadline, options),
             first.runtime.broker.pushing_through(producer, plans),
             declaring_once(producer),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -19,6 +20,7 @@ __all__ = [
     "TaskPublish",
     "in_canvas",
     "new_task_id",
+    "producer_block",
     "publisher_for",
     "resolve_task",
 ]
@@ -138,3 +140,15 @@ def in_canvas(options: Mapping[str, object]) -> bool:
         if options.get(name) is not None:
             return True
     return False
+
+
+def producer_block(call: Call) -> AbstractContextManager[Any]:
+    """The producer ``call`` publishes through, for a ``with`` block: its ``producer`` option,
+    else one of its app's pool (what Celery's producer_or_acquire does, without its second
+    look at the settings). Any: celery-types types kombu's Producer apart from
+    ProducerSurface."""
+    given = call.options.get("producer")
+    if given is None:
+        acquired: AbstractContextManager[Any] = call.app.producer_pool.acquire(block=True)
+        return acquired
+    return nullcontext(given)

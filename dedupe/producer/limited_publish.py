@@ -15,11 +15,9 @@ The run side (a slot, or a start checked again) is :mod:`dedupe.worker.limited_r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from dedupe.brokers.plans import LinePlan, StartPlan
 from dedupe.errors import RedisUnavailable
@@ -34,7 +32,7 @@ from dedupe.values.limits import LIMIT, LimitHeader, concurrency_of
 from dedupe.values.options import options_for, pop_call_options
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
-from .call import Call, CallOptions, new_task_id
+from .call import Call, CallOptions, new_task_id, producer_block
 from .call_sender import sender_for
 from .result import DedupeResult, mark_result
 
@@ -144,11 +142,8 @@ def _publish_in_line(
     (start_ticket_publish.lua) taken with its message, in one round trip."""
     options = call.options
     _add_header(options, header)
-    given: Any = options.get("producer")
-    # What Celery's producer_or_acquire does: the seam is installed on the producer's channel.
-    # (Any, and the given one: celery-types types kombu's Producer apart from ProducerSurface.)
-    acquired: Any = call.app.producer_pool.acquire(block=True) if given is None else None
-    with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
+    # The producer first: the seam is installed on its channel.
+    with producer_block(call) as producer:
         options["producer"] = producer
         try:
             with runtime.broker.pushing_in_line(producer, plan), publishing():

@@ -21,7 +21,6 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
-from typing import Any
 
 from celery import Celery
 
@@ -39,7 +38,7 @@ from dedupe.values.record import Holder
 from dedupe.values.record_state import RecordState
 
 from .broker_budget import within_budget
-from .call import Publish
+from .call import Publish, producer_block
 from .call_sender import sender_for
 from .publish_signals import end_refused, forget_begun
 from .record_moves import RecordMoves
@@ -136,10 +135,7 @@ class PreparedCall(RecordMoves):
         producer_or_acquire does, without its second look at the settings)."""
         call = self.call
         refused = None
-        given: Any = call.options.get("producer")
-        # (Any, and the given one: celery-types types kombu's Producer apart from ProducerSurface.)
-        acquired: Any = call.app.producer_pool.acquire(block=True) if given is None else None
-        with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
+        with producer_block(call) as producer:
             call.options["producer"] = producer
             try:
                 with (
@@ -213,10 +209,7 @@ class PreparedCall(RecordMoves):
         """The publish after a first write of unknown fate: plain (what the write left, if
         anything, the provisional ttl frees), within what is left of the call budget."""
         call = self.call
-        given: Any = call.options.get("producer")
-        # (Any, and the given one: celery-types types kombu's Producer apart from ProducerSurface.)
-        acquired: Any = call.app.producer_pool.acquire(block=True) if given is None else None
-        with acquired if acquired is not None else contextlib.nullcontext(given) as producer:
+        with producer_block(call) as producer:
             call.options["producer"] = producer
             with self.within_budget(producer):
                 return self.publish()
