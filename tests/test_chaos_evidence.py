@@ -513,6 +513,14 @@ def test_a_third_run_just_after_a_dedup_restart_beside_an_older_one_is_shown_not
     assert rows[OVER].verdict == "FAIL"
 
 
+def test_a_slot_whose_prerun_preceded_a_dedup_restart_counts_as_lost_with_it() -> None:
+    # The body at 1.205 s began after the restart (1.2 s), its prerun (1.195 s) before it.
+    restart = Fault("dedup restart", 1.2, 1.25, "data lost")
+    _, rows = _limited(LIMITED, [(A, 1.205, 2.0), (B, 1.3, 2.0), (C, 1.4, 1.8)], faults=[restart])
+    assert rows[OVER].verdict == "ok"
+    assert rows["limited: up to 4 at once across a dedup restart (slots lost)"].count == 1
+
+
 def test_a_run_that_could_not_ask_for_its_slot_is_not_counted() -> None:
     runs = [(A, 1.0, 2.0), (B, 1.1, 2.0), (C, 1.5, 1.8)]
     unavailable = {C: [(1.49, 10, "runs without its limit")]}
@@ -542,6 +550,18 @@ def test_starts_across_a_dedup_restart_may_reach_twice_the_rate() -> None:
     _, rows = _limited(RATED, runs, faults=[restart])
     assert rows[RATE_ROW].verdict == "ok"
     assert rows["rated: up to 6 in 1s across a dedup restart (starts lost)"].count == 1
+
+
+def test_a_start_whose_prerun_preceded_a_dedup_restart_counts_as_lost_with_it() -> None:
+    # The body at 1.205 s began after the restart (1.2 s), its prerun (1.195 s) before it.
+    restart = Fault("dedup restart", 1.2, 1.25, "data lost")
+    runs = [(A, 1.205, 1.3), (B, 1.3, 1.4), (C, 1.35, 1.45), (D, 1.4, 1.5)]
+    _, rows = _limited(RATED, runs, faults=[restart])
+    assert rows[RATE_ROW].verdict == "ok"
+    assert rows["rated: up to 6 in 1s across a dedup restart (starts lost)"].count == 1
+    # All four preruns after the restart: the starts were counted from then on.
+    later = [(A, 1.3, 1.4), (B, 1.35, 1.45), (C, 1.4, 1.5), (D, 1.45, 1.55)]
+    assert _limited(RATED, later, faults=[restart])[1][RATE_ROW].verdict == "FAIL"
 
 
 NEVER = "limited / rated / paced: calls that never ran"

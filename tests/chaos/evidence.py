@@ -1041,7 +1041,11 @@ class Checks:
                 if (
                     fault is not None
                     and len(live) <= 2 * limit
-                    and any(r[1] < fault.start for r in live)
+                    # A slot is taken before the body begins (see in_a_period).
+                    and any(
+                        self.delivery_claim(r[0], r[1], self._pid_of(r[0], r[1])) < fault.start
+                        for r in live
+                    )
                 ):
                     restart.append(f"{line}; after the dedup restart at {self.t(fault.start)}")
                 else:
@@ -1098,7 +1102,9 @@ class Checks:
                     fault is not None
                     and len(inside) <= 2 * rate
                     and first <= fault.end
-                    and any(start < fault.start for start, _, _ in inside)
+                    # A start is made in Redis before its body begins: one whose prerun came
+                    # before the restart may have been made before it, and lost with it.
+                    and any(prerun < fault.start for _, prerun, _ in inside)
                 ):
                     restart.append(f"{line}; across the dedup restart at {self.t(fault.start)}")
                 else:
