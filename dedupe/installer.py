@@ -21,7 +21,16 @@ from .producer.plain_calls import route_through
 from .runs.runtime import add_runtime
 from .values.config import DedupeConfig
 from .webview import recorder
-from .worker import early_claim, lifecycle, main_process, publish_hook, release, run_start, unrun
+from .worker import (
+    early_claim,
+    lifecycle,
+    main_process,
+    publish_hook,
+    reaper_thread,
+    release,
+    run_start,
+    unrun,
+)
 
 __all__ = ["connect", "install"]
 
@@ -50,6 +59,7 @@ def install(app: Celery) -> None:
     add_runtime(app)
     app.steps["consumer"].add(unrun.FreeUndecodable)
     app.steps["consumer"].add(unrun.FreeRevoked)
+    app.steps["consumer"].add(reaper_thread.Reap)
     # Each time Celery reads the settings; now, if it has read them already.
     app.on_after_configure.connect(_on_configure, sender=app, weak=False)
     if getattr(app, "configured", False):  # (untyped in celery-types)

@@ -5,7 +5,8 @@
   a call's record (or place in line) with its message (``pushing_through``,
   ``pushing_in_line``);
 - what writes back the records of its unacked messages after the dedup Redis lost its data
-  (``lists_unacked``, ``restart_watch``).
+  (``lists_unacked``, ``restart_watch``);
+- which calls' messages it may still hold, for the reaper (``search``).
 
 One implementation per kind: :class:`~dedupe.brokers.redis_broker.RedisBroker` and
 :class:`~dedupe.brokers.other_broker.OtherBroker`; :func:`~dedupe.brokers.choice.broker_of`
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from dedupe.surfaces import ProducerSurface
 
+from .message_search import Search
 from .plans import LinePlan, PushPlan, StartPlan
 
 if TYPE_CHECKING:
@@ -69,3 +71,9 @@ class Broker(Protocol):
     def redelivery_warning(self, tasks: Iterable[tuple[str, float]]) -> str | None:
         """A start-up warning for ``acks_late`` tasks (name, lease) whose key a dead worker
         holds far beyond the lease, until the broker gives its message back."""
+
+    def search(self, calls: Mapping[str, str]) -> Search | None:
+        """Of ``calls`` (task id -> task name), the task ids whose message the broker may
+        still hold, read without consuming anything; None where it cannot be asked (then
+        the reaper frees nothing). A message a live worker holds unacked may be left out
+        where the broker hides those (the reaper asks the workers apart)."""

@@ -18,7 +18,7 @@ def broker_of(app: Celery) -> Broker:
     connection = app.connection_for_write()  # not connected: names the transport
     try:
         if getattr(connection.transport, "driver_type", None) != "redis":
-            return OtherBroker()
+            return OtherBroker(app)
         address = ServerAddress.of_broker(
             connection.hostname, connection.port, connection.virtual_host
         )

@@ -8,9 +8,13 @@ from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
+from celery import Celery
+
 from dedupe.surfaces import ProducerSurface
 
+from .message_search import Search
 from .plans import LinePlan, PushPlan, StartPlan
+from .queue_depths import search_by_depth
 
 if TYPE_CHECKING:
     from dedupe.recovery.unacked import RestartWatch
@@ -24,6 +28,9 @@ class OtherBroker:
     (:class:`~dedupe.brokers.broker.Broker`)."""
 
     name = "other"
+
+    def __init__(self, app: Celery) -> None:
+        self._app = app
 
     @property
     def redelivery(self) -> float | None:
@@ -51,3 +58,6 @@ class OtherBroker:
 
     def redelivery_warning(self, tasks: Iterable[tuple[str, float]]) -> str | None:
         return None
+
+    def search(self, calls: Mapping[str, str]) -> Search | None:
+        return search_by_depth(self._app, calls)

@@ -15,7 +15,9 @@ from dedupe.store.store import Store
 from dedupe.surfaces import ProducerSurface
 from dedupe.values.redelivery import redis_redelivery, visibility_gap
 
+from .message_search import Search
 from .plans import LinePlan, PushPlan, StartPlan
+from .redis_messages import search_redis_broker
 from .redis_publish import pushing_in_line, pushing_through_many
 from .server import ServerAddress
 
@@ -68,3 +70,8 @@ class RedisBroker:
 
     def redelivery_warning(self, tasks: Iterable[tuple[str, float]]) -> str | None:
         return visibility_gap(self._redelivery, tasks)
+
+    def search(self, calls: Mapping[str, str]) -> Search | None:
+        if not kombu_private.QUEUES:
+            return None
+        return search_redis_broker(self._app, calls.keys())

@@ -20,8 +20,11 @@ __all__ = [
     "HELD_BACK",
     "MEMBERS",
     "ONE_STEP",
+    "QUEUES",
     "SENDER",
     "UNACKED",
+    "bound_queues",
+    "broker_client",
     "in_kombu_batch",
     "library_errors",
     "message_priority",
@@ -31,7 +34,9 @@ __all__ = [
     "put_fanout",
     "put_shadows",
     "queue_expiries",
+    "queue_lists",
     "unacked_deliveries",
+    "unacked_hash",
     "unacked_messages",
     "unacked_present",
 ]
@@ -79,6 +84,20 @@ _UNACKED_FOUND = [
     for name in ("unacked_key", "unacked_index_key")
 ]
 UNACKED: bool = all(_UNACKED_FOUND)
+
+_QUEUES = "the reaper's look into the Redis broker's queues"
+# (Each looked up, none cut short: a missing one is named even after another.)
+_QUEUES_FOUND = [
+    MEMBERS.need(
+        "kombu.transport.redis.Channel.keyprefix_queue",
+        _QUEUES,
+        lambda: "%s" in str(getattr(_Channel, "keyprefix_queue", "")),
+    ),
+    MEMBERS.need(
+        "kombu.transport.redis.Channel._q_for_pri", _QUEUES, lambda: _method("_q_for_pri")
+    ),
+]
+QUEUES: bool = UNACKED and all(_QUEUES_FOUND)
 
 SENDER: bool = MEMBERS.need(
     "kombu.Connection._reraise_as_library_errors",
@@ -217,6 +236,48 @@ def unacked_present(channel: Any, tags: list[bytes]) -> list[bytes | None]:
         _named_for(client, "HMGET", channel.unacked_key), tags
     )
     return present
+
+
+# -- the Redis transport's queues (read by dedupe.brokers.redis_messages) ------------------
+
+#: What a queue's binding in kombu's ``_kombu.binding.<exchange>`` set ends with.
+_BINDING_SEPARATOR = "\x06\x16"
+
+
+def broker_client(channel: Any) -> redis.Redis:
+    """A client on the connections of kombu's channel that sends every name as given (kombu's
+    own prefixes some commands with ``global_keyprefix``, not others): full names only."""
+    return redis.Redis(connection_pool=channel.client.connection_pool)
+
+
+def key_prefix(channel: Any) -> str:
+    """The transport's ``global_keyprefix`` ("" without one)."""
+    return str(getattr(channel.client, "global_keyprefix", "") or "")
+
+
+def bound_queues(channel: Any) -> set[str]:
+    """The name of every queue bound on the Redis broker (of every exchange): kombu keeps a
+    set per exchange whose members end with the queue's name. A deleted queue is in none."""
+    client = broker_client(channel)
+    pattern = f"{key_prefix(channel)}{channel.keyprefix_queue % ('*',)}"
+    queues: set[str] = set()
+    for table in client.scan_iter(match=pattern, count=1000):
+        for member in client.smembers(table):
+            text = member.decode() if isinstance(member, bytes) else str(member)
+            queues.add(text.rsplit(_BINDING_SEPARATOR, 1)[-1])
+    queues.discard("")
+    return queues
+
+
+def queue_lists(channel: Any, queue: str) -> list[str]:
+    """The Redis lists that hold ``queue``'s messages, one per priority, full names."""
+    names = {channel._q_for_pri(queue, priority) for priority in channel.priority_steps}
+    return [f"{key_prefix(channel)}{name}" for name in sorted(names)]
+
+
+def unacked_hash(channel: Any) -> str:
+    """The full name of the Redis transport's unacked hash."""
+    return f"{key_prefix(channel)}{channel.unacked_key}"
 
 
 def _named_for(client: Any, command: str, name: str) -> str:

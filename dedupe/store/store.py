@@ -28,6 +28,7 @@ from .commands.admin import AdminCommands
 from .commands.enqueue import EnqueueCommands
 from .commands.flow_control import FlowControlCommands
 from .commands.publish import PublishCommands
+from .commands.reaping import ReapingCommands
 from .commands.recovery import RecoveryCommands
 from .commands.runs import RunCommands
 from .green_pool import script_runner
@@ -48,6 +49,7 @@ class Store(
     RunCommands,
     FlowControlCommands,
     RecoveryCommands,
+    ReapingCommands,
     AdminCommands,
 ):
     """Every read and write celery-dedupe makes to Redis."""
@@ -78,6 +80,7 @@ class Store(
         self._release = self._register("release")
         self._cancel = self._register("cancel")
         self._withdraw = self._register("withdraw")
+        self._reap = self._register("reap")
         self._publish = self._register("publish")
         self._confirm = self._register("confirm")
         self._enqueue_latest = self._register("enqueue_latest")

@@ -183,6 +183,16 @@ SETTINGS: tuple[Setting, ...] = (
         "deferrals of one message before it gives up",
         f"{defaults.MAX_DEFERRALS}",
     ),
+    Setting(
+        "dedupe_reap_interval",
+        "seconds between two passes of the workers' reaper (0: no reaper)",
+        f"{defaults.REAP_INTERVAL:g}",
+    ),
+    Setting(
+        "dedupe_reap_margin",
+        "the age under which a queued record is never reaped",
+        f"{defaults.REAP_MARGIN:g}",
+    ),
     Setting("dedupe_web_token", "the bearer token celery dedupe web asks for", "none"),
     Setting("dedupe_web_basic_auth", '"user:password" that celery dedupe web asks for', "none"),
     Setting(

@@ -50,6 +50,9 @@ class DedupeConfig:
     call_budget: float = defaults.CALL_BUDGET
     deferral_cap: float = defaults.DEFERRAL_CAP
     max_deferrals: int = defaults.MAX_DEFERRALS
+    #: Seconds between two reaper passes (0: no reaper; see dedupe.runs.reaping).
+    reap_interval: float = defaults.REAP_INTERVAL
+    reap_margin: float = defaults.REAP_MARGIN
     #: The bearer token ``celery dedupe web`` asks of every request (None: none asked).
     web_token: str | None = None
     #: ``(user, password)`` that ``celery dedupe web`` asks by basic auth (None: none asked).
@@ -122,6 +125,13 @@ class DedupeConfig:
             max_deferrals=_count(
                 "dedupe_max_deferrals",
                 _setting(conf, "dedupe_max_deferrals", defaults.MAX_DEFERRALS),
+            ),
+            reap_interval=_seconds_or_never(
+                "dedupe_reap_interval",
+                _setting(conf, "dedupe_reap_interval", defaults.REAP_INTERVAL),
+            ),
+            reap_margin=positive_seconds(
+                "dedupe_reap_margin", _setting(conf, "dedupe_reap_margin", defaults.REAP_MARGIN)
             ),
             web_token=_web_token(_setting(conf, "dedupe_web_token")),
             web_basic_auth=_web_basic_auth(_setting(conf, "dedupe_web_basic_auth")),
@@ -239,9 +249,12 @@ def _check_setting_names(conf: Mapping[str, object], namespace: str | None) -> N
         name = written.lower()
         if not name.startswith(SETTING_PREFIX) or name in _SETTING_NAMES:
             continue
-        nearest = difflib.get_close_matches(name, _SETTING_NAMES, n=1, cutoff=0.6)
+        # (Compared without the shared prefix, which would make any two names look alike.)
+        bare = [known[len(SETTING_PREFIX) :] for known in _SETTING_NAMES]
+        nearest = difflib.get_close_matches(name[len(SETTING_PREFIX) :], bare, n=1, cutoff=0.6)
         if nearest:
-            spelled = nearest[0].upper() if written.isupper() else nearest[0]
+            spelled = SETTING_PREFIX + nearest[0]
+            spelled = spelled.upper() if written.isupper() else spelled
             hint = f"did you mean {key[: len(key) - len(written)]}{spelled}?"
         else:
             hint = f"its settings are {', '.join(_SETTING_NAMES)}"

@@ -23,6 +23,8 @@ __all__ = [
     "ON_REDIS_ERROR",
     "PROVISIONAL_TTL",
     "RATE_WEIGHT",
+    "REAP_INTERVAL",
+    "REAP_MARGIN",
     "REMEMBER_DUPLICATES",
     "RESTORE_LOOK",
     "RETRIES",
@@ -57,6 +59,11 @@ DEFERRAL_CAP: Final = 30.0
 #: Deferrals of one message before it gives up (``dedupe_max_deferrals``): its result is
 #: stored as revoked, naming the holder. About 48 minutes with the defaults.
 MAX_DEFERRALS: Final = 100
+#: Seconds between two passes of the workers' reaper (dedupe.runs.reaping): a queued record
+#: whose message is gone is freed after two passes that both found no message.
+REAP_INTERVAL: Final = 30.0
+#: A queued record younger than this is never reaped: its message may be in flight.
+REAP_MARGIN: Final = 60.0
 #: Seconds a provisional record lives (``dedupe_provisional_ttl``): the record of a call
 #: whose message is being published, made durable once the publish returns. Covers a slow
 #: publish (kombu's default retry policy gives up within a few seconds); a producer killed

@@ -30,7 +30,9 @@ __all__ = [
     "alive_key",
     "call_keys",
     "format_call_key",
+    "holds_key",
     "parse_call_key",
+    "reaper_keys",
     "tag_safe",
     "task_name_of_tag",
     "tick_key",
@@ -160,6 +162,27 @@ def watch_keys(prefix: str, watcher: str) -> tuple[str, str]:
     ('dedupe:watch', 'dedupe:alive:vm:41')
     """
     return f"{prefix}:watch", f"{prefix}:alive:{watcher}"
+
+
+def reaper_keys(prefix: str) -> tuple[str, str]:
+    """The keys of the reaper (:mod:`dedupe.runs.reaping`): the lock of the one worker that
+    sweeps, and the hash of the records its last pass found without a message (call key ->
+    when first found), which ``celery dedupe list`` and the web view mark.
+
+    >>> reaper_keys("dedupe")
+    ('dedupe:reaper', 'dedupe:reaper:suspects')
+    """
+    return f"{prefix}:reaper", f"{prefix}:reaper:suspects"
+
+
+def holds_key(prefix: str, node: str) -> str:
+    """The set of task ids whose messages one worker holds (received, not yet acked), as it
+    last told the reaper: on a broker whose unacked messages nobody else can read.
+
+    >>> holds_key("dedupe", "celery@vm")
+    'dedupe:holds:celery@vm'
+    """
+    return f"{prefix}:holds:{node}"
 
 
 def tick_key(prefix: str, entry_name: str, tick: int) -> str:

@@ -1,0 +1,103 @@
+"""The store's side of the reaper (:mod:`dedupe.runs.reaping`): queued records whose message
+is gone freed, the one worker that sweeps, what each worker holds, and what the last pass
+found."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from redis.commands.core import Script
+
+from dedupe.store.redis_errors import reraise_unavailable
+
+from .base import StoreBase, raise_first_error
+
+__all__ = ["ReapingCommands"]
+
+
+class ReapingCommands(StoreBase):
+    """reap.lua, and the plain commands of the reaper's lock, holds and suspects."""
+
+    _reap: Script
+
+    def reap(self, records: Sequence[tuple[str, bytes]]) -> list[bool]:
+        """Free each ``(call key, queued record)`` that still holds these very bytes, in one
+        round trip (per master); True where one was freed."""
+        if not records:
+            return []
+        with reraise_unavailable("reap"):
+            replies = self._run.call_many(self._reap, [([key], [raw]) for key, raw in records])
+            raise_first_error(replies)
+        return [reply == 1 for reply in replies]
+
+    def take_reaper(self, key: str, node: bytes, ttl_ms: int) -> bool:
+        """Take (or keep, for ``node`` holding it) the reaper's lock for ``ttl_ms``. True:
+        ``node`` sweeps."""
+
+        def take() -> bool:
+            if self.client.set(key, node, nx=True, px=ttl_ms):
+                return True
+            # (Not atomic, and need not be: a lost race costs one pass, never a wrong free.)
+            if self.client.get(key) == node:
+                return bool(self.client.pexpire(key, ttl_ms))
+            return False
+
+        with reraise_unavailable("take_reaper", key):
+            return bool(self._command(take))
+
+    def report_holds(self, key: str, task_ids: Collection[str], ttl_ms: int) -> None:
+        """Say which task ids' messages one worker holds, for ``ttl_ms``."""
+
+        def write() -> None:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.delete(key)
+                if task_ids:
+                    pipe.sadd(key, *task_ids)
+                    pipe.pexpire(key, ttl_ms)
+                else:
+                    # (An empty set is no key: a marker says this worker holds nothing.)
+                    pipe.set(key, b"", px=ttl_ms)
+                pipe.execute()
+
+        with reraise_unavailable("report_holds", key):
+            self._command(write)
+
+    def held(self, pattern: str) -> set[str]:
+        """Every task id the live workers hold (their holds keys match ``pattern``)."""
+
+        def read() -> set[str]:
+            ids: set[str] = set()
+            for key in self.client.scan_iter(match=pattern, count=1000):
+                if self.client.type(key) in (b"set", "set"):
+                    ids.update(_text(member) for member in self.client.smembers(key))
+            return ids
+
+        with reraise_unavailable("held", pattern):
+            found: set[str] = self._command(read)
+        return found
+
+    def mark_suspects(self, key: str, suspects: Mapping[str, float], ttl_ms: int) -> None:
+        """Keep what the last pass found without a message (call key -> when first found)
+        for ``ttl_ms``, in place of what the pass before found."""
+
+        def write() -> None:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.delete(key)
+                if suspects:
+                    pipe.hset(key, mapping={name: repr(at) for name, at in suspects.items()})
+                    pipe.pexpire(key, ttl_ms)
+                pipe.execute()
+
+        with reraise_unavailable("mark_suspects", key):
+            self._command(write)
+
+    def suspects(self, key: str) -> dict[str, float]:
+        """What the reaper's last pass found without a message: call key -> when first
+        found (seconds since the epoch)."""
+        with reraise_unavailable("suspects", key):
+            found = self._command(lambda: self.client.hgetall(key))
+        return {_text(name): float(at) for name, at in found.items()}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

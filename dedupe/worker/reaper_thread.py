@@ -1,0 +1,111 @@
+"""The worker's side of the reaper (:mod:`dedupe.runs.reaping`), a thread of its main process:
+
+- on a broker whose unacked messages only their worker can see (RabbitMQ), it tells the
+  reaper which task ids this worker holds (received, not yet acked), every few seconds;
+- every ``dedupe_reap_interval`` seconds, the one worker holding the reaper's lock sweeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from celery import bootsteps
+
+from dedupe.errors import RedisUnavailable
+from dedupe.recovery.held import held_requests
+from dedupe.runs.reaping import Reaper
+from dedupe.runs.runtime import Runtime, installed
+from dedupe.values.keys import holds_key, reaper_keys
+
+__all__ = ["Reap", "ReaperThread"]
+
+logger = logging.getLogger("dedupe.worker")
+
+#: The longest wait between two reports of what a worker holds: a reaper's two passes are an
+#: interval apart, so a message received between them is reported before the second.
+_REPORT_CAP = 5.0
+
+
+class ReaperThread:
+    """One worker's reaper thread (``node``: its Celery node name, ``celery@host``)."""
+
+    def __init__(self, runtime: Runtime, consumer: object, node: str) -> None:
+        self._runtime = runtime
+        self._consumer = consumer
+        self._node = node
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dedupe-reaper", daemon=True)
+        self.reaper = Reaper(runtime)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        config = self._runtime.config
+        interval = config.reap_interval
+        every = min(_REPORT_CAP, interval / 2) if interval else _REPORT_CAP
+        next_pass = time.monotonic() + interval
+        while not self._stopped.wait(every) and _running(self._consumer):
+            try:
+                if not self._runtime.broker.lists_unacked:
+                    self._report(every)
+                if interval and self._sweeps(interval) and time.monotonic() >= next_pass:
+                    self.reaper.sweep()
+                    next_pass = time.monotonic() + self.reaper.next_pass_in(interval)
+            except RedisUnavailable as exc:
+                logger.debug("reaper: the dedup Redis is out of reach: %s", exc)
+            except Exception as exc:
+                # (A broker out of reach, most often: the next pass starts afresh.)
+                logger.warning("reaper: the pass failed: %r", exc)
+
+    def _report(self, every: float) -> None:
+        ids = {request.id for request in held_requests(self._consumer, started=True)}
+        key = holds_key(self._runtime.config.key_prefix, self._node)
+        self._runtime.store.report_holds(key, ids, int(3 * every * 1000))
+
+    def _sweeps(self, interval: float) -> bool:
+        """Does this worker hold the reaper's lock (taken, or kept, now)?"""
+        lock = reaper_keys(self._runtime.config.key_prefix)[0]
+        ttl = max(3 * interval, 3 * _REPORT_CAP)
+        return self._runtime.store.take_reaper(lock, self._node.encode(), int(ttl * 1000))
+
+
+#: A blueprint's running state (celery.bootsteps.RUN; the type stubs lack it).
+_RUN = getattr(bootsteps, "RUN", 1)
+
+
+def _running(consumer: object) -> bool:
+    """Is the worker's consumer still running (not closed or terminated)?"""
+    state = getattr(getattr(consumer, "blueprint", None), "state", None)
+    return state is None or state == _RUN
+
+
+class Reap(bootsteps.StartStopStep):
+    """A consumer bootstep: runs the worker's reaper thread while the consumer runs
+    (``dedupe.install`` adds it to the app's consumer steps)."""
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.thread: ReaperThread | None = None
+
+    def start(self, parent: Any) -> None:
+        runtime = installed(getattr(parent, "app", None))
+        if runtime is None or self.thread is not None:
+            return
+        node = str(getattr(parent, "hostname", None) or f"pid{os.getpid()}")
+        self.thread = ReaperThread(runtime, parent, node)
+        self.thread.start()
+
+    def stop(self, parent: Any) -> None:
+        if self.thread is not None:
+            self.thread.stop()
+            self.thread = None
+
+    shutdown = stop

@@ -1,0 +1,266 @@
+"""The reaper frees a queued key whose message is gone where no worker sees it (issue 40):
+a purge, a queue deleted, a broker's drop. It never frees the key of a message that waits in
+a queue, that a worker holds, or that a later call holds.
+
+Each test makes a unique call with no worker running, makes its message end (or not), and
+lets the reaper's passes run: in a real worker's thread (``dedupe_reap_interval=1``), or one
+:class:`~dedupe.runs.reaping.Reaper` pass after another where no worker is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Queue
+
+import dedupe
+from dedupe.runs.reaping import Reaper
+from dedupe.runs.runtime import runtime_of
+
+from .conftest import in_process_worker, unique_name
+from .helpers import Lines, wait_for
+
+pytestmark = pytest.mark.slow
+
+#: Seconds within which the reaper frees a key whose message is gone (the issue's bound).
+BOUND = 60.0
+
+#: A reaper that sweeps every second, over calls older than a second.
+REAPING = {"dedupe_reap_interval": 1, "dedupe_reap_margin": 1}
+
+
+def unique_task(app: Celery, name: str | None = None) -> Any:
+    @app.task(name=name or unique_name("reaped"), shared=False, base=dedupe.DedupeTask, unique=True)
+    def echo(x: int) -> int:
+        return x
+
+    return echo
+
+
+def queued(task: Any, *args: Any) -> Any:
+    """Call ``task(*args)`` and check its key is queued under the call's task id."""
+    result = task.apply_async(args)
+    assert result.deduplicated is False
+    holder = dedupe.lookup(task, args)
+    assert holder is not None
+    assert (holder.task_id, holder.state) == (result.id, "queued")
+    return result
+
+
+def two_passes(app: Celery, gap: float = 1.2) -> list[str]:
+    """Two reaper passes, ``gap`` seconds apart, past the margin: the keys the second freed."""
+    reaper = Reaper(runtime_of(app))
+    time.sleep(app.conf.dedupe_reap_margin + 0.2)
+    reaper.sweep()
+    time.sleep(gap)
+    return reaper.sweep().freed
+
+
+def freed_by_a_worker(app: Celery, task: Any, first: Any) -> None:
+    """A worker's reaper frees the key of ``first`` (whose message is gone) within
+    :data:`BOUND`, saying so; the same call is then accepted again."""
+    with Lines("dedupe.keys") as lines, in_process_worker(app):
+        wait_for(
+            lambda: dedupe.lookup(task, (7,)) is None,
+            timeout=BOUND,
+            message=f"the key of {first.id}, whose message is gone, freed",
+        )
+    assert f"{task.name}[{first.id}] has no message on the broker" in lines.text
+    again = task.apply_async((7,))
+    assert again.deduplicated is False
+    assert again.id != first.id
+
+
+def test_a_purged_message_has_its_key_freed_by_the_workers_reaper(
+    make_app: Callable[..., Celery], broker: str
+) -> None:
+    app = make_app(broker=broker, **REAPING)
+    task = unique_task(app)
+    first = queued(task, 7)
+    assert app.control.purge() == 1
+    freed_by_a_worker(app, task, first)
+
+
+def test_a_deleted_queue_has_its_messages_keys_freed(
+    make_app: Callable[..., Celery], broker: str
+) -> None:
+    app = make_app(broker=broker, **REAPING)
+    task = unique_task(app)
+    first = queued(task, 7)
+    with app.connection_for_write() as connection:
+        # (Declared on this channel first: kombu's Redis transport deletes the bindings its
+        # channel knows.)
+        queue = app.amqp.queues[app.conf.task_default_queue].bind(connection.default_channel)
+        queue.declare()
+        queue.delete()
+    freed_by_a_worker(app, task, first)
+
+
+def test_a_message_waiting_in_its_queue_keeps_its_key(
+    make_app: Callable[..., Celery], broker: str
+) -> None:
+    app = make_app(broker=broker, **REAPING)
+    task = unique_task(app)
+    first = queued(task, 7)
+    assert two_passes(app) == []
+    assert dedupe.lookup(task, (7,)).task_id == first.id  # type: ignore[union-attr]
+
+
+def test_a_message_waiting_in_a_priority_list_keeps_its_key(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app(**REAPING)  # (a Redis broker keeps a list per priority)
+    task = unique_task(app)
+    first = task.apply_async((7,), priority=9)
+    assert two_passes(app) == []
+    assert dedupe.lookup(task, (7,)).task_id == first.id  # type: ignore[union-attr]
+
+
+def test_a_message_a_worker_holds_keeps_its_key(
+    make_app: Callable[..., Celery], broker: str
+) -> None:
+    # A countdown keeps the message in the worker's timer, received and not acked: in no
+    # queue (RabbitMQ counts it nowhere; the worker says it holds it).
+    app = make_app(broker=broker, **REAPING)
+    task = unique_task(app)
+    first = task.apply_async((7,), countdown=30)
+    with in_process_worker(app) as worker:
+        wait_for(
+            lambda: any(r.id == first.id for r in _held(worker)),
+            timeout=10,
+            message="the worker holds the message",
+        )
+        time.sleep(1.0)  # (its first report of what it holds)
+        reaper = Reaper(runtime_of(app))
+        reaper.sweep(now=time.time() + 31)  # (as if past its eta and the margin)
+        time.sleep(1.2)
+        assert reaper.sweep(now=time.time() + 31).freed == []
+    assert dedupe.lookup(task, (7,)).task_id == first.id  # type: ignore[union-attr]
+
+
+def _held(worker: Any) -> list[Any]:
+    from dedupe.recovery.held import held_requests
+
+    return held_requests(worker.consumer)
+
+
+def test_a_later_calls_record_is_never_freed_by_an_earlier_pass(
+    make_app: Callable[..., Celery], broker: str
+) -> None:
+    # The first pass found the purged message's record; before the second, the key was
+    # cleared and a new call took it, whose message waits: the second pass keeps it.
+    app = make_app(broker=broker, **REAPING)
+    task = unique_task(app)
+    queued(task, 7)
+    app.control.purge()
+    reaper = Reaper(runtime_of(app))
+    time.sleep(app.conf.dedupe_reap_margin + 0.2)
+    assert reaper.sweep().suspects == 1
+    dedupe.clear(task, (7,))
+    later = queued(task, 7)
+    assert reaper.sweep(now=time.time() + 5).freed == []
+    assert dedupe.lookup(task, (7,)).task_id == later.id  # type: ignore[union-attr]
+
+
+def test_a_record_the_first_pass_found_is_freed_only_by_the_second(
+    make_app: Callable[..., Celery], broker: str
+) -> None:
+    app = make_app(broker=broker, **REAPING)
+    task = unique_task(app)
+    first = queued(task, 7)
+    app.control.purge()
+    reaper = Reaper(runtime_of(app))
+    time.sleep(app.conf.dedupe_reap_margin + 0.2)
+    found = reaper.sweep()
+    assert (found.suspects, found.freed) == (1, [])
+    assert dedupe.lookup(task, (7,)).task_id == first.id  # type: ignore[union-attr]
+    assert len(reaper.sweep().freed) == 1
+    assert dedupe.lookup(task, (7,)) is None
+
+
+def test_a_young_record_is_not_looked_at(make_app: Callable[..., Celery], broker: str) -> None:
+    app = make_app(broker=broker, dedupe_reap_interval=1, dedupe_reap_margin=60)
+    task = unique_task(app)
+    queued(task, 7)
+    app.control.purge()
+    reaper = Reaper(runtime_of(app))
+    assert reaper.sweep().candidates == 0
+    assert reaper.sweep().freed == []
+
+
+@pytest.fixture
+def dropping_app(make_app: Callable[..., Celery], rabbitmq_url: str) -> Any:
+    """An app on RabbitMQ whose queue, of this test's own, has ``queue_arguments`` (deleted
+    after the test)."""
+    made: list[tuple[Celery, str]] = []
+
+    def make(**arguments: Any) -> Celery:
+        name = unique_name("dropping")
+        queue = Queue(name, routing_key=name, queue_arguments=arguments)
+        app = make_app(broker=rabbitmq_url, task_queues=[queue], task_default_queue=name, **REAPING)
+        made.append((app, name))
+        return app
+
+    yield make
+    for app, name in made:
+        with app.connection_for_write() as connection:
+            connection.default_channel.queue_delete(name)
+
+
+def test_a_message_rabbitmq_dropped_by_its_ttl_has_its_key_freed(dropping_app: Any) -> None:
+    app = dropping_app(**{"x-message-ttl": 200})
+    task = unique_task(app)
+    first = queued(task, 7)
+    wait_for(lambda: _depth(app) == 0, timeout=10, message="RabbitMQ dropped the message")
+    freed_by_a_worker(app, task, first)
+
+
+def _depth(app: Celery) -> int:
+    with app.connection_for_write() as connection:
+        queue = app.conf.task_default_queue
+        return int(connection.default_channel.queue_declare(queue, passive=True)[1])
+
+
+def test_a_message_rabbitmq_dropped_at_its_max_length_frees_its_key_not_the_kept_ones(
+    dropping_app: Any,
+) -> None:
+    # x-max-length 1 (drop-head): the second call's message pushes the first's out.
+    app = dropping_app(**{"x-max-length": 1})
+    task = unique_task(app)
+    queued(task, 1)
+    kept = queued(task, 2)
+    freed = two_passes(app)
+    # The queue holds a message, the kept one: a queue that is not empty frees nothing.
+    assert freed == []
+    assert dedupe.lookup(task, (2,)).task_id == kept.id  # type: ignore[union-attr]
+    # Once the kept one ran, the queue is empty: the dropped one's key goes.
+    with in_process_worker(app):
+        wait_for(lambda: dedupe.lookup(task, (1,)) is None, timeout=BOUND, message="freed")
+    assert dedupe.lookup(task, (2,)) is None  # (it ran, and freed its own)
+
+
+def test_only_one_worker_sweeps_at_a_time(make_app: Callable[..., Celery]) -> None:
+    app = make_app(**REAPING)
+    store = runtime_of(app).store
+    lock = f"{app.conf.dedupe_key_prefix}:reaper"
+    assert store.take_reaper(lock, b"celery@a", 5000)
+    assert not store.take_reaper(lock, b"celery@b", 5000)
+    assert store.take_reaper(lock, b"celery@a", 5000)  # (kept by its holder)
+
+
+def test_the_reap_script_deletes_only_the_very_bytes_it_was_given(
+    make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    app = make_app()
+    store = runtime_of(app).store
+    key = f"{app.conf.dedupe_key_prefix}:{{t:00}}"
+    redis_client.set(key, b"record-a")
+    assert store.reap([(key, b"record-b")]) == [False]
+    assert redis_client.get(key) == b"record-a"
+    assert store.reap([(key, b"record-a")]) == [True]
+    assert redis_client.get(key) is None
