@@ -56,8 +56,10 @@ class ReaperThread:
             try:
                 if not self._runtime.broker.lists_unacked:
                     self._report(every)
-                if interval and self._sweeps(interval) and time.monotonic() >= next_pass:
+                # (The lock is taken, or kept, as a pass is due: its ttl spans three.)
+                if interval and time.monotonic() >= next_pass and self._sweeps(interval):
                     self.reaper.sweep()
+                if interval and time.monotonic() >= next_pass:
                     next_pass = time.monotonic() + self.reaper.next_pass_in(interval)
             except RedisUnavailable as exc:
                 logger.debug("reaper: the dedup Redis is out of reach: %s", exc)
@@ -73,7 +75,7 @@ class ReaperThread:
     def _sweeps(self, interval: float) -> bool:
         """Does this worker hold the reaper's lock (taken, or kept, now)?"""
         lock = reaper_keys(self._runtime.config.key_prefix)[0]
-        ttl = max(3 * interval, 3 * _REPORT_CAP)
+        ttl = 3 * max(self.reaper.next_pass_in(interval), _REPORT_CAP)
         return self._runtime.store.take_reaper(lock, self._node.encode(), int(ttl * 1000))
 
 
