@@ -1,4 +1,4 @@
-"""Every error celery-dedupe raises derives from :class:`DedupeError`."""
+"""Every error celery-dedupe raises derives from ``DedupeError``."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class KeyDerivationError(DedupeError, TypeError):
 
 class ArgumentsTooLarge(DedupeError, ValueError):
     """A debounced or replacing call's arguments, serialised, exceed what may be kept in
-    Redis (:data:`dedupe.values.defaults.LATEST_ARGS_MAX`); nothing was written or sent."""
+    Redis (``dedupe.values.defaults.LATEST_ARGS_MAX``, 64 KiB); nothing was written or sent."""
 
     def __init__(self, task_name: str, size: int, limit: int) -> None:
         self.task_name = task_name

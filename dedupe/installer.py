@@ -36,15 +36,15 @@ def install(app: Celery) -> None:
 
     It connects the worker's lifecycle handlers (claim, release, requeue), and checks the
     app's dedupe settings (now if they are read already, else when Celery reads them: a
-    mistake raises :class:`~dedupe.ConfigurationError` here, or is logged then and raised at
-    the first call). Configuring the app after this call is fine. A private member of
-    Celery, kombu or redis-py that dedupe relies on and this version lacks is named in a
-    warning here: the shortcut that needs it is off (see docs/index.md, versions).
+    mistake raises [`ConfigurationError`][dedupe.ConfigurationError] here, or is logged
+    then and raised at the first call). Configuring the app after this call is fine. A
+    private member of Celery, kombu or redis-py that dedupe relies on and this version lacks
+    is named in a warning here: the shortcut that needs it is off (see the Guide, Versions).
 
-    .. code-block:: python
-
-        app = Celery("proj", broker="redis://localhost:6379/0")
-        dedupe.install(app)
+    ```python
+    app = Celery("proj", broker="redis://localhost:6379/0")
+    dedupe.install(app)
+    ```
     """
     warn_missing()
     add_runtime(app)

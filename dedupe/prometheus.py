@@ -98,11 +98,11 @@ def enable(app: Celery, *, port: int | None = None) -> CollectorRegistry:
     serve ``/metrics`` from the worker's main process (started at ``worker_init``). Returns
     the registry that is exported (the default one, or the multiprocess one).
 
-    .. code-block:: python
-
-        app = Celery("proj")
-        dedupe.install(app)
-        dedupe.prometheus.enable(app, port=9808)
+    ```python
+    app = Celery("proj")
+    dedupe.install(app)
+    dedupe.prometheus.enable(app, port=9808)
+    ```
     """
     registry = _set_up()
     _apps.add(app)
