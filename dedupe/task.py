@@ -47,6 +47,9 @@ class DedupeTask(AnyTask):
 
     report.delay_unique("2026-11-22").deduplicated  # False
     ```
+
+    The class attributes below are the task options; every one, with its default and
+    whether a call may give it too, is in the docs' Options page (docs/options.md).
     """
 
     #: Deduplicate every call (``delay``, ``apply_async``), not only the ``*_unique`` ones.
