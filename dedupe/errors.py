@@ -29,8 +29,13 @@ class NotInstalled(ConfigurationError):
 
     def __init__(self, app_name: str) -> None:
         self.app_name = app_name
-        super().__init__(
-            f"celery-dedupe is not installed on Celery app {app_name!r}: call "
+        # The args are the constructor's: a result backend (and pickle) rebuilds an error as
+        # its class called with them, so a message there would be wrapped in itself.
+        super().__init__(app_name)
+
+    def __str__(self) -> str:
+        return (
+            f"celery-dedupe is not installed on Celery app {self.app_name!r}: call "
             f"dedupe.install(app) once where the app is created (producers and workers alike)."
         )
 

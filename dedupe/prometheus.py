@@ -1,6 +1,6 @@
 """Prometheus metrics for the dedup layer (``pip install 'celery-dedupe[prometheus]'``).
 
-One line where the app is made: ``dedupe.prometheus.enable(app)`` (a worker: ``port=9808``
+One line where the app is made: ``dedupe.prometheus.enable(app)`` (a worker: ``port=9809``
 serves ``/metrics``). More, with examples: the docs' API reference, dedupe.prometheus.
 """
 
@@ -101,7 +101,7 @@ def enable(app: Celery, *, port: int | None = None) -> CollectorRegistry:
     ```python
     app = Celery("proj")
     dedupe.install(app)
-    dedupe.prometheus.enable(app, port=9808)
+    dedupe.prometheus.enable(app, port=9809)
     ```
     """
     registry = _set_up()
