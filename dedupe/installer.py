@@ -30,6 +30,33 @@ logger = logging.getLogger("dedupe.worker")
 _connected = False
 _connect_lock = threading.Lock()
 
+#: DedupeTask's own methods: looked up on a task of another base, they say which base has them.
+_DEDUPE_TASK_METHODS = (
+    "delay_unique",
+    "apply_async_unique",
+    "map_unique",
+    "adelay_unique",
+    "aapply_async_unique",
+    "amap_unique",
+)
+
+
+class _OnDedupeTaskOnly:
+    """Put on the app's default task base: ``plain.delay_unique(...)`` raises an
+    AttributeError naming the task and the fix, where Celery's says only that the attribute
+    is missing. An AttributeError still, so ``hasattr`` and ``getattr(..., default)`` hold."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, task: object, owner: type | None = None) -> object:
+        who = getattr(task if task is not None else owner, "name", None)
+        raise AttributeError(
+            f"task {who!r} has no {self.name}: its base is not dedupe.DedupeTask. Declare it "
+            f"with @app.task(base=dedupe.DedupeTask, ...), or call dedupe.apply_async(task, "
+            f"args=..., kwargs=...), which deduplicates a task of any base"
+        )
+
 
 def install(app: Celery) -> None:
     """Enable celery-dedupe on ``app``: once, where the app is made, in producers and workers.
@@ -48,6 +75,9 @@ def install(app: Celery) -> None:
     """
     warn_missing()
     add_runtime(app)
+    for name in _DEDUPE_TASK_METHODS:
+        if not hasattr(app.Task, name):
+            setattr(app.Task, name, _OnDedupeTaskOnly(name))
     app.steps["consumer"].add(unrun.FreeUndecodable)
     app.steps["consumer"].add(unrun.FreeRevoked)
     # Each time Celery reads the settings; now, if it has read them already.
