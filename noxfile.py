@@ -7,7 +7,9 @@ Use ``./noxw`` on a machine without nox: it makes a private virtualenv for nox f
 from __future__ import annotations
 
 import glob
+import html
 import os
+import re
 import shutil
 
 import nox
@@ -151,9 +153,39 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """Build the docs site (mkdocs.yml, docs/) with --strict: a broken link or reference fails."""
+    """Build the docs site (mkdocs.yml, docs/) with --strict: a broken link or reference fails,
+    and so does reST markup that mkdocstrings printed as text (docstrings are Markdown)."""
     session.install("-e", ".[docs]")
-    session.run("mkdocs", "build", "--strict", "--site-dir", ".nox/docs-site")
+    site = ".nox/docs-site"
+    session.run("mkdocs", "build", "--strict", "--site-dir", site)
+    found = raw_markup(site)
+    if found:
+        session.error("reST markup printed as text in the built docs:\n" + "\n".join(found))
+
+
+#: reST that Markdown prints as it stands: a directive (``.. code-block:: python``), a role
+#: (``:class:`X``` shows as ":class:X"), a literal block's "::" ending a paragraph.
+RAW_MARKUP = re.compile(
+    r"^\s*\.\. [a-z][\w-]*::"
+    r"|(?<![\w:]):(?:class|meth|func|attr|mod|exc|data|obj|const|ref|doc|term|py:\w+):(?=\S)"
+    r"|\w::$",
+    re.MULTILINE,
+)
+
+
+def raw_markup(site: str) -> list[str]:
+    """Where the built pages show reST markup as text: "page: ...context...", one a line."""
+    found = []
+    for page in sorted(glob.glob(os.path.join(site, "**", "*.html"), recursive=True)):
+        with open(page, encoding="utf-8") as file:
+            text = file.read()
+        # A code sample may hold "::" (a Celery scheduler path, a slice); prose may not.
+        text = re.sub(r"<pre\b.*?</pre>", "", text, flags=re.DOTALL)
+        text = html.unescape(re.sub(r"<[^>]+>", "", text))
+        for match in RAW_MARKUP.finditer(text):
+            context = text[max(0, match.start() - 40) : match.end() + 40]
+            found.append(f"{os.path.relpath(page, site)}: {' '.join(context.split())}")
+    return found
 
 
 @nox.session

@@ -1,16 +1,16 @@
 """celery-dedupe: stop Celery from queueing, or running, the same work twice.
 
-.. code-block:: python
+```python
+import dedupe
+app = Celery("proj", broker="redis://localhost:6379/0")
+dedupe.install(app)
 
-    import dedupe
-    app = Celery("proj", broker="redis://localhost:6379/0")
-    dedupe.install(app)
+@app.task(base=dedupe.DedupeTask, unique=True)
+def sync_customer(customer_id, full=False): ...
 
-    @app.task(base=dedupe.DedupeTask, unique=True)
-    def sync_customer(customer_id, full=False): ...
-
-    sync_customer.delay(42).deduplicated      # False
-    sync_customer.delay(42).deduplicated      # True: the first one is still queued or running
+sync_customer.delay(42).deduplicated      # False
+sync_customer.delay(42).deduplicated      # True: the first one is still queued or running
+```
 """
 
 from __future__ import annotations

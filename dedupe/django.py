@@ -65,17 +65,18 @@ def apply_async_on_commit(
     using: str | None = None,
     **options: Any,
 ) -> OnCommit:
-    """:func:`dedupe.apply_async` when the current transaction commits (at once outside one)."""
+    """[`dedupe.apply_async`][dedupe.apply_async] when the current transaction commits (at
+    once outside one)."""
     call = functools.partial(apply_async, task_or_name, args, kwargs, **options)
     return OnCommit()._schedule(call, using)
 
 
 class DedupeDjangoTask(DedupeTask, _DjangoTask):
-    """:class:`~dedupe.DedupeTask` and Celery's ``DjangoTask`` in one base class.
+    """[`DedupeTask`][dedupe.DedupeTask] and Celery's ``DjangoTask`` in one base class.
 
     ``delay_on_commit`` and ``apply_async_on_commit`` keep Celery's meaning (deduplicated
     too when the task is ``unique``); the ``*_unique_on_commit`` methods deduplicate always
-    and return an :class:`OnCommit` handle.
+    and return an [`OnCommit`][dedupe.django.OnCommit] handle.
     """
 
     def delay_unique_on_commit(self, *args: object, **kwargs: object) -> OnCommit:

@@ -1,4 +1,4 @@
-"""Every error celery-dedupe raises derives from :class:`DedupeError`."""
+"""Every error celery-dedupe raises derives from ``DedupeError``."""
 
 from __future__ import annotations
 
@@ -29,8 +29,13 @@ class NotInstalled(ConfigurationError):
 
     def __init__(self, app_name: str) -> None:
         self.app_name = app_name
-        super().__init__(
-            f"celery-dedupe is not installed on Celery app {app_name!r}: call "
+        # The args are the constructor's: a result backend (and pickle) rebuilds an error as
+        # its class called with them, so a message there would be wrapped in itself.
+        super().__init__(app_name)
+
+    def __str__(self) -> str:
+        return (
+            f"celery-dedupe is not installed on Celery app {self.app_name!r}: call "
             f"dedupe.install(app) once where the app is created (producers and workers alike)."
         )
 
@@ -50,7 +55,7 @@ class KeyDerivationError(DedupeError, TypeError):
 
 class ArgumentsTooLarge(DedupeError, ValueError):
     """A debounced or replacing call's arguments, serialised, exceed what may be kept in
-    Redis (:data:`dedupe.values.defaults.LATEST_ARGS_MAX`); nothing was written or sent."""
+    Redis (``dedupe.values.defaults.LATEST_ARGS_MAX``, 64 KiB); nothing was written or sent."""
 
     def __init__(self, task_name: str, size: int, limit: int) -> None:
         self.task_name = task_name

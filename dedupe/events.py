@@ -3,7 +3,7 @@ event's family.
 
 Every signal is sent with the task name as ``sender`` (as Celery's ``before_task_publish``
 is) and these keyword arguments: ``task_name``, ``task_id`` (the id of this call or run),
-``key`` (the Redis key) and ``holder`` (the :class:`~dedupe.Holder` that made a call a
+``key`` (the Redis key) and ``holder`` (the [`Holder`][dedupe.Holder] that made a call a
 duplicate or a run wait, else None); some add their own (listed on each). A receiver that
 raises is logged by Celery and never fails the call or the run.
 

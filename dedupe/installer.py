@@ -39,24 +39,54 @@ logger = logging.getLogger("dedupe.worker")
 _connected = False
 _connect_lock = threading.Lock()
 
+#: DedupeTask's own methods: looked up on a task of another base, they say which base has them.
+_DEDUPE_TASK_METHODS = (
+    "delay_unique",
+    "apply_async_unique",
+    "map_unique",
+    "adelay_unique",
+    "aapply_async_unique",
+    "amap_unique",
+)
+
+
+class _OnDedupeTaskOnly:
+    """Put on the app's default task base: ``plain.delay_unique(...)`` raises an
+    AttributeError naming the task and the fix, where Celery's says only that the attribute
+    is missing. An AttributeError still, so ``hasattr`` and ``getattr(..., default)`` hold."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, task: object, owner: type | None = None) -> object:
+        who = getattr(task if task is not None else owner, "name", None)
+        raise AttributeError(
+            f"task {who!r} has no {self.name}: its base is not dedupe.DedupeTask. Declare it "
+            f"with @app.task(base=dedupe.DedupeTask, ...), or call dedupe.apply_async(task, "
+            f"args=..., kwargs=...), which deduplicates a task of any base"
+        )
+
 
 def install(app: Celery) -> None:
     """Enable celery-dedupe on ``app``: once, where the app is made, in producers and workers.
 
     It connects the worker's lifecycle handlers (claim, release, requeue), and checks the
     app's dedupe settings (now if they are read already, else when Celery reads them: a
-    mistake raises :class:`~dedupe.ConfigurationError` here, or is logged then and raised at
-    the first call). Configuring the app after this call is fine. A private member of
-    Celery, kombu or redis-py that dedupe relies on and this version lacks is named in a
-    warning here: the shortcut that needs it is off (see docs/index.md, versions).
+    mistake raises [`ConfigurationError`][dedupe.ConfigurationError] here, or is logged
+    then and raised at the first call). Configuring the app after this call is fine. A
+    private member of Celery, kombu or redis-py that dedupe relies on and this version lacks
+    is named in a warning here: the shortcut that needs it is off (see the Guide, Versions).
 
-    .. code-block:: python
-
-        app = Celery("proj", broker="redis://localhost:6379/0")
-        dedupe.install(app)
+    ```python
+    app = Celery("proj", broker="redis://localhost:6379/0")
+    dedupe.install(app)
+    ```
     """
     warn_missing()
     add_runtime(app)
+    for name in _DEDUPE_TASK_METHODS:
+        if not hasattr(app.Task, name):
+            setattr(app.Task, name, _OnDedupeTaskOnly(name))
     app.steps["consumer"].add(unrun.FreeUndecodable)
     app.steps["consumer"].add(unrun.FreeRevoked)
     app.steps["consumer"].add(reaper_thread.Reap)

@@ -1,6 +1,6 @@
 """Prometheus metrics for the dedup layer (``pip install 'celery-dedupe[prometheus]'``).
 
-One line where the app is made: ``dedupe.prometheus.enable(app)`` (a worker: ``port=9808``
+One line where the app is made: ``dedupe.prometheus.enable(app)`` (a worker: ``port=9809``
 serves ``/metrics``). More, with examples: the docs' API reference, dedupe.prometheus.
 """
 
@@ -98,11 +98,11 @@ def enable(app: Celery, *, port: int | None = None) -> CollectorRegistry:
     serve ``/metrics`` from the worker's main process (started at ``worker_init``). Returns
     the registry that is exported (the default one, or the multiprocess one).
 
-    .. code-block:: python
-
-        app = Celery("proj")
-        dedupe.install(app)
-        dedupe.prometheus.enable(app, port=9808)
+    ```python
+    app = Celery("proj")
+    dedupe.install(app)
+    dedupe.prometheus.enable(app, port=9809)
+    ```
     """
     registry = _set_up()
     _apps.add(app)

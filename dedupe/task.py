@@ -38,15 +38,18 @@ _CALL_OPTIONS = ("unique", *CALL_OPTIONS)
 class DedupeTask(AnyTask):
     """Base class for tasks that must not be queued, or run, twice for the same arguments.
 
-    .. code-block:: python
+    ```python
+    @app.task(base=DedupeTask, unique=True)        # every .delay() deduplicates
+    def sync_customer(customer_id, full=False): ...
 
-        @app.task(base=DedupeTask, unique=True)        # every .delay() deduplicates
-        def sync_customer(customer_id, full=False): ...
+    @app.task(base=DedupeTask)                     # only delay_unique() does
+    def report(day): ...
 
-        @app.task(base=DedupeTask)                     # only delay_unique() does
-        def report(day): ...
+    report.delay_unique("2026-11-22").deduplicated  # False
+    ```
 
-        report.delay_unique("2026-11-22").deduplicated  # False
+    The class attributes below are the task options; every one, with its default and
+    whether a call may give it too, is in the docs' Options page (docs/options.md).
     """
 
     #: Deduplicate every call (``delay``, ``apply_async``), not only the ``*_unique`` ones.
@@ -68,7 +71,7 @@ class DedupeTask(AnyTask):
     unique_until: ClassVar[Until | None] = None
     #: Seconds a run holds its key between heartbeats. Default: ``dedupe_default_lease`` (60).
     unique_lease: ClassVar[float | None] = None
-    #: ``"return"`` the holder's result, ``"raise"`` :class:`~dedupe.AlreadyQueued`, or
+    #: ``"return"`` the holder's result, ``"raise"`` ``AlreadyQueued``, or
     #: ``"replace"``: the holder's result, and while the holder is still queued its run takes
     #: this call's arguments (latest wins; with ``unique_until="started"`` calls made during a
     #: run leave one follow-up run, with the last call's arguments).
@@ -107,7 +110,7 @@ class DedupeTask(AnyTask):
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         """Check the task's dedup options as Celery registers it: a misspelt or invalid one
-        raises :class:`~dedupe.ConfigurationError` now, not at the first call."""
+        raises [`ConfigurationError`][dedupe.ConfigurationError] now, not at the first call."""
         super().on_bound(app)
         check_declared(cls, str(cls.name))
 
@@ -123,7 +126,8 @@ class DedupeTask(AnyTask):
         **options: Any,
     ) -> DedupeResult:
         """Celery's apply_async; deduplicated when the task is ``unique`` (or ``unique=True``
-        is passed), and then it also takes the call options of :meth:`apply_async_unique`."""
+        is passed), and then it also takes the call options of
+        [`apply_async_unique`][dedupe.DedupeTask.apply_async_unique]."""
         unique = options.pop("unique", None)
         if options:
             check_call_names(self.name, options, _CALL_OPTIONS)
@@ -148,7 +152,8 @@ class DedupeTask(AnyTask):
         return mark_result(self._dedupe_publish(args, kwargs, options), deduplicated=False)
 
     def delay(self, *args: object, **kwargs: object) -> DedupeResult:
-        """Celery's ``delay``, typed as what :meth:`apply_async` returns here."""
+        """Celery's ``delay``, typed as what
+        [`apply_async`][dedupe.DedupeTask.apply_async] returns here."""
         return self.apply_async(args, kwargs)
 
     def apply_async_unique(
@@ -157,11 +162,12 @@ class DedupeTask(AnyTask):
         kwargs: Mapping[str, object] | None = None,
         **options: object,
     ) -> DedupeResult:
-        """Publish unless the same call is queued or running; see :func:`dedupe.apply_async`.
+        """Publish unless the same call is queued or running; see
+        [`dedupe.apply_async`][dedupe.apply_async].
 
-        .. code-block:: python
-
-            report.apply_async_unique(args=("2026-11-22",), countdown=10, unique_ttl=600)
+        ```python
+        report.apply_async_unique(args=("2026-11-22",), countdown=10, unique_ttl=600)
+        ```
         """
         options.pop("unique", None)
         check_call_names(self.name, options, _CALL_OPTIONS)
@@ -177,11 +183,11 @@ class DedupeTask(AnyTask):
         self, arguments: Iterable[Sequence[object]], **options: Any
     ) -> list[DedupeResult]:
         """One call per tuple of positional arguments, all decided in one round trip; see
-        :func:`dedupe.apply_many`.
+        [`dedupe.apply_many`][dedupe.apply_many].
 
-        .. code-block:: python
-
-            results = report.map_unique([("2026-11-22",), ("2026-11-23",)], queue="reports")
+        ```python
+        results = report.map_unique([("2026-11-22",), ("2026-11-23",)], queue="reports")
+        ```
         """
         options.pop("unique", None)
         if self._limited():
@@ -191,7 +197,7 @@ class DedupeTask(AnyTask):
     async def amap_unique(
         self, arguments: Iterable[Sequence[object]], **options: Any
     ) -> list[DedupeResult]:
-        """:meth:`map_unique` for asyncio code."""
+        """[`map_unique`][dedupe.DedupeTask.map_unique] for asyncio code."""
         options.pop("unique", None)
         if self._limited():
             raise ConfigurationError(_never_unique(self.name))
@@ -203,11 +209,12 @@ class DedupeTask(AnyTask):
         kwargs: Mapping[str, object] | None = None,
         **options: object,
     ) -> DedupeResult:
-        """:meth:`apply_async_unique` for asyncio code: the Redis round trip is awaited.
+        """[`apply_async_unique`][dedupe.DedupeTask.apply_async_unique] for asyncio code: the
+        Redis round trip is awaited.
 
-        .. code-block:: python
-
-            result = await report.aapply_async_unique(args=("2026-11-22",))
+        ```python
+        result = await report.aapply_async_unique(args=("2026-11-22",))
+        ```
         """
         options.pop("unique", None)
         if self._limited():
@@ -215,7 +222,8 @@ class DedupeTask(AnyTask):
         return await apublish_unique(self._call(args, kwargs, options))
 
     async def adelay_unique(self, *args: object, **kwargs: object) -> DedupeResult:
-        """:meth:`delay_unique` for asyncio code: ``await report.adelay_unique(day)``."""
+        """[`delay_unique`][dedupe.DedupeTask.delay_unique] for asyncio code:
+        ``await report.adelay_unique(day)``."""
         return await self.aapply_async_unique(args, kwargs)
 
     def _limited(self) -> bool:

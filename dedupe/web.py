@@ -1,9 +1,9 @@
 """A consistent answer for views that queue work through the guard, framework-neutral.
 
-.. code-block:: python
-
-    status, body = dedupe.response_for(dedupe.apply_async(refresh_report, args=(42,)))
-    # (202, {'task_id': '5b1f...', 'deduplicated': False})
+```python
+status, body = dedupe.response_for(dedupe.apply_async(refresh_report, args=(42,)))
+# (202, {'task_id': '5b1f...', 'deduplicated': False})
+```
 
 202 Accepted when this request published the task; for a duplicate, 200 (the work is
 already under way: here is its id) or, with ``duplicate_status=409``, Conflict.

@@ -842,3 +842,21 @@ def test_a_held_call_whose_publish_fails_warns_of_no_second_message(
         jobs[1].delay(1)
     assert "two messages of one call" not in caplog.text
     assert dedupe.lookup(jobs[0], (1,)).task_id == held.id  # type: ignore[union-attr]
+
+
+def test_delay_unique_on_a_task_of_another_base_names_the_task_and_the_fix(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+
+    @app.task(shared=False, name="jobs.plain_base")
+    def plain(x: int) -> int:
+        return x
+
+    with pytest.raises(
+        AttributeError,
+        match=r"task 'jobs.plain_base' has no delay_unique: its base is not dedupe\.DedupeTask.*"
+        r"base=dedupe\.DedupeTask.*dedupe\.apply_async\(task",
+    ):
+        plain.delay_unique(1)
+    assert not hasattr(plain, "apply_async_unique")

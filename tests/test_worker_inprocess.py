@@ -854,6 +854,32 @@ def test_a_worker_whose_app_was_never_installed_refuses_the_run_and_frees_its_ke
     assert f"jobs.uninstalled[{result.id}] is refused, and its key" in log.text
 
 
+def test_not_installed_read_back_from_the_result_backend_says_its_message_once(
+    redis_app: Celery,
+) -> None:
+    # A result backend rebuilds an error as its class called with its args: those must be
+    # the constructor's (the app's name), not the message, or the message wraps itself.
+    worker_app = Celery("uninstalled", set_as_current=False)
+    worker_app.conf.update(redis_app.conf.changes)
+    worker_app.conf.broker_url = redis_app.conf.broker_url
+    worker_app.conf.result_backend = redis_app.conf.result_backend
+
+    for app in (redis_app, worker_app):
+
+        @app.task(shared=False, base=dedupe.DedupeTask, unique=True, name="jobs.uninstalled")
+        def job(x: int) -> int:
+            return x
+
+    result = redis_app.tasks["jobs.uninstalled"].delay(1)
+    with in_process_worker(worker_app), pytest.raises(dedupe.NotInstalled) as raised:
+        result.get(timeout=15)
+    assert raised.value.app_name == "uninstalled"
+    assert str(raised.value) == (
+        "celery-dedupe is not installed on Celery app 'uninstalled': call dedupe.install(app) "
+        "once where the app is created (producers and workers alike)."
+    )
+
+
 def test_a_message_whose_record_was_lost_waits_behind_the_run_and_gets_the_key_next(
     app: Celery, gated: Any, gate: threading.Event, runlog: RunLog, redis_client: redis.Redis
 ) -> None:

@@ -1,12 +1,14 @@
 """Deduplicating beat schedulers: a periodic task is not sent while its previous run is still
 queued or running, and any number of beat processes side by side send each tick of an entry
-once (the first to claim the tick sends it; see :mod:`dedupe.beat.ticks`).
+once (the first to claim the tick sends it; see ``dedupe.beat.ticks``).
 
-Switch schedulers with one flag::
+Switch schedulers with one flag:
 
-    celery -A proj beat -S dedupe.beat:DedupeScheduler                         # PersistentScheduler
-    celery -A proj beat -S dedupe.beat.database:DedupeDatabaseScheduler       # django-celery-beat
-    celery -A proj beat -S dedupe.beat.redbeat:DedupeRedBeatScheduler         # celery-redbeat
+```console
+celery -A proj beat -S dedupe.beat:DedupeScheduler                         # PersistentScheduler
+celery -A proj beat -S dedupe.beat.database:DedupeDatabaseScheduler       # django-celery-beat
+celery -A proj beat -S dedupe.beat.redbeat:DedupeRedBeatScheduler         # celery-redbeat
+```
 
 or compose the mixin (``DedupeSchedulerMixin``) with any other scheduler, first in the bases.
 More, with examples: the docs' API reference, dedupe.beat.

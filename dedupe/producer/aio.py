@@ -5,10 +5,10 @@ blocks the event loop; the publish itself (kombu is synchronous) runs in the loo
 executor. The decision is :mod:`dedupe.producer.guard`'s own
 :class:`~dedupe.producer.prepared_call.PreparedCall`; only the round trips differ.
 
-.. code-block:: python
-
-    result = await dedupe.aapply_async(refresh_report, args=(42,))
-    result.deduplicated                                                # False
+```python
+result = await dedupe.aapply_async(refresh_report, args=(42,))
+result.deduplicated                                                # False
+```
 """
 
 from __future__ import annotations
@@ -92,13 +92,14 @@ async def aapply_async(
     app: Celery | None = None,
     **options: object,
 ) -> DedupeResult:
-    """:func:`dedupe.apply_async`, awaitable: the producer guard for async views. A call of
-    a task with ``key_concurrency`` or ``key_rate_limit`` is published as its ``delay``
-    would be (its place in line, or its start, then its message), in the default executor.
+    """[`dedupe.apply_async`][dedupe.apply_async], awaitable: the producer guard for async
+    views. A call of a task with ``key_concurrency`` or ``key_rate_limit`` is published as
+    its ``delay`` would be (its place in line, or its start, then its message), in the
+    default executor.
 
-    .. code-block:: python
-
-        result = await dedupe.aapply_async("reports.refresh", args=(42,), app=app)
+    ```python
+    result = await dedupe.aapply_async("reports.refresh", args=(42,), app=app)
+    ```
     """
     return await apublish_unique(Call.of(task_or_name, args, kwargs, options, app))
 
@@ -111,6 +112,6 @@ async def alookup(
     app: Celery | None = None,
     **overrides: object,
 ) -> Holder | None:
-    """:func:`dedupe.lookup`, awaitable."""
+    """[`dedupe.lookup`][dedupe.lookup], awaitable."""
     runtime, keys = keys_of_call(task_or_name, args, kwargs, app, overrides)
     return await runtime.async_store().lookup(keys)

@@ -59,10 +59,10 @@ def apply_many(
     A task with ``key_concurrency`` or ``key_rate_limit`` deduplicates nothing: each call
     takes its place in line (or reserves its start) and is published, in call order.
 
-    .. code-block:: python
-
-        results = dedupe.apply_many(refresh_report, [((42,), {}), ((43,), {}), ((42,), {})])
-        [r.deduplicated for r in results]                  # [False, False, True]
+    ```python
+    results = dedupe.apply_many(refresh_report, [((42,), {}), ((43,), {}), ((42,), {})])
+    [r.deduplicated for r in results]                  # [False, False, True]
+    ```
     """
     if options.get("task_id") is not None:
         raise ConfigurationError(
@@ -108,9 +108,9 @@ async def aapply_many(
     app: Celery | None = None,
     **options: object,
 ) -> list[DedupeResult]:
-    """:func:`apply_many`, awaitable: the batch runs in the loop's default executor (kombu
-    blocks), shielded from the caller's cancellation (cancelled halfway, a batch would
-    leave provisional records of calls it never published)."""
+    """[`apply_many`][dedupe.apply_many], awaitable: the batch runs in the loop's default
+    executor (kombu blocks), shielded from the caller's cancellation (cancelled halfway, a
+    batch would leave provisional records of calls it never published)."""
     calls = list(calls)
     batch = asyncio.ensure_future(
         asyncio.to_thread(apply_many, task_or_name, calls, app=app, **options)

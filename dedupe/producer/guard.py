@@ -104,11 +104,11 @@ def apply_async(
     ``key_concurrency`` or ``key_rate_limit`` is published as its ``delay`` publishes it
     (every call accepted, each in turn).
 
-    .. code-block:: python
-
-        result = dedupe.apply_async(refresh_report, args=(42,))
-        result.deduplicated                                            # False
-        dedupe.apply_async("reports.refresh", args=(42,), app=app).deduplicated   # True
+    ```python
+    result = dedupe.apply_async(refresh_report, args=(42,))
+    result.deduplicated                                            # False
+    dedupe.apply_async("reports.refresh", args=(42,), app=app).deduplicated   # True
+    ```
     """
     call = Call.of(task_or_name, args, kwargs, options, app)
     if is_limited(call):
@@ -140,10 +140,10 @@ def lookup(
 ) -> Holder | None:
     """The task holding the key of a call (``.task_id``, ``.state``, ``.ttl``), or None.
 
-    .. code-block:: python
-
-        holder = dedupe.lookup(refresh_report, args=(42,))
-        holder.state if holder else "free"                             # 'queued'
+    ```python
+    holder = dedupe.lookup(refresh_report, args=(42,))
+    holder.state if holder else "free"                             # 'queued'
+    ```
     """
     runtime, keys = keys_of_call(task_or_name, args, kwargs, app, overrides)
     return runtime.store.lookup(keys)
@@ -161,9 +161,9 @@ def clear(
 
     A run still holding the key keeps running; its heartbeat re-creates the key.
 
-    .. code-block:: python
-
-        dedupe.clear(refresh_report, args=(42,))                       # True
+    ```python
+    dedupe.clear(refresh_report, args=(42,))                       # True
+    ```
     """
     runtime, keys = keys_of_call(task_or_name, args, kwargs, app, overrides)
     return runtime.store.clear(keys)

@@ -24,16 +24,16 @@ logger = logging.getLogger("dedupe.producer")
 
 
 class DedupeResult(AnyAsyncResult):
-    """An :class:`~celery.result.AsyncResult` for the task that will do the work.
+    """An `celery.result.AsyncResult` for the task that will do the work.
 
     ``deduplicated`` is False when this call published the task, True when an existing
     holder of the key was found (then ``id`` is the holder's task id and ``holder`` tells
     whether it is queued or running).
 
-    .. code-block:: python
-
-        result = refresh_report.delay_unique(42)
-        result.deduplicated, result.id                 # (False, '5b1f...')
+    ```python
+    result = refresh_report.delay_unique(42)
+    result.deduplicated, result.id                 # (False, '5b1f...')
+    ```
     """
 
     deduplicated: bool = False
@@ -157,7 +157,7 @@ def mark_result(
     store: Store | None = None,
     holder: Holder | None = None,
 ) -> DedupeResult:
-    """Make ``result`` a :class:`DedupeResult`, in place, and set its dedup attributes.
+    """Make ``result`` a ``DedupeResult``, in place, and set its dedup attributes.
 
     In place, not wrapped: a dropped AsyncResult unsubscribes from its task's result
     channel when garbage-collected, so a wrapper would cost the caller a resubscription.

@@ -145,7 +145,7 @@ def pack_running(task_id: str, token: str, host: str, pid: int, started_at: floa
 
 @dataclass(frozen=True, slots=True)
 class Holder:
-    """The task that holds a key: what :func:`dedupe.lookup` and duplicates report."""
+    """The task that holds a key: what [`dedupe.lookup`][dedupe.lookup] and duplicates report."""
 
     key: str
     #: The id of the task that holds the key; a duplicate call's result points at it.
@@ -170,7 +170,8 @@ class Holder:
 
     @classmethod
     def from_raw(cls, key: str, raw: bytes, pttl_ms: int | None) -> Holder:
-        """Read a record (raises :class:`RecordFormatError` for any value that is none)."""
+        """Read a record (raises [`RecordFormatError`][dedupe.RecordFormatError] for any value
+        that is none)."""
         ttl = pttl_ms / 1000 if pttl_ms is not None and pttl_ms >= 0 else None
         try:
             # raw=True: the owner may be a packed UUID, which is no UTF-8.
