@@ -17,6 +17,7 @@ from . import (
     enqueue,
     flow,
     greenlets,
+    reaper,
     report,
     roundtrips,
     scale,
@@ -38,6 +39,7 @@ BENCHES = (
     "client",
     "flow",
     "webview",
+    "reaper",
 )
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -76,13 +78,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["client"] = client.run(url, rounds, 2000 if args.quick else 10_000)
         if "flow" in args.only:
             results["flow"] = flow.run(url, rounds, 300 if args.quick else 1000)
-        if "webview" in args.only:
-            live = 10_000 if args.quick else 100_000
-            results["webview"] = webview.run(url, live, 20 if args.quick else 50)
+        results.update(_operators(url, args))
     command = "python -m benchmarks " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
     path = report.write(results, command.strip())
     print(path.read_text())
     return 0
+
+
+def _operators(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The benchmarks of what operators run beside the calls: the web view, the reaper."""
+    results: dict[str, Any] = {}
+    if "webview" in args.only:
+        live = 10_000 if args.quick else 100_000
+        results["webview"] = webview.run(url, live, 20 if args.quick else 50)
+    if "reaper" in args.only:
+        results["reaper"] = reaper.run((1_000, 10_000) if args.quick else (1_000, 100_000), 5)
+    return results
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from . import client, flow, webview
+from . import client, flow, reaper, webview
 from ._env import Timings
 from .enqueue import FLOOR, PLAIN, ROUND_TRIP, TRACED_ACCEPTED, TRACED_PLAIN
 from .greenlets import KEPT, NEW_GREENLET
@@ -191,24 +191,29 @@ def markdown(results: dict[str, Any], command: str) -> str:
             f"{scale['used_memory per key']:.0f} | |",
             "",
         ]
-    trips = results.get("roundtrips")
-    if trips:
-        lines += [
-            "## Redis commands per call and per run (INFO commandstats)",
-            "",
-            "On the broker's Redis the message's LPUSH runs inside the script.",
-            "",
-            "| per | round trips | commands, with those inside scripts |",
-            "|---|---:|---:|",
-        ]
-        lines += [f"| {name} | {top:.2f} | {total:.2f} |" for name, (top, total) in trips.items()]
-        lines.append("")
+    lines += _roundtrips(results.get("roundtrips"))
     lines += _greenlets(results.get("greenlets"))
     lines += _client(results.get("client"))
     lines += _flow(results.get("flow"))
-    if results.get("webview"):
-        lines += webview.summary(results["webview"])
+    for name, summary in (("webview", webview.summary), ("reaper", reaper.summary)):
+        if results.get(name):
+            lines += summary(results[name])
     return "\n".join(lines)
+
+
+def _roundtrips(trips: dict[str, tuple[float, float]] | None) -> list[str]:
+    if not trips:
+        return []
+    lines = [
+        "## Redis commands per call and per run (INFO commandstats)",
+        "",
+        "On the broker's Redis the message's LPUSH runs inside the script.",
+        "",
+        "| per | round trips | commands, with those inside scripts |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {name} | {top:.2f} | {total:.2f} |" for name, (top, total) in trips.items()]
+    return [*lines, ""]
 
 
 def _greenlets(greenlets: Timings | None) -> list[str]:

@@ -48,8 +48,14 @@ def test_chaos_short_form_keeps_the_invariants(tmp_path: Path, broker: str) -> N
     print(output)
     assert _failures(rows) == {}, output
     counts = {row["check"]: row["count"] for row in rows}
-    # 4 kills, the restart, the cut, 2 drops of every dedup client, 6 soft time limits
-    assert counts["faults injected"] == 14
+    # 4 kills, the restart, the cut, 2 drops of every dedup client, 6 soft time limits, a
+    # purge of the side queue
+    assert counts["faults injected"] == 15
+    # The side producer's calls were made: some purged (their keys reaped: no key is left
+    # after the drain), some of a task no worker knows (dropped, their keys freed at once).
+    assert counts["side: calls made (purgeable, unknown task)"] == 30
+    assert counts["side: accepted calls purged (their keys to the reaper)"] > 0
+    assert counts["side: accepted calls of a task no worker knows"] > 0
     # The debounced task was called, in bursts (fewer accepted calls than calls).
     assert counts["debounced: calls / bursts / runs"] > 50
     # The limited tasks were called beyond their limits (deliveries sent again to wait).

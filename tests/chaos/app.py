@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 from celery import Celery, signals
+from kombu import Queue
 
 import dedupe
 from tests.helpers import RunLog, worker_conf
@@ -33,6 +34,8 @@ QUEUE = os.environ.get("CHAOS_QUEUE", "chaos")
 PREFIX = os.environ.get("CHAOS_PREFIX", "chaos")
 LEASE = float(os.environ.get("CHAOS_LEASE", "10"))
 VISIBILITY = float(os.environ.get("CHAOS_VISIBILITY", "30"))
+#: The queue of the side producer's calls (its own: a purge empties it mid-run).
+SIDE_QUEUE = f"{QUEUE}-side"
 
 app = Celery("chaos_app", broker=BROKER, backend=EVIDENCE.rsplit("/", 1)[0] + "/1")
 app.conf.update(
@@ -56,6 +59,13 @@ app.conf.update(
             **({"confirm_publish": True} if BROKER.startswith("amqp") else {}),
         },
         task_ignore_result=True,
+        # The purgeable task routed to a queue of its own, which the workers do not consume
+        # (its messages wait there for the purge), and which the reaper on RabbitMQ asks.
+        task_queues=(Queue(QUEUE, routing_key=QUEUE), Queue(SIDE_QUEUE, routing_key=SIDE_QUEUE)),
+        task_routes={"tests.chaos.app.purgeable": {"queue": SIDE_QUEUE}},
+        # A record whose message a purge took is freed within about five seconds.
+        dedupe_reap_interval=1,
+        dedupe_reap_margin=3,
     )
 )
 evidence = redis.Redis.from_url(EVIDENCE)
@@ -262,6 +272,12 @@ def interrupted(self: Any, seed: int, keys: int) -> None:
     finally:
         logging.getLogger("dedupe").removeHandler(warnings)
     evidence.rpush(f"{PREFIX}:calls", *made)
+
+
+@app.task(**guarded)
+def purgeable(self: Any, key: int, seconds: float) -> None:
+    """The side producer's task, in a queue of its own that a purge empties mid-run."""
+    _run(self, "purgeable", key, seconds)
 
 
 @app.task(**common)

@@ -25,6 +25,8 @@ from tests.helpers import RunLog
 
 #: The dedup tasks the first rows judge (the flow-control tasks have rows of their own).
 TASKS = ("finished", "started")
+#: The side producer's tasks: one whose queue a purge empties, one no worker registers.
+PURGEABLE, UNKNOWN = "purgeable", "unknown"
 DEBOUNCED = "debounced"
 #: The flow-control tasks of issue 31: ``limited`` (``key_concurrency=LIMIT``), ``rated``
 #: (``key_rate_limit``: RATE starts per PERIOD seconds) and ``paced``, with both
@@ -92,6 +94,8 @@ class Fault:
     #: A whole-worker kill or a broker cut on the Redis broker: task ids in the queue just
     #: before it that were neither in the queue nor in kombu's unacked hash just after it.
     vanished: frozenset[str] = frozenset()
+    #: A purge: the task ids of the messages it took off the side queue (never to run).
+    purged: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -131,6 +135,9 @@ class Evidence:
     #: Task id -> (time, pid, exception name) of each delivery that failed (task_failure,
     #: but for WorkerLostError: ``worker_lost``).
     failed: dict[str, list[tuple[float, int, str]]] = field(default_factory=dict)
+    #: The side producer's calls (SIDE_TASKS): to the side queue, which a purge empties, and
+    #: of a task no worker knows.
+    side_calls: list[Call] = field(default_factory=list)
 
     @classmethod
     def read(
@@ -143,10 +150,11 @@ class Evidence:
         t0: float,
     ) -> Evidence:
         calls = [Call.decode(raw) for raw in client.lrange(f"{prefix}:calls", 0, -1)]
+        side = [Call.decode(raw) for raw in client.lrange(f"{prefix}:side-calls", 0, -1)]
         runs, overlaps = {}, {}
         completed: dict[str, list[float]] = defaultdict(list)
         run_pids: dict[tuple[str, float], int] = {}
-        for task, key in {(call.task, call.key) for call in calls}:
+        for task, key in {(call.task, call.key) for call in [*calls, *side]}:
             log = RunLog(client, f"{prefix}:{task}:{key}")
             for raw in client.lrange(log.name, 0, -1):
                 kind, task_id, at, pid = raw.decode().split()
@@ -178,6 +186,7 @@ class Evidence:
             _timed(client, f"{prefix}:worker-lost"),
             run_pids,
             _unavailable(client, f"{prefix}:failed"),
+            side,
         )
 
 
@@ -613,6 +622,36 @@ class Checks:
                 "not ours" if celerys else "ok",
                 celerys,
             ),
+        ]
+
+    # -- the side producer: a purge, and a task no worker knows -------------------------------
+
+    def side_rows(self) -> list[Row]:
+        """A purged call never runs, and its key is freed by the reaper (the keys left row
+        judges that); every accepted call of the purgeable task is purged (no worker consumes
+        its queue); a call of the task no worker knows never runs, its key freed by the worker
+        that dropped it."""
+        purged = frozenset().union(*(f.purged for f in self.e.faults))
+        accepted = [c for c in self.e.side_calls if not c.error and not c.deduplicated]
+        gone, lost = [], []
+        for call in accepted:
+            if call.task != PURGEABLE or call.task_id in self.starts:
+                continue
+            line = f"{call.task}[{call.key}] {call.task_id} accepted {self.t(call.start)}"
+            (gone if call.task_id in purged else lost).append(line)
+        unknown = [c for c in accepted if c.task == UNKNOWN]
+        ran = [c.task_id for c in unknown if c.task_id in self.starts]
+        return [
+            Row("side: calls made (purgeable, unknown task)", len(self.e.side_calls), "info", []),
+            Row("side: accepted calls purged (their keys to the reaper)", len(gone), "info", gone),
+            Row(
+                "side: accepted purgeable calls not purged that never ran",
+                len(lost),
+                _fail(lost),
+                lost,
+            ),
+            Row("side: accepted calls of a task no worker knows", len(unknown), "info", []),
+            Row("side: a task no worker knows ran", len(ran), _fail(ran), ran),
         ]
 
     # -- the debounced task ------------------------------------------------------------------
@@ -1344,6 +1383,7 @@ class Checks:
             self.no_ttl_row(),
             *self.lost_rows(),
             *self.never_ran_rows(),
+            *self.side_rows(),
             *self.debounce_rows(),
             *self.limit_rows(),
             Row(

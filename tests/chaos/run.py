@@ -40,6 +40,7 @@ import msgpack
 import redis
 from celery import Celery, signals
 from kombu import Connection
+from kombu import Queue as KombuQueue
 
 from dedupe import events
 from dedupe.demo.server import RedisServer
@@ -51,7 +52,9 @@ from tests.helpers import LOGDIR, ProcessGroup, WorkerProcess, free_port, keys_w
 from . import broker_log
 from .evidence import (
     ENDED_LEFT,
+    PURGEABLE,
     TAKEN,
+    UNKNOWN,
     Call,
     Checks,
     Evidence,
@@ -100,6 +103,12 @@ class Params:
     limited_keys: int = 2
     rated_keys: int = 2
     paced_keys: int = 2
+    #: Calls of the side producer (0: none): a burst to the side queue just before the
+    #: purge that empties it, two of three of a unique task, one of three of a task no
+    #: worker registers (the worker drops it and frees its key).
+    side_calls: int = 30
+    #: When the side queue is purged, as a share of ``duration``.
+    purge_at: float = 0.7
 
     @property
     def window(self) -> float:
@@ -263,6 +272,40 @@ class _FlowProducer:
             time.sleep(rng.uniform(*pause))
         if made:
             self.app.evidence.rpush(f"{self.app.PREFIX}:calls", *made)
+
+
+def _produce_side(seed: int, params: Params, barrier: Any) -> None:
+    """The side producer: a burst of calls a second before the purge (the harness waits
+    for it), to the side queue and of a task no worker knows."""
+    import dedupe
+    from tests.chaos import app as chaos_app
+
+    @chaos_app.app.task(
+        name="tests.chaos.unknown", base=dedupe.DedupeTask, unique=True, shared=False
+    )
+    def unknown(key: int) -> None:
+        """Registered here alone: no worker knows it."""
+
+    tasks = {PURGEABLE: chaos_app.purgeable, UNKNOWN: unknown}
+    rng = random.Random(seed)
+    calls: list[str] = []
+    barrier.wait()
+    time.sleep(max(0.0, params.purge_at * params.duration - 1.0))
+    for index in range(params.side_calls):
+        name = UNKNOWN if index % 3 == 2 else PURGEABLE
+        key = rng.randrange(params.side_calls)
+        start = time.time()
+        try:
+            # (The purgeable task is routed to the side queue, which no worker consumes; the
+            # unknown one goes to the workers' queue, whose worker drops it.)
+            args = (key, 0.3) if name == PURGEABLE else (key,)
+            result = tasks[name].apply_async(args)
+            call = Call(name, key, result.id, bool(result.deduplicated), start, time.time())
+        except Exception as exc:
+            call = Call(name, key, "", False, start, time.time(), type(exc).__name__)
+        calls.append(call.encode())
+    if calls:
+        chaos_app.evidence.rpush(f"{chaos_app.PREFIX}:side-calls", *calls)
 
 
 def _produce_flow(seed: int, params: Params, barrier: Any) -> None:
@@ -473,7 +516,9 @@ class Fleet:
         self.killed: dict[int, float] = {}
 
     def new_worker(self) -> WorkerProcess:
-        worker = _Worker(None, self.env, concurrency=2, module="tests.chaos.app")
+        # (Not the side queue: its messages wait there for the purge.)
+        queue = ("-Q", self.env["CHAOS_QUEUE"])
+        worker = _Worker(None, self.env, concurrency=2, module="tests.chaos.app", extra=queue)
         try:
             worker.start()
         except BaseException:
@@ -578,6 +623,8 @@ class Scenario:
             events.append(
                 ((0.4 + 0.4 * i / max(p.client_kills, 1)) * p.duration, "clients killed", 0)
             )
+        if p.side_calls and not p.plain:
+            events.append((p.purge_at * p.duration, "purge", 0))
         if not p.plain:
             for i in range(p.soft_limits):
                 events.append(((i + 0.3) * p.duration / p.soft_limits, "soft limit", i))
@@ -586,6 +633,16 @@ class Scenario:
     def inject(self, kind: str, index: int) -> None:
         start = time.time()
         vanished: frozenset[str] = frozenset()
+        if kind == "purge":
+            # (After the side producer's burst, however late its process came to it.)
+            side = f"{self.run_id}:side-calls"
+            deadline = time.monotonic() + 20
+            while not self.fleet.evidence.exists(side) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            purged = self._purge_side()
+            detail = f"{len(purged)} messages taken off the side queue"
+            self.faults.append(Fault(kind, start, time.time(), detail, purged=purged))
+            return
         if kind == "child kill":
             detail = self.fleet.kill_child(index)
         elif kind == "worker kill":
@@ -625,6 +682,16 @@ class Scenario:
             self.cuts.append((start, time.time()))
             detail = f"{self.broker.kind} down {self.params.cut_seconds:g}s"
         self.faults.append(Fault(kind, start, time.time(), detail, vanished))
+
+    def _purge_side(self) -> frozenset[str]:
+        """Take every message off the side queue, none acked back (a purge, read): nothing
+        of the library sees it; the workers' reaper frees the keys."""
+        ids: set[str] = set()
+        with Connection(self.broker.url, connect_timeout=5) as connection:
+            queue = KombuQueue(f"{self.queue}-side").bind(connection.default_channel)
+            while (message := queue.get(no_ack=True)) is not None:
+                ids.add(str(message.headers.get("id", "")))
+        return frozenset(ids)
 
     def _snapshot(self) -> set[str]:
         try:
@@ -721,6 +788,7 @@ class Scenario:
             os.environ.update(env)  # the spawned producers read it
             if isinstance(self.broker, AmqpBroker):
                 stack.callback(self.broker.delete, self.queue)
+                stack.callback(self.broker.delete, f"{self.queue}-side")
             evidence = redis.Redis.from_url(self.evidence_server.url)
             self.fleet = Fleet(env, evidence, self.run_id)
             stack.callback(self.fleet.stop)
@@ -774,10 +842,19 @@ class Scenario:
         p = self.params
         flow_keys = p.debounced_keys + p.limited_keys + p.rated_keys + p.paced_keys
         flow = p.flow_producers if flow_keys and not p.plain else 0
-        barrier = context.Barrier(p.producers + flow + 1)
-        producers = [
-            context.Process(target=_produce, args=(seed, p, barrier)) for seed in range(p.producers)
-        ] + [context.Process(target=_produce_flow, args=(seed, p, barrier)) for seed in range(flow)]
+        side = 1 if p.side_calls and not p.plain else 0
+        barrier = context.Barrier(p.producers + flow + side + 1)
+        producers = (
+            [
+                context.Process(target=_produce, args=(seed, p, barrier))
+                for seed in range(p.producers)
+            ]
+            + [
+                context.Process(target=_produce_flow, args=(seed, p, barrier))
+                for seed in range(flow)
+            ]
+            + [context.Process(target=_produce_side, args=(7, p, barrier)) for _ in range(side)]
+        )
         for process in producers:
             process.start()
         barrier.wait(timeout=120)
