@@ -110,6 +110,28 @@ def test_the_keys_api_reads_a_page_per_request_and_a_cursor_goes_on(view_app: Ce
     assert pages > 2
 
 
+@pytest.mark.parametrize(
+    ("params", "word"),
+    [
+        ({"cursor": str(2**64)}, "cursor must be a whole number from 0 to 18446744073709551615"),
+        ({"cursor": "-1"}, "cursor must be"),
+        ({"cursor": "abc"}, "cursor must be"),
+        ({"size": "0"}, "size must be a whole number from 1 to 500"),
+        ({"size": "501"}, "size must be"),
+        ({"size": "1e3"}, "size must be"),
+        ({"state": "stuck"}, "state must be one of provisional, queued, running"),
+        ({"task": "t" * 501}, "task must be at most 500 characters"),
+    ],
+)
+def test_a_bad_parameter_is_a_400_that_names_it(
+    view_app: Celery, params: dict[str, str], word: str
+) -> None:
+    with served_view(view_app) as served:
+        answer = served.get("/api/keys", params=params)
+    assert answer.status_code == 400
+    assert word in answer.json()["error"]
+
+
 def test_the_stats_api_counts_live_keys_by_task_and_state(view_app: Celery) -> None:
     refresh, send = unique_tasks(view_app)
     for n in range(3):
@@ -300,6 +322,24 @@ def test_a_basic_auth_setting_lets_in_its_user_and_no_one_else(
     assert (wrong.status_code, right.status_code) == (401, 200)
 
 
+@pytest.mark.parametrize("path", ["/", "/key?name=x", "/api/keys", "/api/stats", "/static/view.js"])
+def test_a_request_under_a_foreign_host_name_gets_400(view_app: Celery, path: str) -> None:
+    with served_view(view_app) as served:
+        port = served.url.rsplit(":", 1)[1]
+        foreign = served.get(path, headers={"Host": f"rebind.attacker.test:{port}"})
+        loopback = served.get(path, headers={"Host": f"localhost:{port}"})
+    assert foreign.status_code == 400
+    assert "unknown Host rebind.attacker.test" in foreign.text
+    assert loopback.status_code == 200
+
+
+def test_a_name_given_by_allowed_host_is_served(view_app: Celery) -> None:
+    with served_view(view_app, allowed_hosts=("dedupe.ops.internal",)) as served:
+        allowed = served.get("/api/keys", headers={"Host": "dedupe.ops.internal:9808"})
+        other = served.get("/api/keys", headers={"Host": "other.ops.internal:9808"})
+    assert (allowed.status_code, other.status_code) == (200, 400)
+
+
 def run_cli(app: Celery, *args: str, **env: str) -> Any:
     context = CLIContext(app=app, no_color=True, workdir=None, quiet=False)
     return CliRunner().invoke(dedupe_cli, list(args), obj=context, env=env)
@@ -335,6 +375,31 @@ def test_a_non_loopback_host_given_by_host_is_served(redis_url: str) -> None:
         assert "without credentials" in server.tail()
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_the_web_command_answers_only_its_names_and_those_of_allowed_host(
+    redis_url: str,
+) -> None:
+    command = [sys.executable, "-m", "celery", "-A", "tests.worker_app", "dedupe", "web"]
+    server = ServerProcess(
+        [*command, "--port", "{port}", "--allowed-host", "dedupe.ops.internal"],
+        env={"DEDUPE_TEST_REDIS": redis_url},
+    )
+    server.start("/api/stats")
+    try:
+        codes = {
+            name: httpx.get(server.url + "/", headers={"Host": f"{name}:{server.port}"}).status_code
+            for name in ("rebind.attacker.test", "dedupe.ops.internal", "localhost", "127.0.0.1")
+        }
+    finally:
+        server.stop()
+    assert codes == {
+        "rebind.attacker.test": 400,
+        "dedupe.ops.internal": 200,
+        "localhost": 200,
+        "127.0.0.1": 200,
+    }
 
 
 def test_the_commands_load_without_the_web_extra_which_the_web_command_names() -> None:

@@ -175,6 +175,36 @@ def test_a_run_ending_removes_its_row_at_the_next_refresh(view_app: Celery, page
         expect(row).to_have_count(0, timeout=SOON)
 
 
+def test_the_page_does_not_render_under_a_name_rebound_to_loopback(
+    view_app: Celery, browser: Browser
+) -> None:
+    # A name an attacker's DNS first points at their server, then at 127.0.0.1: the browser
+    # deems the view the attacker's origin. Chromium maps it to 127.0.0.1 itself here.
+    work = unique_task(view_app, "reports.refresh")
+    held = work.delay("eu").id
+    # (A browser of its own: the flag is per launch.)
+    rebinding = browser.browser_type.launch(
+        executable_path=CHROMIUM,
+        headless=True,
+        args=["--host-resolver-rules=MAP rebind.attacker.test 127.0.0.1"],
+    )
+    try:
+        page = rebinding.new_page()
+        with served_view(view_app) as served:
+            port = served.url.rsplit(":", 1)[1]
+            answer = page.goto(f"http://rebind.attacker.test:{port}/")
+            assert answer is not None
+            assert answer.status == 400
+            keys = page.evaluate("() => fetch('/api/keys').then((r) => String(r.status))")
+            content = page.content()
+    finally:
+        rebinding.close()
+    assert keys.startswith("400")
+    assert held not in content
+    assert 'id="keys"' not in content
+    assert "csrf-token" not in content
+
+
 def test_a_redis_that_is_down_gives_a_page_that_says_so(
     make_app: Callable[..., Celery], redis_factory: Any, page: Page
 ) -> None:
