@@ -20,9 +20,9 @@ import dedupe
 from dedupe.cli import dedupe as dedupe_cli
 from dedupe.runs.runtime import runtime_of
 from dedupe.store.view_log import ViewLog
-from dedupe.values.keys import call_keys
-from dedupe.values.record import pack_queued
-from dedupe.webview import recorder
+from dedupe.values.keys import call_keys, format_call_key
+from dedupe.values.record import pack_queued, pack_running
+from dedupe.webview import recorder, rows, totals
 from dedupe.webview.rows import KeyRow
 
 from .helpers import ServerProcess, wait_for
@@ -143,6 +143,61 @@ def test_the_stats_api_counts_live_keys_by_task_and_state(view_app: Celery) -> N
             message="the first count",
         )
     assert stats["totals"] == {"mail.send": {"queued": 1}, "reports.refresh": {"queued": 3}}
+
+
+def reads(client: Any) -> dict[str, int]:
+    """Commands of each kind the server has answered (INFO commandstats)."""
+    stats = client.info("commandstats")
+    return {name[len("cmdstat_") :]: int(stat["calls"]) for name, stat in stats.items()}
+
+
+def key_reads(before: dict[str, int], after: dict[str, int]) -> int:
+    return sum(after.get(c, 0) - before.get(c, 0) for c in ("scan", "get", "pttl", "mget"))
+
+
+def test_the_server_reads_no_key_while_no_page_looks(
+    make_app: Callable[..., Celery], redis_factory: Any
+) -> None:
+    app = make_app(dedupe_redis_url=redis_factory().url)
+    refresh, _ = unique_tasks(app)
+    refresh.delay("eu")
+    client = runtime_of(app).store.client
+    with served_view(app) as served:
+        before = reads(client)
+        time.sleep(3 * totals.EVERY)  # (a count in the background would come every EVERY s)
+        idle = key_reads(before, reads(client))
+        served.get("/api/stats")
+        wait_for(lambda: served.view.totals.last.at is not None, message="a count once asked")
+    assert idle == 0
+    assert key_reads(before, reads(client)) > 0
+
+
+def test_a_filtered_request_reads_a_bounded_stretch_and_the_cursor_finds_the_rest(
+    view_app: Celery,
+) -> None:
+    client = runtime_of(view_app).store.client
+    prefix = view_app.conf.dedupe_key_prefix
+    now = time.time()
+    with client.pipeline(transaction=False) as pipe:
+        for n in range(30_000):
+            key = format_call_key(prefix, "reports.refresh", f"{n:032x}")
+            pipe.set(key, pack_queued(f"q-{n}", now, None), px=600_000)
+        running = format_call_key(prefix, "reports.refresh", "f" * 32)
+        pipe.set(running, pack_running("the-run", "t", "node-a", 7, now), px=600_000)
+        pipe.execute()
+    found, requests, cursor, most_gets = [], 0, 0, 0
+    with served_view(view_app) as served:
+        while True:
+            before = reads(client)
+            answer = served.get("/api/keys", params={"state": "running", "cursor": cursor}).json()
+            most_gets = max(most_gets, reads(client)["get"] - before.get("get", 0))
+            found += [row["holder"] for row in answer["keys"]]
+            cursor, requests = answer["cursor"], requests + 1
+            if cursor == 0:
+                break
+    assert found == ["the-run"]
+    assert requests > 1
+    assert most_gets <= rows.READ_AT_MOST + rows.SCAN_COUNT
 
 
 def test_a_keys_page_shows_its_record_and_the_last_events_of_its_task(view_app: Celery) -> None:

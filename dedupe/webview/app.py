@@ -240,7 +240,6 @@ def _find(view: View, request: Request) -> Find:
 
 
 def _keys(view: View, request: Request) -> tuple[int, dict[str, Any]]:
-    view.totals.wanted()
     page = key_page(
         view.runtime.store.client,
         view.prefix,
@@ -259,7 +258,6 @@ def _keys(view: View, request: Request) -> tuple[int, dict[str, Any]]:
 
 
 def _rows(view: View, request: Request) -> tuple[int, dict[str, Any]]:
-    view.totals.wanted()
     keys = request.state.body.get("keys")
     if (
         not isinstance(keys, list)
@@ -289,7 +287,7 @@ def _key(view: View, request: Request) -> tuple[int, dict[str, Any]]:
 
 
 def _stats(view: View, request: Request) -> tuple[int, dict[str, Any]]:
-    view.totals.wanted()
+    view.totals.wanted()  # (the totals are counted while a page asks for them)
     count = view.totals.last
     tasks = sorted(set(count.by_task) | set(view.log.tasks()))
     chart = view.log.minutes(tasks, time.time(), CHART_MINUTES)

@@ -1,5 +1,5 @@
 """Live keys by task and state for the web view, counted by a full scan in the server's
-background while someone looks (a request came in the last :data:`WATCHED_FOR` seconds):
+background while someone looks (``/api/stats`` was asked in the last :data:`WATCHED_FOR` s):
 a request only reads the last count, so a page costs the same with 100 keys or 100,000, and
 a server no browser looks at reads nothing.
 
