@@ -3,6 +3,7 @@ and the server uvicorn runs (the pages themselves, in a browser: test_web_view_b
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -232,6 +233,61 @@ def test_the_chart_counts_accepted_and_deduplicated_calls_per_minute(view_app: C
 
         # (Minutes shown, accepted, deduplicated; written by the recorder's thread.)
         wait_for(lambda: counted() == (10, 1, 2), message="1 accepted and 2 duplicates")
+
+
+PRODUCER = """
+import os
+from celery import Celery
+import dedupe
+
+app = Celery("producer", broker=os.environ["BROKER"], set_as_current=False)
+app.conf.update(
+    task_default_queue=os.environ["QUEUE"],
+    dedupe_redis_url=os.environ["DEDUPE_REDIS"],
+    dedupe_key_prefix=os.environ["PREFIX"],
+    dedupe_web_events=True,
+)
+dedupe.install(app)
+
+
+@app.task(base=dedupe.DedupeTask, unique=True, name="reports.refresh")
+def refresh(account):
+    pass
+
+
+for n in range(4):
+    refresh.delay(os.environ["WHO"] + str(n))
+    refresh.delay(os.environ["WHO"] + str(n))  # a duplicate
+print("made 4 accepted and 4 duplicate calls")
+"""
+
+
+def test_the_chart_counts_every_call_of_two_producers_that_exit_at_once(view_app: Celery) -> None:
+    # Fresh processes: their first calls come before their recorder's first look at the
+    # switch, their last just before they exit.
+    env = {
+        **os.environ,
+        "BROKER": str(view_app.conf.broker_url),
+        "QUEUE": view_app.conf.task_default_queue,
+        "DEDUPE_REDIS": view_app.conf.dedupe_redis_url,
+        "PREFIX": view_app.conf.dedupe_key_prefix,
+    }
+    with served_view(view_app) as served:
+        producers = [
+            subprocess.Popen(
+                [sys.executable, "-c", PRODUCER],
+                env={**env, "WHO": who},
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for who in ("a", "b")
+        ]
+        outputs = [producer.communicate(timeout=60) for producer in producers]
+        assert [producer.returncode for producer in producers] == [0, 0], outputs
+        chart = served.get("/api/stats").json()["chart"]["reports.refresh"]
+    assert (sum(m[1] for m in chart), sum(m[2] for m in chart)) == (8, 8)
 
 
 def test_events_are_logged_only_while_a_view_runs(view_app: Celery) -> None:

@@ -8,6 +8,7 @@ either is missing, failed under CI=true.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 import time
@@ -121,6 +122,31 @@ def test_the_filter_narrows_the_rows_and_a_refresh_keeps_it(view_app: Celery, pa
         page.reload()
         expect(page.locator("#task")).to_have_value("mail.send")
         expect(rows(page)).to_have_count(1, timeout=SOON)
+
+
+def test_pause_holds_the_rows_until_resume(view_app: Celery, page: Page) -> None:
+    work = unique_task(view_app, "reports.refresh")
+    work.delay("first")
+    with served_view(view_app) as served:
+        page.goto(served.url + "/")
+        expect(rows(page)).to_have_count(1, timeout=SOON)
+        page.click("#pause")
+        expect(page.locator("#status")).to_contain_text("paused")
+        later = work.delay("second").id
+        page.wait_for_timeout(4 * 500)  # (four refreshes' time)
+        expect(rows(page)).to_have_count(1)
+        page.click("#pause")
+        expect(page.locator(f'#keys tbody tr[data-holder="{later}"]')).to_have_count(1, timeout=SOON)
+
+
+def test_times_show_their_date(view_app: Celery, page: Page) -> None:
+    work = unique_task(view_app, "reports.refresh")
+    work.delay("eu")
+    with served_view(view_app) as served:
+        page.goto(served.url + "/")
+        expect(rows(page)).to_have_count(1, timeout=SOON)
+        since = rows(page).first.locator("td").nth(5)
+        expect(since).to_have_text(re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} \("))
 
 
 def open_with_token(page: Page, served: Served) -> None:

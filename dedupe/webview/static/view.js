@@ -42,7 +42,12 @@ function clock(epoch) {
     + two(d.getHours()) + ":" + two(d.getMinutes()) + ":" + two(d.getSeconds());
 }
 
-function status(text, down) {
+// An action's answer (a clear) stays a few seconds before a refresh's "updated" line.
+let heldUntil = 0;
+
+function status(text, down, hold) {
+  if (!down && !hold && Date.now() < heldUntil) return;
+  if (hold) heldUntil = Date.now() + 5000;
   const node = document.getElementById("status");
   node.textContent = text;
   node.classList.toggle("down", Boolean(down));
@@ -68,7 +73,7 @@ async function clearKey(key, holder) {
   const data = await response.json().catch(() => ({}));
   status(data.cleared ? "cleared " + key + (data.note ? ": " + data.note : "")
     : "not cleared (" + response.status + "): " + (data.error || response.statusText),
-    !data.cleared);
+    !data.cleared, true);
   return data.cleared;
 }
 
@@ -318,7 +323,7 @@ function startKeys() {
     keys.paused = !keys.paused;
     pause.setAttribute("aria-pressed", String(keys.paused));
     pause.textContent = keys.paused ? "resume" : "pause";
-    if (keys.paused) status("paused: the page is not refreshed", false);
+    if (keys.paused) status("paused: the page is not refreshed", false, true);
     else refreshKeys(true);
   });
   refreshKeys();
