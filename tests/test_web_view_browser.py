@@ -136,7 +136,9 @@ def test_pause_holds_the_rows_until_resume(view_app: Celery, page: Page) -> None
         page.wait_for_timeout(4 * 500)  # (four refreshes' time)
         expect(rows(page)).to_have_count(1)
         page.click("#pause")
-        expect(page.locator(f'#keys tbody tr[data-holder="{later}"]')).to_have_count(1, timeout=SOON)
+        expect(page.locator(f'#keys tbody tr[data-holder="{later}"]')).to_have_count(
+            1, timeout=SOON
+        )
 
 
 def test_times_show_their_date(view_app: Celery, page: Page) -> None:
