@@ -77,8 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "flow" in args.only:
             results["flow"] = flow.run(url, rounds, 300 if args.quick else 1000)
         if "webview" in args.only:
-            live = 10_000 if args.quick else 100_000
-            results["webview"] = webview.run(url, live, 20 if args.quick else 50)
+            sizes = (1_000, 10_000) if args.quick else (1_000, 100_000, 1_000_000)
+            results["webview"] = webview.run(url, sizes, 5 if args.quick else 20)
     command = "python -m benchmarks " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
     path = report.write(results, command.strip())
     print(path.read_text())

@@ -119,6 +119,11 @@ class Recorder:
         self._logs: weakref.WeakKeyDictionary[Celery, ViewLog] = weakref.WeakKeyDictionary()
         os.register_at_fork(after_in_child=self._forked)
 
+    @property
+    def looked(self) -> bool:
+        """Has the thread looked at the switches once (before it, every event is kept)?"""
+        return self._looked
+
     def listening(self) -> bool:
         """Does a web view run for any installed app (as the thread last saw)?"""
         if self._thread is None:
