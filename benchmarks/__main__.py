@@ -89,8 +89,8 @@ def _operators(url: str, args: argparse.Namespace) -> dict[str, Any]:
     """The benchmarks of what operators run beside the calls: the web view, the reaper."""
     results: dict[str, Any] = {}
     if "webview" in args.only:
-        live = 10_000 if args.quick else 100_000
-        results["webview"] = webview.run(url, live, 20 if args.quick else 50)
+        sizes = (1_000, 10_000) if args.quick else (1_000, 100_000, 1_000_000)
+        results["webview"] = webview.run(url, sizes, 5 if args.quick else 20)
     if "reaper" in args.only:
         results["reaper"] = reaper.run((1_000, 10_000) if args.quick else (1_000, 100_000), 5)
     return results

@@ -8,7 +8,7 @@
     celery -A proj dedupe clear --all --yes              # every key under the prefix
     celery -A proj dedupe check                          # ok/warn/FAIL lines; exit 1 on a FAIL
     celery -A proj dedupe reap | purge [-Q QUEUES] --yes # free keys of gone messages
-    celery -A proj dedupe web [--host 127.0.0.1] [--port 9808] [--allow-clear]   # a live web view
+    celery -A proj dedupe web [--host 127.0.0.1] [--port 9808] [--allow-clear] [--allowed-host NAME]
 
 Listing scans (never KEYS): it is for people, not code paths. Errors are one line (exit 1;
 an unknown task name is a usage error, exit 2), never a traceback.
@@ -385,8 +385,18 @@ def _visibility(app: Celery, runtime: Runtime) -> Verdict:
     is_flag=True,
     help="Offer a clear button per key (behind a token printed at start, and CSRF checks).",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A name the view is reached under besides loopback names and --host (repeatable); "
+    "a request whose Host header names no such name gets 400 (DNS rebinding).",
+)
 @click.pass_context
-def web(ctx: click.Context, host: str, port: int, allow_clear: bool) -> None:
+def web(
+    ctx: click.Context, host: str, port: int, allow_clear: bool, allowed_hosts: tuple[str, ...]
+) -> None:
     """Serve a live web view of the keys (pip install 'celery-dedupe[web]')."""
     if not _is_loopback(host):
         source = ctx.get_parameter_source("host")
@@ -407,7 +417,14 @@ def web(ctx: click.Context, host: str, port: int, allow_clear: bool) -> None:
             f"sees the keys; set dedupe_web_token or dedupe_web_basic_auth",
             err=True,
         )
-    serve(app, host=host, port=port, allow_clear=allow_clear, say=click.echo)
+    serve(
+        app,
+        host=host,
+        port=port,
+        allow_clear=allow_clear,
+        allowed_hosts=allowed_hosts,
+        say=click.echo,
+    )
 
 
 def _is_loopback(host: str) -> bool:

@@ -3,6 +3,7 @@ and the server uvicorn runs (the pages themselves, in a browser: test_web_view_b
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -20,9 +21,9 @@ import dedupe
 from dedupe.cli import dedupe as dedupe_cli
 from dedupe.runs.runtime import runtime_of
 from dedupe.store.view_log import ViewLog
-from dedupe.values.keys import call_keys
-from dedupe.values.record import pack_queued
-from dedupe.webview import recorder
+from dedupe.values.keys import call_keys, format_call_key
+from dedupe.values.record import pack_queued, pack_running
+from dedupe.webview import recorder, rows, totals
 from dedupe.webview.rows import KeyRow
 
 from .helpers import ServerProcess, wait_for
@@ -110,6 +111,28 @@ def test_the_keys_api_reads_a_page_per_request_and_a_cursor_goes_on(view_app: Ce
     assert pages > 2
 
 
+@pytest.mark.parametrize(
+    ("params", "word"),
+    [
+        ({"cursor": str(2**64)}, "cursor must be a whole number from 0 to 18446744073709551615"),
+        ({"cursor": "-1"}, "cursor must be"),
+        ({"cursor": "abc"}, "cursor must be"),
+        ({"size": "0"}, "size must be a whole number from 1 to 500"),
+        ({"size": "501"}, "size must be"),
+        ({"size": "1e3"}, "size must be"),
+        ({"state": "stuck"}, "state must be one of provisional, queued, running"),
+        ({"task": "t" * 501}, "task must be at most 500 characters"),
+    ],
+)
+def test_a_bad_parameter_is_a_400_that_names_it(
+    view_app: Celery, params: dict[str, str], word: str
+) -> None:
+    with served_view(view_app) as served:
+        answer = served.get("/api/keys", params=params)
+    assert answer.status_code == 400
+    assert word in answer.json()["error"]
+
+
 def test_the_stats_api_counts_live_keys_by_task_and_state(view_app: Celery) -> None:
     refresh, send = unique_tasks(view_app)
     for n in range(3):
@@ -121,6 +144,61 @@ def test_the_stats_api_counts_live_keys_by_task_and_state(view_app: Celery) -> N
             message="the first count",
         )
     assert stats["totals"] == {"mail.send": {"queued": 1}, "reports.refresh": {"queued": 3}}
+
+
+def reads(client: Any) -> dict[str, int]:
+    """Commands of each kind the server has answered (INFO commandstats)."""
+    stats = client.info("commandstats")
+    return {name[len("cmdstat_") :]: int(stat["calls"]) for name, stat in stats.items()}
+
+
+def key_reads(before: dict[str, int], after: dict[str, int]) -> int:
+    return sum(after.get(c, 0) - before.get(c, 0) for c in ("scan", "get", "pttl", "mget"))
+
+
+def test_the_server_reads_no_key_while_no_page_looks(
+    make_app: Callable[..., Celery], redis_factory: Any
+) -> None:
+    app = make_app(dedupe_redis_url=redis_factory().url)
+    refresh, _ = unique_tasks(app)
+    refresh.delay("eu")
+    client = runtime_of(app).store.client
+    with served_view(app) as served:
+        before = reads(client)
+        time.sleep(3 * totals.EVERY)  # (a count in the background would come every EVERY s)
+        idle = key_reads(before, reads(client))
+        served.get("/api/stats")
+        wait_for(lambda: served.view.totals.last.at is not None, message="a count once asked")
+    assert idle == 0
+    assert key_reads(before, reads(client)) > 0
+
+
+def test_a_filtered_request_reads_a_bounded_stretch_and_the_cursor_finds_the_rest(
+    view_app: Celery,
+) -> None:
+    client = runtime_of(view_app).store.client
+    prefix = view_app.conf.dedupe_key_prefix
+    now = time.time()
+    with client.pipeline(transaction=False) as pipe:
+        for n in range(30_000):
+            key = format_call_key(prefix, "reports.refresh", f"{n:032x}")
+            pipe.set(key, pack_queued(f"q-{n}", now, None), px=600_000)
+        running = format_call_key(prefix, "reports.refresh", "f" * 32)
+        pipe.set(running, pack_running("the-run", "t", "node-a", 7, now), px=600_000)
+        pipe.execute()
+    found, requests, cursor, most_gets = [], 0, 0, 0
+    with served_view(view_app) as served:
+        while True:
+            before = reads(client)
+            answer = served.get("/api/keys", params={"state": "running", "cursor": cursor}).json()
+            most_gets = max(most_gets, reads(client)["get"] - before.get("get", 0))
+            found += [row["holder"] for row in answer["keys"]]
+            cursor, requests = answer["cursor"], requests + 1
+            if cursor == 0:
+                break
+    assert found == ["the-run"]
+    assert requests > 1
+    assert most_gets <= rows.READ_AT_MOST + rows.SCAN_COUNT
 
 
 def test_a_keys_page_shows_its_record_and_the_last_events_of_its_task(view_app: Celery) -> None:
@@ -155,6 +233,61 @@ def test_the_chart_counts_accepted_and_deduplicated_calls_per_minute(view_app: C
 
         # (Minutes shown, accepted, deduplicated; written by the recorder's thread.)
         wait_for(lambda: counted() == (10, 1, 2), message="1 accepted and 2 duplicates")
+
+
+PRODUCER = """
+import os
+from celery import Celery
+import dedupe
+
+app = Celery("producer", broker=os.environ["BROKER"], set_as_current=False)
+app.conf.update(
+    task_default_queue=os.environ["QUEUE"],
+    dedupe_redis_url=os.environ["DEDUPE_REDIS"],
+    dedupe_key_prefix=os.environ["PREFIX"],
+    dedupe_web_events=True,
+)
+dedupe.install(app)
+
+
+@app.task(base=dedupe.DedupeTask, unique=True, name="reports.refresh")
+def refresh(account):
+    pass
+
+
+for n in range(4):
+    refresh.delay(os.environ["WHO"] + str(n))
+    refresh.delay(os.environ["WHO"] + str(n))  # a duplicate
+print("made 4 accepted and 4 duplicate calls")
+"""
+
+
+def test_the_chart_counts_every_call_of_two_producers_that_exit_at_once(view_app: Celery) -> None:
+    # Fresh processes: their first calls come before their recorder's first look at the
+    # switch, their last just before they exit.
+    env = {
+        **os.environ,
+        "BROKER": str(view_app.conf.broker_url),
+        "QUEUE": view_app.conf.task_default_queue,
+        "DEDUPE_REDIS": view_app.conf.dedupe_redis_url,
+        "PREFIX": view_app.conf.dedupe_key_prefix,
+    }
+    with served_view(view_app) as served:
+        producers = [
+            subprocess.Popen(
+                [sys.executable, "-c", PRODUCER],
+                env={**env, "WHO": who},
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for who in ("a", "b")
+        ]
+        outputs = [producer.communicate(timeout=60) for producer in producers]
+        assert [producer.returncode for producer in producers] == [0, 0], outputs
+        chart = served.get("/api/stats").json()["chart"]["reports.refresh"]
+    assert (sum(m[1] for m in chart), sum(m[2] for m in chart)) == (8, 8)
 
 
 def test_events_are_logged_only_while_a_view_runs(view_app: Celery) -> None:
@@ -300,6 +433,24 @@ def test_a_basic_auth_setting_lets_in_its_user_and_no_one_else(
     assert (wrong.status_code, right.status_code) == (401, 200)
 
 
+@pytest.mark.parametrize("path", ["/", "/key?name=x", "/api/keys", "/api/stats", "/static/view.js"])
+def test_a_request_under_a_foreign_host_name_gets_400(view_app: Celery, path: str) -> None:
+    with served_view(view_app) as served:
+        port = served.url.rsplit(":", 1)[1]
+        foreign = served.get(path, headers={"Host": f"rebind.attacker.test:{port}"})
+        loopback = served.get(path, headers={"Host": f"localhost:{port}"})
+    assert foreign.status_code == 400
+    assert "unknown Host rebind.attacker.test" in foreign.text
+    assert loopback.status_code == 200
+
+
+def test_a_name_given_by_allowed_host_is_served(view_app: Celery) -> None:
+    with served_view(view_app, allowed_hosts=("dedupe.ops.internal",)) as served:
+        allowed = served.get("/api/keys", headers={"Host": "dedupe.ops.internal:9808"})
+        other = served.get("/api/keys", headers={"Host": "other.ops.internal:9808"})
+    assert (allowed.status_code, other.status_code) == (200, 400)
+
+
 def run_cli(app: Celery, *args: str, **env: str) -> Any:
     context = CLIContext(app=app, no_color=True, workdir=None, quiet=False)
     return CliRunner().invoke(dedupe_cli, list(args), obj=context, env=env)
@@ -335,6 +486,31 @@ def test_a_non_loopback_host_given_by_host_is_served(redis_url: str) -> None:
         assert "without credentials" in server.tail()
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_the_web_command_answers_only_its_names_and_those_of_allowed_host(
+    redis_url: str,
+) -> None:
+    command = [sys.executable, "-m", "celery", "-A", "tests.worker_app", "dedupe", "web"]
+    server = ServerProcess(
+        [*command, "--port", "{port}", "--allowed-host", "dedupe.ops.internal"],
+        env={"DEDUPE_TEST_REDIS": redis_url},
+    )
+    server.start("/api/stats")
+    try:
+        codes = {
+            name: httpx.get(server.url + "/", headers={"Host": f"{name}:{server.port}"}).status_code
+            for name in ("rebind.attacker.test", "dedupe.ops.internal", "localhost", "127.0.0.1")
+        }
+    finally:
+        server.stop()
+    assert codes == {
+        "rebind.attacker.test": 400,
+        "dedupe.ops.internal": 200,
+        "localhost": 200,
+        "127.0.0.1": 200,
+    }
 
 
 def test_the_commands_load_without_the_web_extra_which_the_web_command_names() -> None:

@@ -8,8 +8,11 @@ either is missing, failed under CI=true.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,9 @@ import pytest
 from celery import Celery
 
 import dedupe
-from dedupe.values.record import HOST
+from dedupe.runs.runtime import runtime_of
+from dedupe.values.keys import format_call_key
+from dedupe.values.record import HOST, pack_queued, pack_running
 from dedupe.webview import recorder
 
 from .conftest import in_process_worker
@@ -119,6 +124,33 @@ def test_the_filter_narrows_the_rows_and_a_refresh_keeps_it(view_app: Celery, pa
         expect(rows(page)).to_have_count(1, timeout=SOON)
 
 
+def test_pause_holds_the_rows_until_resume(view_app: Celery, page: Page) -> None:
+    work = unique_task(view_app, "reports.refresh")
+    work.delay("first")
+    with served_view(view_app) as served:
+        page.goto(served.url + "/")
+        expect(rows(page)).to_have_count(1, timeout=SOON)
+        page.click("#pause")
+        expect(page.locator("#status")).to_contain_text("paused")
+        later = work.delay("second").id
+        page.wait_for_timeout(4 * 500)  # (four refreshes' time)
+        expect(rows(page)).to_have_count(1)
+        page.click("#pause")
+        expect(page.locator(f'#keys tbody tr[data-holder="{later}"]')).to_have_count(
+            1, timeout=SOON
+        )
+
+
+def test_times_show_their_date(view_app: Celery, page: Page) -> None:
+    work = unique_task(view_app, "reports.refresh")
+    work.delay("eu")
+    with served_view(view_app) as served:
+        page.goto(served.url + "/")
+        expect(rows(page)).to_have_count(1, timeout=SOON)
+        since = rows(page).first.locator("td").nth(5)
+        expect(since).to_have_text(re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} \("))
+
+
 def open_with_token(page: Page, served: Served) -> None:
     page.goto(f"{served.url}/?token={served.view.guard.clear_token}")
 
@@ -132,6 +164,7 @@ def test_a_clear_with_the_token_frees_the_key_and_the_list_updates(
         open_with_token(page, served)
         expect(rows(page)).to_have_count(2, timeout=SOON)
         assert "token" not in page.url  # (taken out of the address bar)
+        page.once("dialog", lambda dialog: dialog.accept())
         with page.expect_response("**/api/clear") as answer:
             page.locator(f'tr[data-holder="{cleared}"] button.clear').click()
         assert answer.value.status == 200
@@ -146,12 +179,32 @@ def test_a_clear_without_the_token_is_refused_with_403(view_app: Celery, page: P
     with served_view(view_app, allow_clear=True) as served:
         page.goto(served.url + "/")
         expect(rows(page)).to_have_count(1, timeout=SOON)
+        page.once("dialog", lambda dialog: dialog.accept())
         with page.expect_response("**/api/clear") as answer:
             page.locator(f'tr[data-holder="{held}"] button.clear').click()
         assert answer.value.status == 403
         expect(page.locator("#status")).to_contain_text("not cleared (403)")
         expect(rows(page)).to_have_count(1)
         assert served.get("/api/keys").json()["keys"][0]["holder"] == held
+
+
+def test_a_clear_asks_first_and_one_not_confirmed_sends_nothing(
+    view_app: Celery, page: Page
+) -> None:
+    work = unique_task(view_app, "reports.refresh")
+    held = work.delay("eu").id
+    asked: list[str] = []
+    cleared: list[str] = []
+    with served_view(view_app, allow_clear=True) as served:
+        open_with_token(page, served)
+        expect(rows(page)).to_have_count(1, timeout=SOON)
+        page.on("request", lambda request: cleared.append(request.url))
+        page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+        page.locator(f'tr[data-holder="{held}"] button.clear').click()
+        page.wait_for_timeout(1000)
+        assert served.get("/api/keys").json()["keys"][0]["holder"] == held
+    assert asked == [f"Free the key of reports.refresh held by {held}?"]
+    assert not [url for url in cleared if "/api/clear" in url]
 
 
 def test_a_run_ending_removes_its_row_at_the_next_refresh(view_app: Celery, page: Page) -> None:
@@ -175,6 +228,36 @@ def test_a_run_ending_removes_its_row_at_the_next_refresh(view_app: Celery, page
         expect(row).to_have_count(0, timeout=SOON)
 
 
+def test_the_page_does_not_render_under_a_name_rebound_to_loopback(
+    view_app: Celery, browser: Browser
+) -> None:
+    # A name an attacker's DNS first points at their server, then at 127.0.0.1: the browser
+    # deems the view the attacker's origin. Chromium maps it to 127.0.0.1 itself here.
+    work = unique_task(view_app, "reports.refresh")
+    held = work.delay("eu").id
+    # (A browser of its own: the flag is per launch.)
+    rebinding = browser.browser_type.launch(
+        executable_path=CHROMIUM,
+        headless=True,
+        args=["--host-resolver-rules=MAP rebind.attacker.test 127.0.0.1"],
+    )
+    try:
+        page = rebinding.new_page()
+        with served_view(view_app) as served:
+            port = served.url.rsplit(":", 1)[1]
+            answer = page.goto(f"http://rebind.attacker.test:{port}/")
+            assert answer is not None
+            assert answer.status == 400
+            keys = page.evaluate("() => fetch('/api/keys').then((r) => String(r.status))")
+            content = page.content()
+    finally:
+        rebinding.close()
+    assert keys.startswith("400")
+    assert held not in content
+    assert 'id="keys"' not in content
+    assert "csrf-token" not in content
+
+
 def test_a_redis_that_is_down_gives_a_page_that_says_so(
     make_app: Callable[..., Celery], redis_factory: Any, page: Page
 ) -> None:
@@ -186,3 +269,153 @@ def test_a_redis_that_is_down_gives_a_page_that_says_so(
         expect(page.locator("#status.down")).to_contain_text(
             f"cannot reach the dedup Redis at {server.url}", timeout=SOON
         )
+
+
+# --- every live key findable among many -------------------------------------------------
+
+#: A walk of 100,000 keys on a shared 2-CPU machine: generous.
+WALK = 60_000
+BULK = "reports.refresh"
+RARE = "billing.close_month"
+
+
+def digest(n: int) -> str:
+    return uuid.UUID(int=n).hex
+
+
+def write_keys(app: Celery, records: list[tuple[str, str, bytes]]) -> None:
+    """``(task, digest, record)`` written as the library writes them, by the thousand."""
+    client = runtime_of(app).store.client
+    prefix = app.conf.dedupe_key_prefix
+    for start in range(0, len(records), 10_000):
+        with client.pipeline(transaction=False) as pipe:
+            for task, key_digest, record in records[start : start + 10_000]:
+                pipe.set(format_call_key(prefix, task, key_digest), record, px=3_600_000)
+            pipe.execute()
+
+
+@pytest.fixture
+def many_keys(view_app: Celery) -> dict[str, list[str]]:
+    """100,000 queued keys of one task, 3 running ones, and 3 queued ones of a rare task:
+    the holder ids of each kind."""
+    now = time.time()
+    bulk = [
+        (BULK, digest(n), pack_queued(f"bulk-{n}", now - n % 600, None)) for n in range(100_000)
+    ]
+    running = [f"run-{uuid.uuid4()}" for _ in range(3)]
+    rare = [f"rare-{uuid.uuid4()}" for _ in range(3)]
+    write_keys(
+        view_app,
+        [
+            *bulk,
+            *(
+                (BULK, digest(200_000 + n), pack_running(task_id, "t", "node-a", 4000 + n, now))
+                for n, task_id in enumerate(running)
+            ),
+            *(
+                (RARE, digest(300_000 + n), pack_queued(task_id, now, None))
+                for n, task_id in enumerate(rare)
+            ),
+        ],
+    )
+    return {"running": running, "rare": rare}
+
+
+def find(page: Page, **controls: str) -> None:
+    for name, value in controls.items():
+        if name in ("state", "sort"):
+            page.select_option(f"#{name}", value)
+        else:
+            page.fill(f"#{name}", value)
+    page.click("#filter button[type=submit]")
+
+
+def holders(page: Page) -> set[str]:
+    return set(rows(page).evaluate_all("(trs) => trs.map((tr) => tr.dataset.holder)"))
+
+
+@pytest.mark.slow
+def test_the_page_finds_the_3_running_keys_among_100000(
+    view_app: Celery, many_keys: dict[str, list[str]], page: Page
+) -> None:
+    with served_view(view_app) as served:
+        page.goto(served.url + "/")
+        expect(rows(page)).to_have_count(200, timeout=WALK)
+        find(page, state="running")
+        expect(page.locator("#found")).to_contain_text("3 keys match (all looked at)", timeout=WALK)
+        assert holders(page) == set(many_keys["running"])
+        # The totals agree with the rows.
+        running_total = page.locator(f'#totals tr[data-task="{BULK}"] td').nth(3)
+        expect(running_total).to_have_text("3", timeout=WALK)
+
+
+@pytest.mark.slow
+def test_the_page_finds_the_3_keys_of_a_rare_task_among_100000(
+    view_app: Celery, many_keys: dict[str, list[str]], page: Page
+) -> None:
+    with served_view(view_app) as served:
+        page.goto(served.url + "/")
+        find(page, task=RARE)
+        expect(page.locator("#found")).to_contain_text("3 keys match (all looked at)", timeout=WALK)
+        assert holders(page) == set(many_keys["rare"])
+        queued_total = page.locator(f'#totals tr[data-task="{RARE}"] td').nth(2)
+        expect(queued_total).to_have_text("3", timeout=WALK)
+
+
+@pytest.mark.slow
+def test_the_search_finds_a_key_by_its_holder_and_by_part_of_its_task_name(
+    view_app: Celery, many_keys: dict[str, list[str]], page: Page
+) -> None:
+    wanted = many_keys["running"][1]
+    with served_view(view_app) as served:
+        page.goto(served.url + "/")
+        find(page, q=wanted)
+        expect(page.locator("#found")).to_contain_text(
+            "1 key matches (all looked at)", timeout=WALK
+        )
+        assert holders(page) == {wanted}
+        find(page, q="close_mon")
+        expect(page.locator("#found")).to_contain_text("3 keys match (all looked at)", timeout=WALK)
+        assert holders(page) == set(many_keys["rare"])
+
+
+def test_next_page_walks_every_live_key_once(view_app: Celery, page: Page) -> None:
+    now = time.time()
+    ids = [f"call-{n}" for n in range(450)]
+    write_keys(view_app, [(BULK, digest(n), pack_queued(i, now, None)) for n, i in enumerate(ids)])
+    seen: list[str] = []
+    pages = 0
+    with served_view(view_app, refresh=60) as served:
+        page.goto(served.url + "/")
+        while True:
+            pages += 1
+            expect(page.locator("#page-number")).to_have_text(f"page {pages}", timeout=WALK)
+            expect(rows(page).first).to_be_visible(timeout=WALK)
+            seen += holders(page)
+            if page.locator("#next").is_disabled():
+                break
+            page.click("#next")
+    assert sorted(seen) == sorted(ids)
+    assert pages >= 2
+
+
+def test_a_sorted_page_orders_every_matching_key_not_only_one_pages(
+    view_app: Celery, page: Page
+) -> None:
+    # 450 keys, the oldest written last: SCAN's order says nothing of their age.
+    now = time.time()
+    write_keys(
+        view_app,
+        [(BULK, digest(n), pack_queued(f"call-{n:03}", now - n, None)) for n in range(450)],
+    )
+    with served_view(view_app, refresh=60) as served:
+        page.goto(served.url + "/")
+        find(page, sort="oldest")
+        expect(page.locator("#page-number")).to_have_text("page 1", timeout=WALK)
+        expect(rows(page).first).to_have_attribute("data-holder", "call-449", timeout=WALK)
+        page.click("#next")
+        expect(page.locator("#page-number")).to_have_text("page 2", timeout=WALK)
+        expect(rows(page).first).to_have_attribute("data-holder", "call-249", timeout=WALK)
+        page.click("#next")
+        expect(rows(page).first).to_have_attribute("data-holder", "call-049", timeout=WALK)
+        expect(rows(page).last).to_have_attribute("data-holder", "call-000")

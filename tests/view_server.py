@@ -14,7 +14,7 @@ from celery import Celery
 
 from dedupe.webview import recorder
 from dedupe.webview.app import View
-from dedupe.webview.security import CLEAR_HEADER, CSRF_HEADER
+from dedupe.webview.security import CLEAR_HEADER, CSRF_HEADER, served_names
 from dedupe.webview.server import build
 
 from .helpers import free_port, wait_for
@@ -43,9 +43,14 @@ class Served:
 
 @contextmanager
 def served_view(
-    app: Celery, *, allow_clear: bool = False, refresh: float = 0.5
+    app: Celery,
+    *,
+    allow_clear: bool = False,
+    refresh: float = 0.5,
+    allowed_hosts: tuple[str, ...] = (),
 ) -> Iterator[Served]:
-    view, asgi = build(app, allow_clear=allow_clear, refresh=refresh)
+    hosts = served_names("127.0.0.1", allowed_hosts)
+    view, asgi = build(app, allow_clear=allow_clear, refresh=refresh, hosts=hosts)
     port = free_port()
     config = uvicorn.Config(asgi, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)

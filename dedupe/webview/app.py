@@ -5,7 +5,8 @@ clear action. Served by :mod:`dedupe.webview.server`; tests and other ASGI serve
 =================  ==================================================================
 ``GET /``          the live keys (filter by task and state), totals, a chart per task
 ``GET /key``       one key (``?name=``): its holder, its record, its task's last events
-``GET /api/keys``  a page of live keys: ``?task=&state=&cursor=&size=``
+``GET /api/keys``  live keys from a cursor: ``?task=&q=&state=&sort=&after=&since=&cursor=&size=``
+``POST /api/rows`` ``{"keys": [...]}``: the rows of the keys a page shows, read again
 ``GET /api/key``   one key and its task's last events: ``?name=``
 ``GET /api/stats`` live keys by task and state, accepted and deduplicated calls per minute
 ``POST /api/clear`` ``{"key": ..., "holder": ...}``: frees the key if ``holder`` still holds it
@@ -15,6 +16,7 @@ clear action. Served by :mod:`dedupe.webview.server`; tests and other ASGI serve
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import html
 import time
 from collections.abc import Awaitable, Callable
@@ -42,7 +44,7 @@ from dedupe.store.view_log import ViewLog
 from dedupe.values.keys import CallKeys
 from dedupe.values.urls import redacted
 
-from .rows import STATES, key_page, key_row
+from .rows import SORTS, STATES, Find, key_page, key_row, key_rows
 from .security import Guard
 from .totals import Totals
 
@@ -92,6 +94,7 @@ def make_app(view: View, lifespan: Any = None) -> Starlette:
         Route("/", _page("index.html", view)),
         Route("/key", _page("key.html", view)),
         Route("/api/keys", _api(view, _keys)),
+        Route("/api/rows", _api(view, _rows), methods=["POST"]),
         Route("/api/key", _api(view, _key)),
         Route("/api/stats", _api(view, _stats)),
         Route("/api/clear", _api(view, _clear), methods=["POST"]),
@@ -105,7 +108,8 @@ def make_app(view: View, lifespan: Any = None) -> Starlette:
 
 
 class _Credentials(BaseHTTPMiddleware):
-    """Every request shows its credentials, when the settings ask for them."""
+    """Every request names the server as it is served (its ``Host``), and shows its
+    credentials when the settings ask for them."""
 
     def __init__(self, app: Any, guard: Guard) -> None:
         super().__init__(app)
@@ -114,6 +118,9 @@ class _Credentials(BaseHTTPMiddleware):
     async def dispatch(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
+        foreign = self.guard.refuses_host(request.headers)
+        if foreign is not None:
+            return JSONResponse({"error": foreign}, status_code=400)
         if self.guard.admits(request.headers):
             return await call_next(request)
         challenge = 'Basic realm="celery-dedupe"' if self.guard.basic else "Bearer"
@@ -158,6 +165,8 @@ def _api(view: View, handler: _Handler) -> Callable[[Request], Awaitable[Respons
             request.state.body = await _json_body(request)
         try:
             status, body = await run_in_threadpool(handler, view, request)
+        except BadInput as exc:
+            status, body = 400, {"error": str(exc)}
         except _UNREACHABLE as exc:
             cause = exc.cause if isinstance(exc, RedisUnavailable) else exc
             status, body = 503, {"error": _unreachable(view, cause), "redis": "down"}
@@ -183,36 +192,86 @@ def _unreachable(view: View, cause: BaseException) -> str:
     return f"cannot reach the dedup Redis at {url} ({type(cause).__name__}: {cause})"
 
 
-def _number(request: Request, name: str, default: int, most: int) -> int:
-    try:
-        return max(0, min(most, int(request.query_params.get(name, default))))
-    except ValueError:
+#: SCAN's cursor is an unsigned 64-bit number: a larger one is the request's mistake.
+MOST_CURSOR = 2**64 - 1
+#: The longest task name or search text a request may give.
+MOST_TEXT = 500
+
+
+class BadInput(ValueError):
+    """A request's parameter the view cannot take: a 400 that names it."""
+
+
+def _integer(request: Request, name: str, default: int, least: int, most: int) -> int:
+    text = request.query_params.get(name, "")
+    if text == "":
         return default
+    if not text.isdigit() or not least <= int(text) <= most:
+        raise BadInput(f"{name} must be a whole number from {least} to {most}; got {text[:40]!r}")
+    return int(text)
+
+
+def _text(request: Request, name: str) -> str | None:
+    text = request.query_params.get(name, "")
+    if len(text) > MOST_TEXT:
+        raise BadInput(f"{name} must be at most {MOST_TEXT} characters; got {len(text)}")
+    return text or None
+
+
+def _find(view: View, request: Request) -> Find:
+    state = _text(request, "state")
+    if state is not None and state not in STATES:
+        raise BadInput(f"state must be one of {', '.join(STATES)}; got {state[:40]!r}")
+    sort = _text(request, "sort") or ""
+    if sort not in SORTS:
+        raise BadInput(f"sort must be one of {', '.join(filter(None, SORTS))}; got {sort[:40]!r}")
+    find = Find(task=_text(request, "task"), search=_text(request, "q"), state=state, sort=sort)
+    after = _text(request, "after")
+    if after is None:
+        return find
+    if not sort:
+        raise BadInput("after goes with sort (a page in SCAN's order goes on by its cursor)")
+    since_text = _text(request, "since") or ""
+    try:
+        since = float(since_text) if since_text else None
+    except ValueError:
+        raise BadInput(f"since must be a number (epoch seconds); got {since_text[:40]!r}") from None
+    return dataclasses.replace(find, after=find.place_of(view.prefix, after, since))
 
 
 def _keys(view: View, request: Request) -> tuple[int, dict[str, Any]]:
-    task = request.query_params.get("task") or None
-    state = request.query_params.get("state") or None
-    if state is not None and state not in STATES:
-        return 400, {"error": f"state must be one of {', '.join(STATES)}; got {state!r}"}
     page = key_page(
         view.runtime.store.client,
         view.prefix,
-        task=task,
-        state=state,
-        cursor=_number(request, "cursor", 0, 2**64),
-        size=max(1, _number(request, "size", 200, MOST_PER_PAGE)),
+        _find(view, request),
+        cursor=_integer(request, "cursor", 0, 0, MOST_CURSOR),
+        size=_integer(request, "size", 200, 1, MOST_PER_PAGE),
     )
     now = time.time()
     return 200, {
         "keys": [row.as_json(now) for row in page.rows],
         "cursor": page.cursor,
+        "looked_at": page.looked_at,
+        "read": page.read,
         "now": now,
     }
 
 
+def _rows(view: View, request: Request) -> tuple[int, dict[str, Any]]:
+    keys = request.state.body.get("keys")
+    if (
+        not isinstance(keys, list)
+        or len(keys) > MOST_PER_PAGE
+        or not all(isinstance(key, str) and len(key) <= MOST_TEXT for key in keys)
+    ):
+        raise BadInput(f'give {{"keys": [key names]}}, at most {MOST_PER_PAGE} of them')
+    now = time.time()
+    rows = key_rows(view.runtime.store.client, view.prefix, keys)
+    return 200, {"keys": [row.as_json(now) for row in rows], "now": now}
+
+
 def _key(view: View, request: Request) -> tuple[int, dict[str, Any]]:
-    name = request.query_params.get("name", "")
+    name = _text(request, "name") or ""
     row = key_row(view.runtime.store.client, view.prefix, name)
     # (A freed key's page still shows its task's events.)
     task = row.task if row is not None else task_of_key(view.prefix, name)
@@ -228,6 +287,7 @@ def _key(view: View, request: Request) -> tuple[int, dict[str, Any]]:
 
 
 def _stats(view: View, request: Request) -> tuple[int, dict[str, Any]]:
+    view.totals.wanted()  # (the totals are counted while a page asks for them)
     count = view.totals.last
     tasks = sorted(set(count.by_task) | set(view.log.tasks()))
     chart = view.log.minutes(tasks, time.time(), CHART_MINUTES)

@@ -6,10 +6,15 @@ No Redis I/O is ever on a call's or a run's path: a thread of the recorder's ask
 whether a web view runs (every :data:`CHECK_EVERY` seconds, and when an app is installed) and
 writes the events kept meanwhile (every :data:`FLUSH_EVERY` seconds). With no view running an
 event costs an attribute read; with one, a dict and an append (see docs/web-view.md).
+
+A process's first events come before its thread's first look: they are kept until it, then
+written or dropped as it says. At exit, what is still kept is written (a look first, if
+none was made): a short script's calls count too.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
@@ -43,6 +48,8 @@ CHECK_EVERY = 5.0
 FLUSH_EVERY = 0.2
 #: Events kept for writing, at most (a Redis that is down costs memory no further).
 KEPT_AT_MOST = 10_000
+#: Seconds a process's exit may spend writing the events it still keeps, at most.
+EXIT_WRITE_FOR = 3.0
 
 #: The installed apps, newest first: an event is logged under the app whose prefix its key has.
 _apps: list[weakref.ref[Celery]] = []
@@ -73,6 +80,7 @@ def connect() -> None:
         if _recorder is None:
             _recorder = Recorder()
             events.set_observer(_recorder)
+            atexit.register(_recorder.write_at_exit)
 
 
 def look_now() -> None:
@@ -90,25 +98,37 @@ def listening_to(prefix: str) -> bool:
     return recorder is not None and prefix in recorder.prefixes
 
 
+#: One event kept for a view's log: the app's log, the task, the fields, when it was made.
+_Event = tuple[ViewLog, str, dict[str, str], float]
+
+
 class Recorder:
     """:class:`dedupe.events.Observer` keeping events for the view's streams of their tasks."""
 
     def __init__(self) -> None:
         #: The key prefixes of the apps a web view runs for (the thread's last look).
         self.prefixes: frozenset[str] = frozenset()
-        self._kept: collections.deque[tuple[ViewLog, str, dict[str, str], float]] = (
-            collections.deque(maxlen=KEPT_AT_MOST)
-        )
+        self._kept: collections.deque[_Event] = collections.deque(maxlen=KEPT_AT_MOST)
+        #: Events made before the thread's first look (which says whether a view runs).
+        self._undecided: collections.deque[_Event] = collections.deque(maxlen=KEPT_AT_MOST)
+        self._looked = False
+        self._deciding = threading.Lock()
+        self._io = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._logs: weakref.WeakKeyDictionary[Celery, ViewLog] = weakref.WeakKeyDictionary()
         os.register_at_fork(after_in_child=self._forked)
 
+    @property
+    def looked(self) -> bool:
+        """Has the thread looked at the switches once (before it, every event is kept)?"""
+        return self._looked
+
     def listening(self) -> bool:
         """Does a web view run for any installed app (as the thread last saw)?"""
         if self._thread is None:
             self._start()
-        return bool(self.prefixes)
+        return bool(self.prefixes) or not self._looked
 
     def observe(
         self,
@@ -121,7 +141,7 @@ class Recorder:
     ) -> None:
         """Keep one event for the view's stream of its task, if a view of its app runs."""
         log = next((log for prefix, log in self._views() if key.startswith(prefix + ":")), None)
-        if log is None or log.prefix not in self.prefixes:
+        if log is None:
             return
         fields = {
             "event": event.name,
@@ -134,7 +154,26 @@ class Recorder:
         if holder is not None:
             fields["holder"] = str(holder.task_id)
             fields["holder_state"] = str(holder.state)
-        self._kept.append((log, task_name, fields, time.time()))
+        kept = (log, task_name, fields, time.time())
+        if not self._looked:
+            with self._deciding:
+                if not self._looked:  # (the look decides; made meanwhile, it is kept now)
+                    self._undecided.append(kept)
+                    return
+        if log.prefix in self.prefixes:
+            self._kept.append(kept)
+
+    def write_at_exit(self) -> None:
+        """Write what is still kept, looking first if no look was made (at the process's
+        exit: ``atexit``), for :data:`EXIT_WRITE_FOR` seconds at most."""
+        if not self._undecided and not self._kept:
+            return
+        try:
+            if not self._looked:
+                self._look()
+            self._write(deadline=time.monotonic() + EXIT_WRITE_FOR)
+        except Exception as exc:  # (the process exits whatever the view's log says)
+            logger.debug("web view: the events kept at exit not written: %r", exc)
 
     def look_again(self) -> None:
         """Look at the switches now (an app was installed)."""
@@ -154,6 +193,9 @@ class Recorder:
     def _forked(self) -> None:
         # (A child has none of its parent's threads: it starts its own at its first event.)
         self._thread, self._kept = None, collections.deque(maxlen=KEPT_AT_MOST)
+        self._undecided = collections.deque(maxlen=KEPT_AT_MOST)
+        self._looked, self.prefixes = False, frozenset()
+        self._deciding, self._io = threading.Lock(), threading.Lock()
         self._wake = threading.Event()
 
     def _run(self) -> None:
@@ -164,19 +206,33 @@ class Recorder:
                 now = time.monotonic()
                 if now >= self._next_look:
                     self._next_look = now + CHECK_EVERY
-                    self.prefixes = frozenset(p for p, log in self._views() if _on(log))
+                    self._look()
+                    self._write()
             except Exception:  # (a bug of ours: the recorder goes on, and so do the calls)
                 logger.exception("web view: the recorder failed; it goes on")
             self._wake.wait(max(0.0, min(FLUSH_EVERY, self._next_look - time.monotonic())))
             self._wake.clear()
 
-    def _write(self) -> None:
-        while self._kept:
-            log, task_name, fields, at = self._kept.popleft()
-            try:
-                log.record(task_name, fields, at)
-            except Exception as exc:  # (redis-py's errors, a Cluster's among them)
-                logger.debug("web view: an event of %s not logged: %r", task_name, exc)
+    def _look(self) -> None:
+        """Ask each app's Redis whether a view runs; the events kept before the first look
+        are then written (their app's view runs) or dropped."""
+        prefixes = frozenset(p for p, log in self._views() if _on(log))
+        with self._deciding:
+            self.prefixes, self._looked = prefixes, True
+            undecided, self._undecided = self._undecided, collections.deque(maxlen=KEPT_AT_MOST)
+            # (Before any event made from now on: the order of a task's events holds.)
+            self._kept.extendleft(reversed([e for e in undecided if e[0].prefix in prefixes]))
+
+    def _write(self, deadline: float = float("inf")) -> None:
+        with self._io:
+            while self._kept and time.monotonic() < deadline:
+                self._write_one(*self._kept.popleft())
+
+    def _write_one(self, log: ViewLog, task_name: str, fields: dict[str, str], at: float) -> None:
+        try:
+            log.record(task_name, fields, at)
+        except Exception as exc:  # (redis-py's errors, a Cluster's among them)
+            logger.debug("web view: an event of %s not logged: %r", task_name, exc)
 
     def _views(self) -> list[tuple[str, ViewLog]]:
         """(key prefix, view log) of each installed app whose store is made, newest first."""

@@ -1,5 +1,8 @@
 """Who may see the web view, and who may clear a key from it.
 
+Answering: only a request whose ``Host`` header names the server as it is served (loopback
+names, the address it listens on, and the names given by ``--allowed-host``); any other gets
+400, so a page at a name an attacker rebinds to 127.0.0.1 (DNS rebinding) reads nothing.
 Seeing: anyone who reaches the port, unless the app sets ``dedupe_web_token`` (a bearer
 token) or ``dedupe_web_basic_auth`` (``"user:password"``); the server binds 127.0.0.1 unless
 ``--host`` says otherwise. Clearing: only a server started with ``--allow-clear``, and only a
@@ -13,16 +16,55 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import ipaddress
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["CLEAR_HEADER", "CSRF_HEADER", "Guard"]
+__all__ = ["CLEAR_HEADER", "CSRF_HEADER", "LOOPBACK_NAMES", "Guard", "host_name", "served_names"]
 
 #: The header that carries the clear token.
 CLEAR_HEADER = "x-dedupe-clear-token"
 #: The header that carries the CSRF token of the page.
 CSRF_HEADER = "x-csrf-token"
+
+
+#: The names a server is always answered under: only this machine resolves them to itself.
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def host_name(header: str) -> str:
+    """The name in a ``Host`` header, without its port, lower case (IPv6 without brackets).
+
+    >>> [host_name(h) for h in ("Example.test:9808", "[::1]:9808", "127.0.0.1", "::1")]
+    ['example.test', '::1', '127.0.0.1', '::1']
+    """
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    if header.count(":") > 1:  # (a bare IPv6 address: no port can be told apart)
+        return header
+    return header.partition(":")[0].rstrip(".")
+
+
+def served_names(bound: str, allowed: tuple[str, ...] = ()) -> frozenset[str]:
+    """The names a server bound to ``bound`` answers under: loopback names, ``bound`` itself
+    (unless it is every address), and the operator's ``allowed`` names.
+
+    >>> sorted(served_names("127.0.0.1", ("dedupe.internal",)))
+    ['127.0.0.1', '::1', 'dedupe.internal', 'localhost']
+    """
+    names = set(LOOPBACK_NAMES) | {host_name(name) for name in allowed if name.strip()}
+    if bound not in ("0.0.0.0", "::", ""):
+        names.add(host_name(bound) if bound.startswith("[") else bound.lower())
+    return frozenset(names)
+
+
+def _is_loopback_ip(name: str) -> bool:
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _same(given: str | None, expected: str) -> bool:
@@ -38,6 +80,8 @@ class Guard:
     True
     >>> guard.refuses_clear({"host": "127.0.0.1:9808"})
     'no clear token: open the URL the server printed at start'
+    >>> guard.refuses_host({"host": "rebind.attacker.test:9808"})
+    'unknown Host rebind.attacker.test: serve under it with --allowed-host rebind.attacker.test'
     """
 
     token: str | None = None
@@ -46,6 +90,16 @@ class Guard:
     #: Made once per process: a restarted server asks for the new one.
     clear_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     csrf_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    #: The names (``Host`` headers, port aside) it answers under: see :func:`served_names`.
+    hosts: frozenset[str] = LOOPBACK_NAMES
+
+    def refuses_host(self, headers: Mapping[str, str]) -> str | None:
+        """Why this request's ``Host`` is not a name the server is served under (None: it is)."""
+        name = host_name(headers.get("host", ""))
+        if name in self.hosts or _is_loopback_ip(name):
+            return None
+        shown = name[:100] or "(none)"
+        return f"unknown Host {shown}: serve under it with --allowed-host {shown}"
 
     @property
     def asks_credentials(self) -> bool:

@@ -1,5 +1,6 @@
 """Run the web view: the ASGI app under uvicorn, with what runs beside it (the switch that
-turns the producers' and workers' event log on, and the background count of live keys).
+turns the producers' and workers' event log on, and the count of live keys while a browser
+looks).
 
 ``celery -A proj dedupe web`` calls :func:`serve`; the command checks the host first.
 """
@@ -23,7 +24,7 @@ from dedupe.store.redis_errors import redis_errors
 
 from .app import View, make_app
 from .recorder import CHECK_EVERY
-from .security import Guard
+from .security import LOOPBACK_NAMES, Guard, served_names
 
 __all__ = ["SWITCH_TTL", "build", "serve"]
 
@@ -37,10 +38,15 @@ _FAILURES: tuple[type[BaseException], ...] = (RedisUnavailable, DedupeError, *re
 
 
 def build(
-    app: Celery, *, allow_clear: bool = False, refresh: float = 2.0
+    app: Celery,
+    *,
+    allow_clear: bool = False,
+    refresh: float = 2.0,
+    hosts: frozenset[str] = LOOPBACK_NAMES,
 ) -> tuple[View, Starlette]:
     """The view of ``app``'s keys and its ASGI app, with the switch and the count running
-    while it is served.
+    while it is served; it answers only requests whose ``Host`` is one of ``hosts``
+    (:func:`~dedupe.webview.security.served_names`).
 
     .. code-block:: python
 
@@ -49,7 +55,12 @@ def build(
     """
     runtime = runtime_of(app)
     config = runtime.config
-    guard = Guard(token=config.web_token, basic=config.web_basic_auth, allow_clear=allow_clear)
+    guard = Guard(
+        token=config.web_token,
+        basic=config.web_basic_auth,
+        allow_clear=allow_clear,
+        hosts=hosts,
+    )
     view = View.of(app, runtime, guard, refresh)
     return view, make_app(view, lifespan=_lifespan(view))
 
@@ -60,10 +71,12 @@ def serve(
     host: str,
     port: int,
     allow_clear: bool = False,
+    allowed_hosts: tuple[str, ...] = (),
     say: Callable[[str], Any] = print,
 ) -> None:
-    """Serve the view of ``app``'s keys until interrupted (uvicorn handles the signals)."""
-    view, asgi = build(app, allow_clear=allow_clear)
+    """Serve the view of ``app``'s keys until interrupted (uvicorn handles the signals),
+    under loopback names, ``host`` and ``allowed_hosts``."""
+    view, asgi = build(app, allow_clear=allow_clear, hosts=served_names(host, allowed_hosts))
     where = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     say(f"celery-dedupe web view of {app.main!r}: {where}/")
     if allow_clear:
@@ -101,6 +114,9 @@ async def _keep_switch_on(view: View) -> None:
 
 async def _count(view: View) -> None:
     while True:
+        # (Nobody looks: no reads at all, until the next request.)
+        while not view.totals.watched:
+            await asyncio.sleep(0.2)
         try:
             wait = await run_in_threadpool(view.totals.refresh)
         except _FAILURES as exc:

@@ -1,6 +1,7 @@
 """Live keys by task and state for the web view, counted by a full scan in the server's
-background: a request only reads the last count, so a page costs the same with 100 keys or
-100,000.
+background while someone looks (``/api/stats`` was asked in the last :data:`WATCHED_FOR` s):
+a request only reads the last count, so a page costs the same with 100 keys or 100,000, and
+a server no browser looks at reads nothing.
 
 The scan is the one ``celery dedupe stats`` makes (:func:`dedupe.runs.inventory.live_key_counts`);
 the next one waits ten times as long as the last took (at least :data:`EVERY` seconds), so
@@ -16,10 +17,12 @@ from celery import Celery
 
 from dedupe.runs.inventory import live_key_counts
 
-__all__ = ["EVERY", "Count", "Totals"]
+__all__ = ["EVERY", "WATCHED_FOR", "Count", "Totals"]
 
 #: The fewest seconds between two counts.
 EVERY = 2.0
+#: Seconds after the last request that the counts go on (a page asks every 2 s).
+WATCHED_FOR = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,17 @@ class Totals:
         self.app = app
         #: Replaced whole: a reader never sees half a count.
         self.last = Count()
+        #: When a request last asked (monotonic seconds; -inf: never).
+        self.wanted_at = float("-inf")
+
+    def wanted(self) -> None:
+        """Someone looks: count (again) while they do."""
+        self.wanted_at = time.monotonic()
+
+    @property
+    def watched(self) -> bool:
+        """Did a request come in the last :data:`WATCHED_FOR` seconds?"""
+        return time.monotonic() - self.wanted_at < WATCHED_FOR
 
     def refresh(self) -> float:
         """Count again (raises what the scan raises: a Redis that is down); returns the

@@ -33,11 +33,21 @@ function seconds(value) {
   return (value / 3600).toFixed(1) + " h";
 }
 
+// A time with its date (a key may be held for days): 2026-11-27 14:03:05, local time.
 function clock(epoch) {
-  return epoch ? new Date(epoch * 1000).toLocaleTimeString() : "–";
+  if (!epoch) return "–";
+  const d = new Date(epoch * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  return d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" + two(d.getDate()) + " "
+    + two(d.getHours()) + ":" + two(d.getMinutes()) + ":" + two(d.getSeconds());
 }
 
-function status(text, down) {
+// An action's answer (a clear) stays a few seconds before a refresh's "updated" line.
+let heldUntil = 0;
+
+function status(text, down, hold) {
+  if (!down && !hold && Date.now() < heldUntil) return;
+  if (hold) heldUntil = Date.now() + 5000;
   const node = document.getElementById("status");
   node.textContent = text;
   node.classList.toggle("down", Boolean(down));
@@ -63,7 +73,7 @@ async function clearKey(key, holder) {
   const data = await response.json().catch(() => ({}));
   status(data.cleared ? "cleared " + key + (data.note ? ": " + data.note : "")
     : "not cleared (" + response.status + "): " + (data.error || response.statusText),
-    !data.cleared);
+    !data.cleared, true);
   return data.cleared;
 }
 
@@ -71,16 +81,43 @@ function clearButton(row, after) {
   const button = el("button", "clear", { class: "clear", type: "button",
     title: "free this key if " + row.holder + " still holds it" });
   button.addEventListener("click", async () => {
+    // (A clear frees a key another call may take at once: asked first.)
+    if (!confirm("Free the key of " + row.task + " held by " + row.holder + "?")) return;
     if (await clearKey(row.key, row.holder)) after();
   });
   return button;
 }
 
 // --- the keys page ------------------------------------------------------------------------
+// A page is found by a walk: requests that each scan a bounded stretch of the keyspace from a
+// cursor, until the page is full (in SCAN's order) or the scan is done (a sorted page keeps
+// the first rows of every stretch). A refresh reads again only the rows shown, unless the
+// page took one request to find: its cost grows with the keys shown, not with the keyspace.
+
+const SIZE = 200;
+const keys = {
+  pages: [{ cursor: 0 }], index: 0, rows: [], found: null, paused: false, walk: 0, busy: 0,
+};
 
 function filterOf() {
   const params = new URLSearchParams(location.search);
-  return { task: params.get("task") || "", state: params.get("state") || "" };
+  const filter = {};
+  for (const name of ["task", "q", "state", "sort"]) filter[name] = params.get(name) || "";
+  return filter;
+}
+
+function place(sort, row) {
+  const since = row.since === null ? Infinity : row.since;
+  if (sort === "oldest") return [since, row.key];
+  if (sort === "newest") return [row.since === null ? Infinity : -since, row.key];
+  return [row.task, row.key];
+}
+
+function byPlace(sort) {
+  return (a, b) => {
+    const [x, y] = [place(sort, a), place(sort, b)];
+    return x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : x[1] < y[1] ? -1 : x[1] > y[1] ? 1 : 0;
+  };
 }
 
 function chart(minutes) {
@@ -129,12 +166,58 @@ function drawTotals(stats) {
   const list = document.getElementById("tasks");
   list.replaceChildren(...tasks.map((task) => el("option", null, { value: task })));
   document.getElementById("counted").textContent = stats.counted_at
-    ? "counted at " + clock(stats.counted_at) + " (a full scan, in the background)" : "counting…";
+    ? "counted at " + clock(stats.counted_at) + " (a full scan, while a page looks)" : "counting…";
 }
 
-function drawKeys(data) {
+async function walk(start) {
+  const filter = filterOf();
+  const walkId = ++keys.walk;
+  let rows = [], cursor = filter.sort ? 0 : start.cursor, requests = 0, looked = 0;
+  do {
+    const query = new URLSearchParams();
+    for (const [name, value] of Object.entries(filter)) if (value) query.set(name, value);
+    query.set("cursor", cursor);
+    query.set("size", filter.sort ? SIZE : SIZE - rows.length);
+    if (filter.sort && start.after) {
+      query.set("after", start.after);
+      if (start.since !== null && start.since !== undefined) query.set("since", start.since);
+    }
+    const data = await getJSON("/api/keys?" + query);
+    if (walkId !== keys.walk) return null;  // (a newer walk began: this one is dropped)
+    rows = filter.sort ? rows.concat(data.keys).sort(byPlace(filter.sort)).slice(0, SIZE)
+      : rows.concat(data.keys);
+    cursor = data.cursor;
+    requests += 1;
+    looked += data.looked_at;
+    if (cursor !== 0) {
+      document.getElementById("found").textContent = "looking… " + rows.length
+        + " found in about " + looked.toLocaleString() + " keys looked at";
+    }
+  } while (cursor !== 0 && (filter.sort || rows.length < SIZE));
+  return { rows, cursor, requests, looked, now: Date.now() / 1000 };
+}
+
+function nextStart(found) {
+  if (!filterOf().sort) return found.cursor !== 0 ? { cursor: found.cursor } : null;
+  const last = found.rows[found.rows.length - 1];
+  return found.rows.length === SIZE ? { after: last.key, since: last.since } : null;
+}
+
+async function find() {
+  const found = await walk(keys.pages[keys.index]);
+  if (found === null) return;
+  keys.found = found;
+  keys.rows = found.rows;
+  const next = nextStart(found);
+  keys.pages.length = keys.index + 1;
+  if (next) keys.pages.push(next);
+  drawKeys();
+}
+
+function drawKeys() {
+  const filter = filterOf(), found = keys.found;
   const tbody = document.querySelector("#keys tbody");
-  tbody.replaceChildren(...data.keys.map((row) => {
+  tbody.replaceChildren(...keys.rows.map((row) => {
     const tr = el("tr", null, { "data-key": row.key, "data-holder": row.holder, "data-state": row.state });
     tr.append(el("td", row.task));
     const keyCell = el("td");
@@ -146,54 +229,105 @@ function drawKeys(data) {
     stateCell.append(el("span", row.state, { class: "state state-" + row.state }));
     tr.append(stateCell);
     tr.append(el("td", null).appendChild(el("code", row.holder)).parentNode);
-    tr.append(el("td", row.worker || "–"));
-    tr.append(el("td", seconds(row.age)));
+    tr.append(el("td", row.node ? row.node + " (" + row.worker + ")" : row.worker || "–"));
+    tr.append(el("td", clock(row.since) + " (" + seconds(row.age) + " ago)"));
     tr.append(el("td", seconds(row.ttl)));
     tr.append(el("td", clock(row.ends_at)));
     const action = el("td");
-    if (allowClear) action.append(clearButton(row, refreshKeys));
+    if (allowClear) action.append(clearButton(row, find));
     tr.append(action);
     return tr;
   }));
-  document.getElementById("more").textContent = data.keys.length === 0 ? "no live keys"
-    + (filterOf().task || filterOf().state ? " match the filter" : "")
-    : data.cursor ? "the first keys of a long list (one page per refresh)" : "";
+  const filtered = filter.task || filter.q || filter.state;
+  const more = keys.index + 1 < keys.pages.length;
+  let text;
+  if (keys.rows.length === 0 && keys.index === 0) {
+    text = "no live keys" + (filtered ? " match the filter" : "") + " (all looked at)";
+  } else if (!more && keys.index === 0) {
+    const n = keys.rows.length;
+    text = n + (filtered ? (n === 1 ? " key matches" : " keys match") : n === 1 ? " live key"
+      : " live keys") + " (all looked at)";
+  } else {
+    text = "rows " + (keys.index * SIZE + 1) + "–" + (keys.index * SIZE + keys.rows.length)
+      + (more ? "; more follow" : "; the last page") + (filter.sort ? "" : " (in the order found)");
+  }
+  if (found && found.requests > 1) {
+    text += "; found by " + found.requests + " requests looking at about "
+      + found.looked.toLocaleString() + " keys: the refresh reads these rows again (find "
+      + "again for keys made since)";
+  }
+  document.getElementById("found").textContent = text;
+  document.getElementById("page-number").textContent = "page " + (keys.index + 1);
+  document.getElementById("previous").disabled = keys.index === 0;
+  document.getElementById("next").disabled = !more;
 }
 
-async function refreshKeys() {
-  const filter = filterOf();
-  const query = new URLSearchParams();
-  if (filter.task) query.set("task", filter.task);
-  if (filter.state) query.set("state", filter.state);
+async function rereadRows() {
+  const response = await fetch("/api/rows", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ keys: keys.rows.map((row) => row.key) }),
+  });
+  const data = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(data.error || response.statusText);
+  keys.rows = data.keys;
+  drawKeys();
+}
+
+async function refreshKeys(asked) {
+  // (A tick while a walk goes on waits for the next: a long walk is never begun again.)
+  if (keys.busy && !asked) return;
+  keys.busy += 1;
   try {
-    const [keys, stats] = await Promise.all([
-      getJSON("/api/keys?" + query), getJSON("/api/stats"),
-    ]);
-    drawKeys(keys);
+    // (A page found by one request is found again; a longer walk's rows are read again.)
+    const walkAgain = keys.found === null || keys.found.requests <= 1;
+    const [, stats] = await Promise.all([walkAgain ? find() : rereadRows(), getJSON("/api/stats")]);
     drawTotals(stats);
-    status("updated " + clock(keys.now) + ", every " + refreshMs / 1000 + " s", false);
+    status("updated " + clock(stats.now) + ", every " + refreshMs / 1000 + " s", false);
   } catch (error) {
     status(error.message, true);
+  } finally {
+    keys.busy -= 1;
   }
 }
 
 function startKeys() {
   const filter = filterOf();
-  document.getElementById("task").value = filter.task;
-  document.getElementById("state").value = filter.state;
+  for (const name of ["task", "q", "state", "sort"]) document.getElementById(name).value = filter[name];
+  const restart = () => {
+    keys.pages = [{ cursor: 0 }];
+    keys.index = 0;
+    keys.found = null;
+    refreshKeys(true);
+  };
   document.getElementById("filter").addEventListener("submit", (event) => {
     event.preventDefault();
     // The filter lives in the address: a reload, a bookmark or a refresh keeps it.
     const query = new URLSearchParams();
-    const task = document.getElementById("task").value.trim();
-    const state = document.getElementById("state").value;
-    if (task) query.set("task", task);
-    if (state) query.set("state", state);
+    for (const name of ["task", "q", "state", "sort"]) {
+      const value = document.getElementById(name).value.trim();
+      if (value) query.set(name, value);
+    }
     history.replaceState(null, "", "/" + (query.toString() ? "?" + query : ""));
-    refreshKeys();
+    restart();
+  });
+  const turn = (step) => {
+    keys.index += step;
+    keys.found = null;
+    refreshKeys(true);
+  };
+  document.getElementById("next").addEventListener("click", () => turn(1));
+  document.getElementById("previous").addEventListener("click", () => turn(-1));
+  const pause = document.getElementById("pause");
+  pause.addEventListener("click", () => {
+    keys.paused = !keys.paused;
+    pause.setAttribute("aria-pressed", String(keys.paused));
+    pause.textContent = keys.paused ? "resume" : "pause";
+    if (keys.paused) status("paused: the page is not refreshed", false, true);
+    else refreshKeys(true);
   });
   refreshKeys();
-  setInterval(refreshKeys, refreshMs);
+  setInterval(() => { if (!keys.paused) refreshKeys(); }, refreshMs);
 }
 
 // --- a key's page -------------------------------------------------------------------------
