@@ -21,7 +21,14 @@ import redis
 from celery.app.task import Task
 from celery.backends.redis import ResultConsumer
 
-from dedupe.values.keys import RAN_SUFFIX, alive_key, holds_key, reaper_keys, watch_keys
+from dedupe.values.keys import (
+    RAN_SUFFIX,
+    alive_key,
+    holds_key,
+    nodes_key,
+    reaper_keys,
+    watch_keys,
+)
 
 # Celery 5.7 requeues a timed-out acks_late message (acks_on_timeout off) and can retry a run
 # lost with its child (retry_on_worker_lost); before, such a message is gone.
@@ -81,17 +88,18 @@ def wait_for(
 def keys_with_prefix(client: redis.Redis, prefix: str) -> list[bytes]:
     """The keys of calls, runs and beat ticks under ``prefix`` (not the markers, which live
     as long as the server's data: the server's (dedupe.recovery.unacked) and each worker's watch's
-    (dedupe.recovery.held); nor the reaper's lock and the workers' holds)."""
+    (dedupe.recovery.held); nor the reaper's lock, the workers' holds and node names)."""
     marker = alive_key(prefix).encode()
     watch = watch_keys(prefix, "")[1].encode()
     # The reaper's lock and what the workers hold: with a ttl, the machinery's own.
     reaper = reaper_keys(prefix)[0].encode()
     holds = holds_key(prefix, "").encode()
+    nodes = nodes_key(prefix).encode()
     return sorted(
         key
         for key in client.scan_iter(match=f"{prefix}:*", count=1000)
         if key != marker
-        and not key.startswith((watch, reaper, holds))
+        and not key.startswith((watch, reaper, holds, nodes))
         and not _tombstones(client, key)
     )
 

@@ -31,6 +31,7 @@ __all__ = [
     "call_keys",
     "format_call_key",
     "holds_key",
+    "nodes_key",
     "parse_call_key",
     "reaper_keys",
     "tag_safe",
@@ -183,6 +184,16 @@ def holds_key(prefix: str, node: str) -> str:
     'dedupe:holds:celery@vm'
     """
     return f"{prefix}:holds:{node}"
+
+
+def nodes_key(prefix: str) -> str:
+    """The hash of the live workers' processes: ``host:pid`` (as running records name them)
+    -> the worker's Celery node name, for the web view.
+
+    >>> nodes_key("dedupe")
+    'dedupe:nodes'
+    """
+    return f"{prefix}:nodes"
 
 
 def tick_key(prefix: str, entry_name: str, tick: int) -> str:

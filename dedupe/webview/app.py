@@ -41,7 +41,7 @@ from dedupe.runs.inventory import task_of_key
 from dedupe.runs.runtime import Runtime
 from dedupe.store.redis_errors import redis_errors
 from dedupe.store.view_log import ViewLog
-from dedupe.values.keys import CallKeys
+from dedupe.values.keys import CallKeys, nodes_key, reaper_keys
 from dedupe.values.urls import redacted
 
 from .rows import SORTS, STATES, Find, key_page, key_row, key_rows
@@ -249,7 +249,7 @@ def _keys(view: View, request: Request) -> tuple[int, dict[str, Any]]:
     )
     now = time.time()
     return 200, {
-        "keys": [row.as_json(now) for row in page.rows],
+        "keys": _marked(view, [row.as_json(now) for row in page.rows]),
         "cursor": page.cursor,
         "looked_at": page.looked_at,
         "read": page.read,
@@ -267,7 +267,21 @@ def _rows(view: View, request: Request) -> tuple[int, dict[str, Any]]:
         raise BadInput(f'give {{"keys": [key names]}}, at most {MOST_PER_PAGE} of them')
     now = time.time()
     rows = key_rows(view.runtime.store.client, view.prefix, keys)
-    return 200, {"keys": [row.as_json(now) for row in rows], "now": now}
+    return 200, {"keys": _marked(view, [row.as_json(now) for row in rows]), "now": now}
+
+
+def _marked(view: View, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row with its worker's node name and whether the reaper's last pass found its
+    message gone (``no_message``: freed at its next pass); two reads, whatever the rows."""
+    if not rows:
+        return rows
+    store = view.runtime.store
+    nodes = store.nodes(nodes_key(view.prefix))
+    gone = store.suspects(reaper_keys(view.prefix)[1])
+    for row in rows:
+        row["node"] = nodes.get(row["worker"]) if row["worker"] else None
+        row["no_message"] = row["key"] in gone
+    return rows
 
 
 def _key(view: View, request: Request) -> tuple[int, dict[str, Any]]:

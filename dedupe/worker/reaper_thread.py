@@ -2,7 +2,9 @@
 
 - on a broker whose unacked messages only their worker can see (RabbitMQ), it tells the
   reaper which task ids this worker holds (received, not yet acked), every few seconds;
-- every ``dedupe_reap_interval`` seconds, the one worker holding the reaper's lock sweeps.
+- every ``dedupe_reap_interval`` seconds, the one worker holding the reaper's lock sweeps;
+- every few seconds, it names the node of this worker's processes (``host:pid``, as running
+  records name them) for the web view.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dedupe.errors import RedisUnavailable
 from dedupe.recovery.held import held_requests
 from dedupe.runs.reaping import Reaper
 from dedupe.runs.runtime import Runtime, installed
-from dedupe.values.keys import holds_key, reaper_keys
+from dedupe.values.keys import holds_key, nodes_key, reaper_keys
+from dedupe.values.record import HOST
 
 __all__ = ["Reap", "ReaperThread"]
 
@@ -54,6 +57,7 @@ class ReaperThread:
         next_pass = time.monotonic() + interval
         while not self._stopped.wait(every) and _running(self._consumer):
             try:
+                self._name_processes(every)
                 if not self._runtime.broker.lists_unacked:
                     self._report(every)
                 # (The lock is taken, or kept, as a pass is due: its ttl spans three.)
@@ -71,6 +75,17 @@ class ReaperThread:
         ids = {request.id for request in held_requests(self._consumer, started=True)}
         key = holds_key(self._runtime.config.key_prefix, self._node)
         self._runtime.store.report_holds(key, ids, int(3 * every * 1000))
+
+    def _name_processes(self, every: float) -> None:
+        pool = getattr(self._consumer, "pool", None)
+        try:
+            # (A prefork pool's info names its processes; solo and threads run here.)
+            children = list((getattr(pool, "info", None) or {}).get("processes", []))
+        except Exception:
+            children = []
+        nodes = {f"{HOST}:{pid}": self._node for pid in {os.getpid(), *children}}
+        key = nodes_key(self._runtime.config.key_prefix)
+        self._runtime.store.name_nodes(key, nodes, int(3 * every * 1000))
 
     def _sweeps(self, interval: float) -> bool:
         """Does this worker hold the reaper's lock (taken, or kept, now)?"""

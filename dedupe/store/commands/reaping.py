@@ -1,6 +1,6 @@
 """The store's side of the reaper (:mod:`dedupe.runs.reaping`): queued records whose message
 is gone freed, the one worker that sweeps, what each worker holds, and what the last pass
-found."""
+found; and the node name of each worker process (the web view shows it)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,25 @@ class ReapingCommands(StoreBase):
         with reraise_unavailable("held", pattern):
             found: set[str] = self._command(read)
         return found
+
+    def name_nodes(self, key: str, nodes: Mapping[str, str], ttl_ms: int) -> None:
+        """Say which Celery node each of one worker's processes (``host:pid``) is, for
+        ``ttl_ms`` (renewed by every live worker)."""
+
+        def write() -> None:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.hset(key, mapping={name: node.encode() for name, node in nodes.items()})
+                pipe.pexpire(key, ttl_ms)
+                pipe.execute()
+
+        with reraise_unavailable("name_nodes", key):
+            self._command(write)
+
+    def nodes(self, key: str) -> dict[str, str]:
+        """``host:pid`` -> Celery node name, as the live workers last said."""
+        with reraise_unavailable("nodes", key):
+            found = self._command(lambda: self.client.hgetall(key))
+        return {_text(name): _text(node) for name, node in found.items()}
 
     def mark_suspects(self, key: str, suspects: Mapping[str, float], ttl_ms: int) -> None:
         """Keep what the last pass found without a message (call key -> when first found)

@@ -227,6 +227,10 @@ function drawKeys() {
     tr.append(keyCell);
     const stateCell = el("td");
     stateCell.append(el("span", row.state, { class: "state state-" + row.state }));
+    if (row.no_message) {
+      // The reaper's last pass found its message in no queue and no worker: its next frees it.
+      stateCell.append(el("span", " no message", { class: "no-message", title: "the reaper found its message gone (purged or dropped); its next pass frees the key" }));
+    }
     tr.append(stateCell);
     tr.append(el("td", null).appendChild(el("code", row.holder)).parentNode);
     tr.append(el("td", row.node ? row.node + " (" + row.worker + ")" : row.worker || "–"));
