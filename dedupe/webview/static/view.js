@@ -172,8 +172,12 @@ function drawTotals(stats) {
 async function walk(start) {
   const filter = filterOf();
   const walkId = ++keys.walk;
-  let rows = [], cursor = filter.sort ? 0 : start.cursor, requests = 0, looked = 0;
-  do {
+  // A page in SCAN's order begins with what the page before found beyond its size: one
+  // SCAN may answer a few more keys than asked, and its cursor is past them all.
+  let rows = filter.sort ? [] : (start.carry || []).slice();
+  let cursor = filter.sort ? 0 : start.cursor, requests = 0, looked = 0;
+  let more = filter.sort || !(start.carry && start.cursor === 0) && rows.length < SIZE;
+  while (more) {
     const query = new URLSearchParams();
     for (const [name, value] of Object.entries(filter)) if (value) query.set(name, value);
     query.set("cursor", cursor);
@@ -193,12 +197,17 @@ async function walk(start) {
       document.getElementById("found").textContent = "looking… " + rows.length
         + " found in about " + looked.toLocaleString() + " keys looked at";
     }
-  } while (cursor !== 0 && (filter.sort || rows.length < SIZE));
-  return { rows, cursor, requests, looked, now: Date.now() / 1000 };
+    more = cursor !== 0 && (filter.sort || rows.length < SIZE);
+  }
+  const carry = filter.sort ? [] : rows.slice(SIZE);
+  rows = rows.slice(0, SIZE);
+  return { rows, cursor, carry, requests, looked, now: Date.now() / 1000 };
 }
 
 function nextStart(found) {
-  if (!filterOf().sort) return found.cursor !== 0 ? { cursor: found.cursor } : null;
+  if (!filterOf().sort) {
+    return found.cursor !== 0 || found.carry.length ? { cursor: found.cursor, carry: found.carry } : null;
+  }
   const last = found.rows[found.rows.length - 1];
   return found.rows.length === SIZE ? { after: last.key, since: last.since } : null;
 }
