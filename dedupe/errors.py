@@ -30,7 +30,8 @@ class NotInstalled(ConfigurationError):
     def __init__(self, app_name: str) -> None:
         self.app_name = app_name
         # The args are the constructor's: a result backend (and pickle) rebuilds an error as
-        # its class called with them, so a message there would be wrapped in itself.
+        # its class called with them, so a message there would be wrapped in itself. (So for
+        # every error below; the message is made from them, in __str__.)
         super().__init__(app_name)
 
     def __str__(self) -> str:
@@ -49,8 +50,11 @@ class KeyDerivationError(DedupeError, TypeError):
         #: arguments as a whole do not fit the task's signature.
         self.argument = argument
         self.reason = reason
-        where = f"argument {argument!r}" if argument is not None else "its arguments"
-        super().__init__(f"cannot derive a dedup key for task {task_name!r}: {where}: {reason}")
+        super().__init__(task_name, argument, reason)
+
+    def __str__(self) -> str:
+        where = f"argument {self.argument!r}" if self.argument is not None else "its arguments"
+        return f"cannot derive a dedup key for task {self.task_name!r}: {where}: {self.reason}"
 
 
 class ArgumentsTooLarge(DedupeError, ValueError):
@@ -61,10 +65,13 @@ class ArgumentsTooLarge(DedupeError, ValueError):
         self.task_name = task_name
         self.size = size
         self.limit = limit
-        super().__init__(
-            f"task {task_name!r}: its arguments serialise to {size:,} bytes, more than the "
-            f"{limit:,} a debounced or replacing call may keep in Redis; pass a reference "
-            f"(an id, a path) instead of the data"
+        super().__init__(task_name, size, limit)
+
+    def __str__(self) -> str:
+        return (
+            f"task {self.task_name!r}: its arguments serialise to {self.size:,} bytes, more "
+            f"than the {self.limit:,} a debounced or replacing call may keep in Redis; pass a "
+            f"reference (an id, a path) instead of the data"
         )
 
 
@@ -78,18 +85,24 @@ class AlreadyQueued(DedupeError):
         #: ``"queued"`` or ``"running"``.
         self.state = state
         self.key = key
-        super().__init__(f"task {task_name!r} is already {state} as {task_id} (key {key})")
+        super().__init__(task_name, task_id, state, key)
+
+    def __str__(self) -> str:
+        return f"task {self.task_name!r} is already {self.state} as {self.task_id} (key {self.key})"
 
 
 class RedisUnavailable(DedupeError):
     """The dedup Redis could not be reached (raised with ``dedupe_on_redis_error="raise"``)."""
 
-    def __init__(self, operation: str, cause: BaseException) -> None:
+    def __init__(self, operation: str, cause: BaseException | str) -> None:
         self.operation = operation
-        self.cause = cause
-        super().__init__(
-            f"dedup Redis unavailable during {operation}: {type(cause).__name__}: {cause}"
-        )
+        #: The error redis-py raised; in an error read back from a JSON result backend, where
+        #: only its text travels, an ``Exception`` of that text.
+        self.cause = _as_error(cause)
+        super().__init__(operation, _error_text(cause))
+
+    def __str__(self) -> str:
+        return f"dedup Redis unavailable during {self.operation}: {self.args[1]}"
 
 
 class RedisCommandError(DedupeError):
@@ -97,14 +110,16 @@ class RedisCommandError(DedupeError):
     error, a wrong type under a dedup key, an ACL that forbids the command). Raised whatever
     ``dedupe_on_redis_error`` says: publishing past it would hide a broken deployment."""
 
-    def __init__(self, operation: str, key: str | None, cause: BaseException) -> None:
+    def __init__(self, operation: str, key: str | None, cause: BaseException | str) -> None:
         self.operation = operation
         self.key = key
-        self.cause = cause
-        where = f" of {key}" if key else ""
-        super().__init__(
-            f"the dedup Redis refused the {operation}{where}: {type(cause).__name__}: {cause}"
-        )
+        #: The error redis-py raised (see ``RedisUnavailable.cause``).
+        self.cause = _as_error(cause)
+        super().__init__(operation, key, _error_text(cause))
+
+    def __str__(self) -> str:
+        where = f" of {self.key}" if self.key else ""
+        return f"the dedup Redis refused the {self.operation}{where}: {self.args[2]}"
 
 
 class RecordFormatError(DedupeError, ValueError):
@@ -112,9 +127,12 @@ class RecordFormatError(DedupeError, ValueError):
 
     def __init__(self, key: str) -> None:
         self.key = key
-        super().__init__(
-            f"{key} holds no celery-dedupe record (another program's value under the dedup "
-            f"prefix, or a record of an incompatible version): delete the key, or give "
+        super().__init__(key)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.key} holds no celery-dedupe record (another program's value under the "
+            f"dedup prefix, or a record of an incompatible version): delete the key, or give "
             f"celery-dedupe a prefix of its own (dedupe_key_prefix)"
         )
 
@@ -125,8 +143,31 @@ class UnexpectedReply(DedupeError):
 
     def __init__(self, script: str, reply: object) -> None:
         self.script = script
+        #: The reply as Redis gave it; in an error read back from a JSON result backend,
+        #: its text.
         self.reply = reply
-        super().__init__(
-            f"the {script} script of celery-dedupe answered {reply!r}, which it never does: "
-            f"is another version of celery-dedupe, or another program, using this Redis?"
+        super().__init__(script, _reply_text(reply))
+
+    def __str__(self) -> str:
+        return (
+            f"the {self.script} script of celery-dedupe answered {self.args[1]}, which it never "
+            f"does: is another version of celery-dedupe, or another program, using this Redis?"
         )
+
+
+# A result backend's JSON carries an error's args only, each as itself when JSON can hold
+# it: the args keep the text of what JSON cannot hold (an exception, bytes), and the
+# constructor takes that text in its place, so the message reads the same after the trip.
+
+
+def _error_text(cause: BaseException | str) -> str:
+    return cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+
+
+def _as_error(cause: BaseException | str) -> BaseException:
+    return Exception(cause) if isinstance(cause, str) else cause
+
+
+def _reply_text(reply: object) -> str:
+    # (Replies are bytes, numbers, lists or None: a str is this text, read back.)
+    return reply if isinstance(reply, str) else repr(reply)

@@ -20,12 +20,14 @@ import logging
 import os
 import secrets
 import sys
+import traceback
 from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from celery.beat import PersistentScheduler, Scheduler, SchedulingError
 from celery.exceptions import reraise
+from celery.utils.log import get_logger
 
 from dedupe.compat.celery_private import count_beat_send
 from dedupe.errors import RedisUnavailable
@@ -52,6 +54,8 @@ __all__ = ["OPTIONS_HEADER", "DedupeScheduler", "DedupeSchedulerMixin", "entry_o
 OPTIONS_HEADER = "dedupe"
 
 logger = logging.getLogger("dedupe.beat")
+# Celery's beat logger: a sent tick's "Sending due task" line stays where Celery puts it.
+celery_beat_logger = get_logger("celery.beat")
 
 # Celery's own helpers for callable entry arguments (private, present since Celery 4).
 try:
@@ -74,7 +78,8 @@ class DedupeSchedulerMixin(_SchedulerBase):
     Every scheduler sends through ``apply_async(entry, producer, advance)``: this mixin
     replaces that step (keeping the scheduler's own ``reserve`` and sync), so it composes
     with the default scheduler, django-celery-beat and RedBeat alike, and covers task names
-    the beat process does not import (the ``send_task`` path).
+    the beat process does not import (the ``send_task`` path). Celery's "Sending due task"
+    line is logged for a tick sent; a tick skipped logs why ("beat: not sending ...").
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -85,6 +90,26 @@ class DedupeSchedulerMixin(_SchedulerBase):
         # Names this scheduler in its tick claims (two may share a process, or a pid).
         self._claimant = f"{HOST}:{os.getpid()}:{secrets.token_hex(4)}".encode()
         super().__init__(*args, **kwargs)
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        """Celery's ``apply_entry``, but Celery's "Sending due task" line is logged once the
+        tick is sent, and only then: a tick skipped logs the "not sending" line alone."""
+        self._apply_due(entry, advance=False, producer=producer)
+
+    def _apply_due(self, entry: Any, advance: bool, **kwargs: Any) -> None:
+        # Celery logs "Sending due task" before apply_async decides: for a skipped tick
+        # that line would contradict the "not sending" one that follows it.
+        try:
+            result = self.apply_async(entry, advance=advance, **kwargs)
+        except Exception as exc:
+            celery_beat_logger.error(
+                "Message Error: %s\n%s", exc, traceback.format_stack(), exc_info=True
+            )
+            return
+        if result is None or getattr(result, "deduplicated", False):
+            return  # (said by apply_async, with the reason)
+        celery_beat_logger.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
+        celery_beat_logger.debug("%s sent. id->%s", entry.task, getattr(result, "id", None))
 
     def apply_async(
         self, entry: Any, producer: Any = None, advance: bool = True, **kwargs: Any
@@ -127,12 +152,12 @@ class DedupeSchedulerMixin(_SchedulerBase):
             self.dedupe_skipped[name] += 1
             holder = getattr(result, "holder", None)
             logger.info(
-                "beat: not sending %s (%s): its previous run %s is still %s (skipped %d times)",
+                "beat: not sending %s (%s): its previous run %s is still %s (skipped %s)",
                 name,
                 task_name,
                 result.id,
                 holder.state if holder else "live",
-                self.dedupe_skipped[name],
+                _times(self.dedupe_skipped[name]),
             )
         return result
 
@@ -162,10 +187,10 @@ class DedupeSchedulerMixin(_SchedulerBase):
         if not claimed:
             self.dedupe_ticks_skipped[name] += 1
             logger.info(
-                "beat: not sending %s (%s): another beat sent this tick (skipped %d times)",
+                "beat: not sending %s (%s): another beat sent this tick (skipped %s)",
                 name,
                 task_name,
-                self.dedupe_ticks_skipped[name],
+                _times(self.dedupe_ticks_skipped[name]),
             )
         return claimed
 
@@ -198,6 +223,10 @@ def _limited(task: Any) -> bool:
         getattr(task, "key_concurrency", None) is not None
         or getattr(task, "key_rate_limit", None) is not None
     )
+
+
+def _times(count: int) -> str:
+    return "1 time" if count == 1 else f"{count} times"
 
 
 def _truthy(value: Any) -> bool:
