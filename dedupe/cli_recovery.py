@@ -31,20 +31,24 @@ def reap(ctx: click.Context, wait: float) -> None:
     """Free queued keys whose message is in no queue and held by no worker (two passes)."""
     runtime = runtime_of(installed_app(ctx))
     reaper = Reaper(runtime)
-    first = reaper.sweep()
-    if first.blind:
+    # A round over every key (pass after pass, each a slice), then the suspects again.
+    passes = [reaper.sweep()]
+    while not reaper.round_done:
+        passes.append(reaper.sweep())
+    if any(found.blind for found in passes):
         raise click.ClickException(
             f"cannot look into the broker's queues ({runtime.broker.name} broker): nothing freed"
         )
-    if first.suspects:
+    suspects = passes[-1].suspects
+    second = passes[-1]
+    if suspects:
         time.sleep(wait)
-        second = reaper.sweep()
-    else:
-        second = first
+        second = reaper.sweep(keys=0)
     click.echo(
-        f"{first.candidates} queued keys older than {runtime.config.reap_margin:g}s, "
-        f"{first.suspects} without a message, {len(second.freed)} freed "
-        f"({first.keys_read} keys and {first.messages_read} messages read)"
+        f"{sum(found.candidates for found in passes)} queued keys older than "
+        f"{runtime.config.reap_margin:g}s, {suspects} without a message, "
+        f"{len(second.freed)} freed ({sum(found.keys_read for found in passes)} keys and "
+        f"{sum(found.messages_read for found in passes)} messages read)"
     )
     for key in second.freed:
         click.echo(f"freed {key}")

@@ -264,3 +264,25 @@ def test_the_reap_script_deletes_only_the_very_bytes_it_was_given(
     assert redis_client.get(key) == b"record-a"
     assert store.reap([(key, b"record-a")]) == [True]
     assert redis_client.get(key) is None
+
+
+def test_a_pass_reads_a_slice_of_the_keys_and_a_later_pass_frees_what_an_earlier_found(
+    make_app: Callable[..., Celery],
+) -> None:
+    # A large keyspace is read a slice a pass: a suspect from one slice is looked at again
+    # by the passes after, whichever slice they read.
+    app = make_app(**REAPING)
+    task = unique_task(app)
+    for n in range(40):
+        queued(task, n)
+    app.control.purge()
+    time.sleep(app.conf.dedupe_reap_margin + 0.2)
+    reaper = Reaper(runtime_of(app))
+    first = reaper.sweep(keys=10)
+    assert 0 < first.keys_read < 40
+    assert not reaper.round_done
+    freed: list[str] = []
+    for _ in range(20):
+        freed += reaper.sweep(keys=10).freed
+    assert len(freed) == 40
+    assert all(dedupe.lookup(task, (n,)) is None for n in range(40))

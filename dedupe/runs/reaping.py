@@ -9,23 +9,26 @@ it still holds the same bytes (reap.lua):
 
 - a message moving between two places during one pass is found by the next;
 - a record claimed by a run, or written anew by a later call, has changed, and stays.
-
-One worker sweeps at a time, every ``dedupe_reap_interval`` s (``celery dedupe reap``: two
-passes at once). Design notes: docs/design-notes.md, "dedupe.runs.reaping".
+One worker sweeps at a time, every ``dedupe_reap_interval`` s, a slice of the keys a pass
+(``celery dedupe reap``: a round, then the suspects again). docs/design-notes.md,
+"dedupe.runs.reaping".
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import redis.cluster
+
+from dedupe.store.clients import DedupRedis
 from dedupe.store.store import Store
 from dedupe.values.keys import holds_key, parse_call_key, reaper_keys
 from dedupe.values.record import Holder
 
-from .inventory import scan
+from .inventory import glob_escaped
 from .runtime import Runtime
 
 __all__ = ["Pass", "Reaper", "Suspect"]
@@ -52,7 +55,7 @@ class Suspect:
 class Pass:
     """What one pass did, and what it cost."""
 
-    #: Queued records older than the margin.
+    #: Queued records older than the margin, in this pass's slice of the keys.
     candidates: int = 0
     #: Of those, the ones without a message (kept for the next pass, unless freed now).
     suspects: int = 0
@@ -66,40 +69,55 @@ class Pass:
     blind: bool = False
 
 
+#: Live keys a pass reads at most: a pass over a large keyspace reads a slice of it, and
+#: the next goes on from its SCAN cursor.
+KEYS_PER_PASS = 10_000
+
+
 class Reaper:
     """The passes of one process's reaper over ``runtime``'s keys; a pass frees only what
-    the previous pass of this same reaper found without a message."""
+    an earlier pass of this same reaper found without a message."""
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
         self._suspects: dict[str, Suspect] = {}
+        #: Where the next pass's slice of the keyspace begins (0: a new round).
+        self._cursor = 0
         self.last: Pass | None = None
 
     @property
     def store(self) -> Store:
         return self._runtime.store
 
+    @property
+    def round_done(self) -> bool:
+        """Did the last pass reach the end of the keyspace (every key read since round 0)?"""
+        return self._cursor == 0
+
     def next_pass_in(self, interval: float) -> float:
         """Seconds until the next pass: the interval, or more after a long pass."""
         last = self.last.seconds if self.last is not None else 0.0
         return max(interval, _DUTY * last)
 
-    def sweep(self, now: float | None = None) -> Pass:
-        """One pass (see the module's docs). Raises :class:`~dedupe.errors.RedisUnavailable`
-        when the dedup Redis cannot be read, and the broker's errors when it cannot be
-        read: nothing is freed then, and the next pass starts afresh."""
+    def sweep(self, now: float | None = None, *, keys: int = KEYS_PER_PASS) -> Pass:
+        """One pass (see the module's docs) over the next ``keys`` live keys and what the
+        passes before found without a message. Raises
+        :class:`~dedupe.errors.RedisUnavailable` when the dedup Redis cannot be read, and
+        the broker's errors when it cannot be read: nothing is freed then."""
         began = time.monotonic()
         config = self._runtime.config
         now = time.time() if now is None else now
-        queued, keys_read = self._queued(config.key_prefix, now - config.reap_margin)
+        queued, keys_read = self._queued(config.key_prefix, now - config.reap_margin, keys)
+        sliced = len(queued)
+        queued.update(self._unchanged_suspects(queued))
         if not queued:
             self._keep({})
             return self._done(Pass(keys_read=keys_read), began)
-        calls = {raw_task_id: name for name, raw_task_id, _ in queued.values()}
+        calls = {task_id: name for name, task_id, _ in queued.values()}
         search = self._runtime.broker.search(calls)
         if search is None:
             self._keep({})
-            return self._done(Pass(len(queued), keys_read=keys_read, blind=True), began)
+            return self._done(Pass(sliced, keys_read=keys_read, blind=True), began)
         held = self.store.held(holds_key(config.key_prefix, "*"))
         missing = {
             key: Suspect(name, task_id, raw, self._since(key, raw, now))
@@ -124,31 +142,67 @@ class Reaper:
                 key,
             )
         self._keep(missing)
-        done = Pass(len(queued), len(missing), freed, keys_read, search.messages)
+        done = Pass(sliced, len(missing), freed, keys_read, search.messages)
         return self._done(done, began)
 
-    def _queued(self, prefix: str, before: float) -> tuple[dict[str, tuple[str, str, bytes]], int]:
-        """The queued records accepted before ``before`` (and due before it): call key ->
-        (task name, task id, record); and how many keys were read."""
+    def _queued(
+        self, prefix: str, before: float, most: int
+    ) -> tuple[dict[str, tuple[str, str, bytes]], int]:
+        """The queued records accepted before ``before`` (and due before it) among the next
+        ``most`` keys: call key -> (task name, task id, record); and how many were read."""
         found: dict[str, tuple[str, str, bytes]] = {}
-        read = 0
-        for key, raw, pttl in scan(self.store.client, prefix):
-            read += 1
+        if most <= 0:
+            return found, 0
+        client = self.store.client
+        pattern = f"{glob_escaped(prefix)}:*"
+        if isinstance(client, redis.cluster.RedisCluster):
+            # (A cursor per node: a Cluster's keys are read whole at each pass.)
+            batches: Iterable[Iterable[bytes | str]] = [client.scan_iter(match=pattern)]
+        else:
+            batches = self._slice(client, pattern, most)
+        names = [
+            name
+            for batch in batches
+            for name in map(_text, batch)
+            if (parts := parse_call_key(prefix, name)) is not None and not parts.run_lock
+        ]
+        for key, raw in zip(names, _values(client, names), strict=True):
             parts = parse_call_key(prefix, key)
-            if parts is None or parts.run_lock:
+            if raw is None or parts is None:
                 continue
-            try:
-                holder = Holder.from_raw(key, raw, pttl if pttl > 0 else None)
-            except ValueError:
-                continue
-            if holder.state != "queued" or holder.provisional or holder.enqueued_at is None:
+            holder = _queued_holder(key, raw)
+            if holder is None or holder.enqueued_at is None:
                 continue
             if holder.enqueued_at < before and (holder.eta is None or holder.eta < before):
                 found[key] = (parts.task_name, holder.task_id, raw)
-        return found, read
+        return found, len(names)
+
+    def _slice(self, client: DedupRedis, pattern: str, most: int) -> Iterator[list[bytes | str]]:
+        """SCAN batches from where the last pass stopped, about ``most`` keys in all."""
+        looked = 0
+        while looked < most:
+            count = min(1000, most)
+            self._cursor, batch = client.scan(cursor=self._cursor, match=pattern, count=count)
+            looked += len(batch)
+            yield batch
+            if self._cursor == 0:
+                return
+
+    def _unchanged_suspects(
+        self, queued: Mapping[str, tuple[str, str, bytes]]
+    ) -> dict[str, tuple[str, str, bytes]]:
+        """The suspects of the passes before, outside this pass's slice, that still hold the
+        same record (one read each)."""
+        others = [key for key in self._suspects if key not in queued]
+        values = _values(self.store.client, others)
+        return {
+            key: (self._suspects[key].task_name, self._suspects[key].task_id, raw)
+            for key, raw in zip(others, values, strict=True)
+            if raw is not None and raw == self._suspects[key].raw
+        }
 
     def _since(self, key: str, raw: bytes, now: float) -> float:
-        """When this record was first found without a message: by the last pass, or now."""
+        """When this record was first found without a message: by a pass before, or now."""
         known = self._suspects.get(key)
         return known.since if known is not None and known.raw == raw else now
 
@@ -175,3 +229,28 @@ class Reaper:
         )
         self.last = done
         return done
+
+
+def _text(name: bytes | str) -> str:
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def _values(client: DedupRedis, names: list[str]) -> list[bytes | None]:
+    """Each key's value, in one round trip (GETs in a pipeline: keys of different tasks
+    may sit in different Cluster slots); None for one gone or of another type."""
+    if not names:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.get(name)
+        replies = pipe.execute(raise_on_error=False)
+    return [reply if isinstance(reply, bytes) else None for reply in replies]
+
+
+def _queued_holder(key: str, raw: bytes) -> Holder | None:
+    """The holder of a plain queued record (not provisional), else None."""
+    try:
+        holder = Holder.from_raw(key, raw, None)
+    except ValueError:
+        return None
+    return holder if holder.state == "queued" and not holder.provisional else None
