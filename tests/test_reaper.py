@@ -286,3 +286,19 @@ def test_a_pass_reads_a_slice_of_the_keys_and_a_later_pass_frees_what_an_earlier
         freed += reaper.sweep(keys=10).freed
     assert len(freed) == 40
     assert all(dedupe.lookup(task, (n,)) is None for n in range(40))
+
+
+def test_a_redis_brokers_global_key_prefix_is_looked_under(
+    make_app: Callable[..., Celery],
+) -> None:
+    # kombu names the queues, bindings and unacked hash under the transport's prefix.
+    app = make_app(broker_transport_options={"global_keyprefix": "gk:"}, **REAPING)
+    task = unique_task(app)
+    purged = queued(task, 1)
+    app.control.purge()
+    waiting = queued(task, 2)
+    key = dedupe.lookup(task, (1,)).key  # type: ignore[union-attr]
+    assert two_passes(app) == [key]
+    assert dedupe.lookup(task, (1,)) is None
+    assert dedupe.lookup(task, (2,)).task_id == waiting.id  # type: ignore[union-attr]
+    assert purged.id != waiting.id
