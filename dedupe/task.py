@@ -20,7 +20,13 @@ from .runs.run_end import RunEnd
 from .runs.runtime import installed
 from .surfaces import AnyAsyncResult, AnyTask
 from .values.header import HEADER
-from .values.options import CALL_OPTIONS, Until, check_call_names, check_declared
+from .values.options import (
+    CALL_OPTIONS,
+    Until,
+    check_call_names,
+    check_declared,
+    dedupes_every_call,
+)
 from .worker.release import end_of_body
 from .worker.run_guard import guard, refuse_uninstalled
 
@@ -125,8 +131,9 @@ class DedupeTask(AnyTask):
         shadow: str | None = None,
         **options: Any,
     ) -> DedupeResult:
-        """Celery's apply_async; deduplicated when the task is ``unique`` (or ``unique=True``
-        is passed), and then it also takes the call options of
+        """Celery's apply_async; deduplicated when the task is ``unique`` or declares
+        ``debounce`` or ``on_duplicate="replace"`` (or ``unique=True`` is passed), and then it
+        also takes the call options of
         [`apply_async_unique`][dedupe.DedupeTask.apply_async_unique]."""
         unique = options.pop("unique", None)
         if options:
@@ -140,7 +147,8 @@ class DedupeTask(AnyTask):
             return publish_limited(self._call(args, kwargs, options))
         if unique is None:
             # A message of ours sent again (a retry) keeps the key it carries.
-            unique = self.unique or HEADER in (options.get("headers") or {})
+            # A debounce or replace declared on the task makes every call of it unique.
+            unique = dedupes_every_call(self) or HEADER in (options.get("headers") or {})
         if unique:
             return publish_unique(self._call(args, kwargs, options))
         stray = [name for name in CALL_OPTIONS if name in options]

@@ -464,6 +464,26 @@ def debounced_retried(self: Any, tag: str, value: Any) -> Any:
     return value
 
 
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_on=("tag",), debounce=1)
+def debounced_retried_with(self: Any, tag: str, value: Any) -> Any:
+    """Debounced, and retried once by its first run with arguments of its own."""
+    _ran_with(self, tag, value, 0)
+    if self.request.retries == 0:
+        raise self.retry(args=(tag, "own"), countdown=0.2, max_retries=1)
+    return value
+
+
+@app.task(
+    bind=True, base=dedupe.DedupeTask, unique=True, unique_on=("tag",), on_duplicate="replace"
+)
+def replaced_retried_with(self: Any, tag: str, value: Any) -> Any:
+    """Replacing, and retried once by its first run with arguments of its own."""
+    _ran_with(self, tag, value, 0)
+    if self.request.retries == 0:
+        raise self.retry(args=(tag, "own"), countdown=0.2, max_retries=1)
+    return value
+
+
 def values_run(tag: str) -> list[tuple[str, str]]:
     """(task id, value) of each run of a ``_ran_with`` task, in start order."""
     return [tuple(raw.decode().split(" ", 1)) for raw in _events.lrange(f"values:{tag}", 0, -1)]  # type: ignore[misc]

@@ -33,6 +33,7 @@ __all__ = [
     "check_declared",
     "check_names",
     "check_plain_task",
+    "dedupes_every_call",
     "options_for",
     "pop_call_options",
     "resolve",
@@ -383,6 +384,38 @@ def check_declared(task: type[AnyTask], task_name: str) -> None:
     read yet (only their defaults), so a task-level value is judged on its own."""
     check_names(f"task {task_name!r}", _declared(task), TASK_OPTIONS)
     resolve(cast("AnyTask", task), task_name, _DEFAULTS)
+    if _latest_declared(task) and _declared_false(task, "unique"):
+        option = "debounce" if getattr(task, "debounce", None) is not None else "on_duplicate"
+        raise ConfigurationError(
+            f"task {task_name!r}: {option} declared on the task applies to every call of it, "
+            f"which unique=False says not to deduplicate: drop unique=False (every call "
+            f"then takes the {option}), or drop {option} from the task and pass it per call "
+            f"(delay_unique, apply_async_unique(..., {option}=...))"
+        )
+
+
+def dedupes_every_call(task: object) -> bool:
+    """Is every call of ``task`` deduplicated (its ``delay`` as its ``delay_unique``)? A
+    task declared ``unique=True``, or with a debounce or a replace: options that would
+    otherwise apply to some calls and be silently ignored by the rest."""
+    return getattr(task, "unique", False) is True or _latest_declared(task)
+
+
+def _latest_declared(task: object) -> bool:
+    return (
+        getattr(task, "debounce", None) is not None
+        or getattr(task, "on_duplicate", None) == "replace"
+    )
+
+
+def _declared_false(task: type[AnyTask], name: str) -> bool:
+    # Set to False by the task's own classes (the decorator's, the user's bases), not
+    # inherited from DedupeTask's default.
+    return any(
+        vars(klass).get(name, None) is False
+        for klass in task.__mro__
+        if not klass.__module__.startswith(("dedupe.", "celery.", "builtins"))
+    )
 
 
 def check_plain_task(task: type[AnyTask], task_name: str) -> None:

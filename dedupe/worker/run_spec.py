@@ -10,7 +10,7 @@ from dedupe.runs.runtime import Runtime
 from dedupe.surfaces import AnyTask, RequestSurface
 from dedupe.values.header import LATEST, KeyHeader
 from dedupe.values.key_derivation import keys_for
-from dedupe.values.options import options_for
+from dedupe.values.options import dedupes_every_call, options_for
 
 __all__ = ["carried_spec", "derived_spec", "in_canvas", "latest_mode", "spec_for_request"]
 
@@ -58,7 +58,7 @@ def derived_spec(
 ) -> RunSpec | None:
     """The spec of a run of a guarded task whose message carries no header; None for a task
     that is neither ``unique`` nor ``exclusive``."""
-    if not (getattr(task, "unique", False) or getattr(task, "exclusive", False)):
+    if not (dedupes_every_call(task) or getattr(task, "exclusive", False)):
         return None
     options = options_for(task, task.name, runtime.config)
     keys = keys_for(runtime.config.key_prefix, task, task.name, options, args, kwargs)

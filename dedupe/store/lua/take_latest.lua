@@ -15,9 +15,11 @@
 --   {1, entry}       taken (or, when looking, due): entry is msgpack {first, deadline, args}
 --   {0, entry}       looking, and the deadline has not come: the message is early
 --
--- A take is kept in the field "taken" ({owner, entry}; no owner is packed to that name), so
--- that the same take sent again (its reply lost with its connection) answers as it did:
--- only the key's one claimed run takes, so the last take is the only one to keep.
+-- A take is kept in the field "taken" ({owner, entry, retry count}; no owner is packed to
+-- that name), so that the same take sent again (its reply lost with its connection) answers
+-- as it did: only the key's one claimed run takes, so the last take is the only one to keep.
+-- A retry of the run (another retry count) is not that take: its message's arguments stand
+-- (the ones its body gave self.retry, or the taken ones Celery's retry sends by default).
 local now = tonumber(ARGV[2])
 local ended = redis.call('ZSCORE', KEYS[2], cmsgpack.pack({ARGV[1], tonumber(ARGV[3])}))
 if ended and tonumber(ended) > server_ms() then
@@ -28,7 +30,7 @@ if not entry then
   local taken = now == 0 and redis.call('HGET', KEYS[1], 'taken')
   if taken then
     taken = cmsgpack.unpack(taken)
-    if taken[1] == ARGV[1] then
+    if taken[1] == ARGV[1] and taken[3] == tonumber(ARGV[3]) then
       return {1, taken[2]}
     end
   end
@@ -44,7 +46,7 @@ end
 -- ttl it had, else it would live forever.)
 local ttl = redis.call('PTTL', KEYS[1])
 redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[1], 'taken', cmsgpack.pack({ARGV[1], entry}))
+redis.call('HSET', KEYS[1], 'taken', cmsgpack.pack({ARGV[1], entry, tonumber(ARGV[3])}))
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
 end
