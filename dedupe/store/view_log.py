@@ -42,9 +42,11 @@ class ViewLog:
         self.prefix = prefix
         self.switch, self.tasks_key = view_keys(prefix)
 
-    def switch_on(self, seconds: float) -> None:
-        """Turn the event log on for ``seconds`` (the server renews it well before)."""
-        self.client.set(self.switch, b"1", px=max(1, round(seconds * 1000)))
+    def switch_on(self, seconds: float, since: float = 0.0) -> None:
+        """Turn the event log on for ``seconds`` (the server renews it well before), saying
+        since when a view runs (epoch seconds): a process that looks later writes the events
+        it made since then."""
+        self.client.set(self.switch, f"{since:.3f}".encode(), px=max(1, round(seconds * 1000)))
 
     def switch_off(self) -> None:
         """Turn the event log off now (a server that stops cleanly)."""
@@ -53,6 +55,16 @@ class ViewLog:
     def is_on(self) -> bool:
         """Does a web view run (is the switch set)?"""
         return bool(self.client.exists(self.switch))
+
+    def on_since(self) -> float | None:
+        """Since when a web view runs (epoch seconds; 0.0: it does not say); None: none."""
+        value = self.client.get(self.switch)
+        if value is None:
+            return None
+        try:
+            return float(value)
+        except ValueError:
+            return 0.0
 
     def record(self, task_name: str, fields: Mapping[str, str], at: float) -> None:
         """Add one event of ``task_name`` (``fields["event"]`` names it), and count it in its

@@ -4,12 +4,13 @@ Only in a process whose app sets ``dedupe_web_events = True`` (off by default: n
 cost) does ``dedupe.install`` make a :class:`Recorder` the observer of :mod:`dedupe.events`.
 No Redis I/O is ever on a call's or a run's path: a thread of the recorder's asks each app's Redis
 whether a web view runs (every :data:`CHECK_EVERY` seconds, and when an app is installed) and
-writes the events kept meanwhile (every :data:`FLUSH_EVERY` seconds). With no view running an
-event costs an attribute read; with one, a dict and an append (see docs/web-view.md).
+writes the events kept meanwhile (every :data:`FLUSH_EVERY` seconds). An event costs a dict
+and an append (see docs/web-view.md).
 
 A process's first events come before its thread's first look: they are kept until it, then
-written or dropped as it says. At exit, what is still kept is written (a look first, if
-none was made): a short script's calls count too.
+written or dropped as it says; those of the last few seconds are kept too, so that a look
+that finds a view started since writes what was made after its start. At exit (a pool
+process's too), what is still kept is written: a short script's calls count too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import threading
 import time
 import weakref
 
-from celery import Celery
+from celery import Celery, signals
 
 from dedupe import events
 from dedupe.runs.runtime import installed
@@ -50,6 +51,9 @@ FLUSH_EVERY = 0.2
 KEPT_AT_MOST = 10_000
 #: Seconds a process's exit may spend writing the events it still keeps, at most.
 EXIT_WRITE_FOR = 3.0
+#: Seconds the events made while no view runs are kept: a view that starts meanwhile gets
+#: those made since its start at the next look (every CHECK_EVERY seconds).
+RECENT_FOR = CHECK_EVERY + 2.0
 
 #: The installed apps, newest first: an event is logged under the app whose prefix its key has.
 _apps: list[weakref.ref[Celery]] = []
@@ -81,6 +85,13 @@ def connect() -> None:
             _recorder = Recorder()
             events.set_observer(_recorder)
             atexit.register(_recorder.write_at_exit)
+            # (A pool process exits with os._exit, past atexit: Celery's signal comes first.)
+            signals.worker_process_shutdown.connect(_written_at_exit, weak=False)
+
+
+def _written_at_exit(**_: object) -> None:
+    if _recorder is not None:
+        _recorder.write_at_exit()
 
 
 def look_now() -> None:
@@ -100,6 +111,8 @@ def listening_to(prefix: str) -> bool:
 
 #: One event kept for a view's log: the app's log, the task, the fields, when it was made.
 _Event = tuple[ViewLog, str, dict[str, str], float]
+#: One event as it came (the observer's arguments, and when), kept while no view runs.
+_Raw = tuple[events.Event, str, str, str, "Holder | None", dict[str, object], float]
 
 
 class Recorder:
@@ -111,6 +124,8 @@ class Recorder:
         self._kept: collections.deque[_Event] = collections.deque(maxlen=KEPT_AT_MOST)
         #: Events made before the thread's first look (which says whether a view runs).
         self._undecided: collections.deque[_Event] = collections.deque(maxlen=KEPT_AT_MOST)
+        #: Events made since a look found no view (the last RECENT_FOR seconds' of them).
+        self._recent: collections.deque[_Raw] = collections.deque(maxlen=KEPT_AT_MOST)
         self._looked = False
         self._deciding = threading.Lock()
         self._io = threading.Lock()
@@ -125,10 +140,11 @@ class Recorder:
         return self._looked
 
     def listening(self) -> bool:
-        """Does a web view run for any installed app (as the thread last saw)?"""
+        """Yes: a view may start at any time, and the events made since its start count (the
+        recorder's thread starts at the first event)."""
         if self._thread is None:
             self._start()
-        return bool(self.prefixes) or not self._looked
+        return True
 
     def observe(
         self,
@@ -139,38 +155,57 @@ class Recorder:
         holder: Holder | None,
         details: dict[str, object],
     ) -> None:
-        """Keep one event for the view's stream of its task, if a view of its app runs."""
+        """Keep one event for the view's stream of its task, if a view of its app runs, or
+        may have started since the last look."""
+        raw = (event, task_name, task_id, key, holder, details, time.time())
+        if self._looked and not self.prefixes:
+            # No view runs: kept as it came, for RECENT_FOR seconds (a tuple and an append).
+            recent = self._recent
+            recent.append(raw)
+            if recent[0][-1] < raw[-1] - RECENT_FOR:
+                while recent and recent[0][-1] < raw[-1] - RECENT_FOR:
+                    recent.popleft()
+            return
+        kept = self._event(raw)
+        if kept is None:
+            return
+        if not self._looked:
+            with self._deciding:
+                if not self._looked:  # (the look decides; made meanwhile, it is kept now)
+                    self._undecided.append(kept)
+                    return
+        if kept[0].prefix in self.prefixes:
+            self._kept.append(kept)
+        else:
+            self._recent.append(raw)
+
+    def _event(self, raw: _Raw) -> _Event | None:
+        """The event ``raw`` as the view's log of its app keeps it; None: no app of ours."""
+        event, task_name, task_id, key, holder, details, at = raw
         log = next((log for prefix, log in self._views() if key.startswith(prefix + ":")), None)
         if log is None:
-            return
+            return None
         fields = {
             "event": event.name,
             "task_id": task_id,
             "key": key,
-            "at": f"{time.time():.3f}",
+            "at": f"{at:.3f}",
             # (Only what the signals carry: ids, states, counts and error text; no arguments.)
             **{field: str(value) for field, value in details.items() if value is not None},
         }
         if holder is not None:
             fields["holder"] = str(holder.task_id)
             fields["holder_state"] = str(holder.state)
-        kept = (log, task_name, fields, time.time())
-        if not self._looked:
-            with self._deciding:
-                if not self._looked:  # (the look decides; made meanwhile, it is kept now)
-                    self._undecided.append(kept)
-                    return
-        if log.prefix in self.prefixes:
-            self._kept.append(kept)
+        return (log, task_name, fields, at)
 
     def write_at_exit(self) -> None:
         """Write what is still kept, looking first if no look was made (at the process's
         exit: ``atexit``), for :data:`EXIT_WRITE_FOR` seconds at most."""
-        if not self._undecided and not self._kept:
+        if not self._undecided and not self._kept and not self._recent:
             return
         try:
-            if not self._looked:
-                self._look()
+            if not self._looked or self._recent:
+                self._look()  # (a view may have started since the last look)
             self._write(deadline=time.monotonic() + EXIT_WRITE_FOR)
         except Exception as exc:  # (the process exits whatever the view's log says)
             logger.debug("web view: the events kept at exit not written: %r", exc)
@@ -194,6 +229,7 @@ class Recorder:
         # (A child has none of its parent's threads: it starts its own at its first event.)
         self._thread, self._kept = None, collections.deque(maxlen=KEPT_AT_MOST)
         self._undecided = collections.deque(maxlen=KEPT_AT_MOST)
+        self._recent = collections.deque(maxlen=KEPT_AT_MOST)
         self._looked, self.prefixes = False, frozenset()
         self._deciding, self._io = threading.Lock(), threading.Lock()
         self._wake = threading.Event()
@@ -214,14 +250,22 @@ class Recorder:
             self._wake.clear()
 
     def _look(self) -> None:
-        """Ask each app's Redis whether a view runs; the events kept before the first look
-        are then written (their app's view runs) or dropped."""
-        prefixes = frozenset(p for p, log in self._views() if _on(log))
+        """Ask each app's Redis whether a view runs, and since when; the events kept before
+        the first look, and those made since a look found no view, are then written (made
+        since their app's view started) or dropped."""
+        since = {p: at for p, log in self._views() if (at := _on(log)) is not None}
         with self._deciding:
-            self.prefixes, self._looked = prefixes, True
+            newly = set(since) - self.prefixes
+            self.prefixes, self._looked = frozenset(since), True
             undecided, self._undecided = self._undecided, collections.deque(maxlen=KEPT_AT_MOST)
+            recent, self._recent = self._recent, collections.deque(maxlen=KEPT_AT_MOST)
+            made = [e for raw in recent if newly and (e := self._event(raw)) is not None]
+            written = [e for e in undecided if e[0].prefix in since] + [
+                e for e in made if e[0].prefix in newly and e[3] >= since[e[0].prefix]
+            ]
             # (Before any event made from now on: the order of a task's events holds.)
-            self._kept.extendleft(reversed([e for e in undecided if e[0].prefix in prefixes]))
+            written.sort(key=lambda e: e[3])
+            self._kept.extendleft(reversed(written))
 
     def _write(self, deadline: float = float("inf")) -> None:
         with self._io:
@@ -251,9 +295,10 @@ class Recorder:
         return views
 
 
-def _on(log: ViewLog) -> bool:
+def _on(log: ViewLog) -> float | None:
+    """Since when a view of ``log``'s app runs; None: none runs, or none can be asked."""
     try:
-        return log.is_on()
+        return log.on_since()
     except Exception as exc:  # (an app's Redis out of reach, a Cluster's too: not viewed)
         logger.debug("web view: cannot ask %s whether a view runs: %r", log.prefix, exc)
-        return False
+        return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -88,9 +89,13 @@ def _lifespan(view: View) -> Callable[[Starlette], contextlib.AbstractAsyncConte
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         # (On before the first request: the first page can show the events that follow.)
+        since = time.time()
         with contextlib.suppress(*_FAILURES):
-            await run_in_threadpool(view.log.switch_on, SWITCH_TTL)
-        beside = [asyncio.create_task(_keep_switch_on(view)), asyncio.create_task(_count(view))]
+            await run_in_threadpool(view.log.switch_on, SWITCH_TTL, since)
+        beside = [
+            asyncio.create_task(_keep_switch_on(view, since)),
+            asyncio.create_task(_count(view)),
+        ]
         try:
             yield
         finally:
@@ -103,11 +108,11 @@ def _lifespan(view: View) -> Callable[[Starlette], contextlib.AbstractAsyncConte
     return lifespan
 
 
-async def _keep_switch_on(view: View) -> None:
+async def _keep_switch_on(view: View, since: float) -> None:
     while True:
         await asyncio.sleep(min(SWITCH_TTL / 3, CHECK_EVERY * 2))
         try:
-            await run_in_threadpool(view.log.switch_on, SWITCH_TTL)
+            await run_in_threadpool(view.log.switch_on, SWITCH_TTL, since)
         except _FAILURES as exc:
             logger.warning("web view: cannot turn the event log on: %s", exc)
 
