@@ -14,7 +14,7 @@ from celery import Celery
 
 from dedupe.webview import recorder
 
-from .helpers import ROOT, wait_for
+from .helpers import ROOT, WorkerProcess, wait_for
 from .view_server import served_view
 
 pytest.importorskip("starlette", reason="the web extra: pip install 'celery-dedupe[web]'")
@@ -107,3 +107,32 @@ def _count_since_the_view(view_app: Celery, producer: subprocess.Popen[str]) -> 
     producer.stdin.write("exit\n")
     producer.stdin.flush()
     assert producer.wait(timeout=30) == 0
+
+
+def test_a_pool_childs_last_calls_before_it_exits_are_counted(view_app: Celery) -> None:
+    # One child, replaced after each task (it ends by os._exit right after its calls).
+    env = {
+        "WEB_BROKER": str(view_app.conf.broker_url),
+        "WEB_QUEUE": view_app.conf.task_default_queue,
+        "WEB_STORE": view_app.conf.dedupe_redis_url,
+        "WEB_PREFIX": view_app.conf.dedupe_key_prefix,
+    }
+    worker = WorkerProcess(
+        view_app,
+        env,
+        concurrency=1,
+        module="tests.web_worker_app",
+        extra=("--max-tasks-per-child", "1"),
+    )
+    with served_view(view_app) as served:
+        worker.start()
+        try:
+            view_app.send_task("calls.four")
+
+            def counted() -> tuple[int, int]:
+                chart = served.get("/api/stats").json()["chart"].get("reports.refresh", [])
+                return sum(m[1] for m in chart), sum(m[2] for m in chart)
+
+            wait_for(lambda: counted() == (4, 4), timeout=20)
+        finally:
+            worker.stop(timeout=10)
