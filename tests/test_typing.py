@@ -32,6 +32,10 @@ CONTEXT = {
         "@app.task(base=dedupe.DedupeTask)\ndef refresh_report(report_id: int) -> None: ...\n"
     ),
     "report": "@app.task(base=dedupe.DedupeTask)\ndef report(day: str) -> None: ...\n",
+    "sync_customer": (
+        "@app.task(base=dedupe.DedupeTask, unique=True)\n"
+        "def sync_customer(customer_id: int, full: bool = False) -> None: ...\n"
+    ),
     "SomeScheduler": "from celery.beat import Scheduler as SomeScheduler\n",
 }
 IMPORTS = "from celery import Celery\n\nimport dedupe\n"
