@@ -75,6 +75,17 @@ MIX = (
 )
 
 
+#: Every kind of call ``--mix`` may name.
+KINDS = frozenset({"plain", "fresh", "repeat", "hot", "debounced", "limited"})
+
+
+def _mix(text: str) -> tuple[str, ...]:
+    kinds = tuple(text.split(","))
+    if not set(kinds) <= KINDS:
+        raise argparse.ArgumentTypeError(f"kinds of call: {', '.join(sorted(KINDS))}")
+    return kinds
+
+
 def bound_of(series: str) -> Bound:
     return BOUNDS[series.rsplit(" ", 1)[-1]]
 
@@ -372,7 +383,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="seconds between samples (default: 60, or a thirtieth of the run if shorter)",
     )
     parser.add_argument(
-        "--warmup", type=float, help="minutes not judged (default: a quarter of the run, 5 at most)"
+        "--warmup",
+        type=float,
+        help="minutes not judged (default: a quarter of the run, 15 at most)",
     )
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--rate", type=float, default=40.0, help="calls a second per producer")
@@ -380,7 +393,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--redis", metavar="URL", help="default: a throwaway redis-server")
     parser.add_argument(
         "--mix",
-        type=lambda text: tuple(text.split(",")),
+        type=_mix,
         default=MIX,
         help="the kinds of call, in turn (default: the mix above; 'plain' is Celery alone)",
     )
@@ -389,7 +402,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.every is None:
         args.every = min(60.0, max(1.0, args.minutes * 60 / 30))
     if args.warmup is None:
-        args.warmup = min(5.0, args.minutes / 4)
+        # Under the default mix the worker's children grow for their first 8-9 minutes, then
+        # hold (docs/cost.md, the soak): Celery's retry path, a plain retried task's too.
+        args.warmup = min(15.0, args.minutes / 4)
     return args
 
 

@@ -1,13 +1,8 @@
-"""The soak session (benchmarks/soak.py, ``./noxw -s soak``): under steady load nothing grows
-after warm-up, and a series that does grow fails it. Its short form runs here (about 30 s);
-the session runs it for an hour."""
+"""The soak session's verdict (benchmarks/soak.py, ``./noxw -s soak``): a series whose fitted
+line rises past its bound after warm-up, or a rate that falls, is not flat. The soak itself
+is not run here: 30 s of it took 41 s with its start-up, and an hour is what it is for."""
 
 from __future__ import annotations
-
-from pathlib import Path
-from typing import Any
-
-import pytest
 
 from benchmarks import soak
 
@@ -34,17 +29,3 @@ def test_growth_within_the_bound_is_flat() -> None:
 def test_a_falling_rate_is_not_flat() -> None:
     samples = [{"t": float(t), "runs/s": 40.0 - t / 2} for t in range(0, 60, 2)]
     assert [v.ok for v in soak.verdicts(samples, warmup=10)] == [False]
-
-
-@pytest.mark.slow
-@pytest.mark.soak
-def test_producers_and_a_prefork_worker_under_steady_load_stay_flat(
-    redis_factory: Any, tmp_path: Path
-) -> None:
-    server = redis_factory()
-    argv = ["--minutes", "0.5", "--every", "2", "--warmup", "0.15"]
-    code = soak.main([*argv, "--redis", server.url, "--out", str(tmp_path)])
-    report = (tmp_path / "soak.md").read_text()
-    assert code == 0, report
-    for series in ("producer-1 rss", "worker-child-1 rss", "redis used_memory", "runs/s"):
-        assert f"| {series} |" in report
