@@ -1,5 +1,5 @@
 """Sessions: ``tests`` and ``lint`` run by default (and in CI, with ``docs``); ``fast``, ``compat``,
-``compat-newest``, ``demo``, ``bench`` and ``chaos`` on demand.
+``compat-newest``, ``demo``, ``bench``, ``soak`` and ``chaos`` on demand.
 
 Use ``./noxw`` on a machine without nox: it makes a private virtualenv for nox first.
 """
@@ -193,6 +193,15 @@ def bench(session: nox.Session) -> None:
     """Run the benchmarks; results go to benchmarks/results/."""
     session.install("-e", ".[bench]")
     session.run("python", "-m", "benchmarks", *session.posargs)
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """Run producers and a prefork worker under steady load and fail if memory, keys,
+    connections or descriptors grow after warm-up (an hour by default; arguments after -- go
+    to benchmarks/soak.py: ``-- --minutes 15``, ``--help`` lists them)."""
+    session.install("-e", ".[bench]")
+    session.run("python", "-m", "benchmarks.soak", *session.posargs)
 
 
 @nox.session

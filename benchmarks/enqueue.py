@@ -21,6 +21,7 @@ from celery import Celery, Task
 
 import dedupe
 
+from . import _peers as peers
 from ._env import Timings, Variant, interleaved, make_app
 
 PLAIN = "plain apply_async"
@@ -140,7 +141,7 @@ def run(url: str, rounds: int, calls: int) -> Timings:
         ROUND_TRIP: (lambda i: client.ping(), None),
         FLOOR: (_then_a_round_trip(url, lambda i: plain.apply_async((i,))), clearer(app)),
     }
-    variants.update(_peers(url, clearer))
+    variants.update(_peers(url, url, clearer)[0])
     return interleaved(variants, rounds, calls)
 
 
@@ -163,14 +164,20 @@ def run_rabbitmq(redis_url: str, amqp_url: str, rounds: int, calls: int) -> Timi
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def unique(x: int) -> None: ...
 
-    def clear() -> None:
-        with app.connection_for_write() as connection:
-            connection.default_channel.queue_purge(app.conf.task_default_queue)
-        keys = list(client.scan_iter(match=f"{app.conf.dedupe_key_prefix}:*", count=10_000))
-        if keys:
-            client.delete(*keys)
-        unique.delay(-1)
+    def clearer(made: Celery, *patterns: str, hold: Callable[[], Any] | None = None) -> Any:
+        def clear() -> None:
+            with made.connection_for_write() as connection:
+                connection.default_channel.queue_purge(made.conf.task_default_queue)
+            for pattern in patterns:
+                keys = list(client.scan_iter(match=pattern, count=10_000))
+                if keys:
+                    client.delete(*keys)
+            if hold is not None:
+                hold()
 
+        return clear
+
+    clear = clearer(app, f"{app.conf.dedupe_key_prefix}:*", hold=lambda: unique.delay(-1))
     plain.delay(0)  # declares the queue
     clear()
     remembered, remembered_app = _remembered_duplicate(amqp_url, dedupe_redis_url=redis_url)
@@ -184,10 +191,13 @@ def run_rabbitmq(redis_url: str, amqp_url: str, rounds: int, calls: int) -> Timi
         REMEMBERED: (remembered, None),
         FLOOR: (_then_a_round_trip(redis_url, lambda i: plain.apply_async((i,))), clear),
     }
+    # The peers keep their locks on the same Redis as dedupe's records (issue 45).
+    found, peers_app = _peers(amqp_url, redis_url, clearer, dedupe_redis_url=redis_url)
+    variants.update(found)
     try:
         return interleaved(variants, rounds, calls)
     finally:
-        for made in (app, remembered_app):
+        for made in (app, remembered_app, peers_app):
             with made.connection_for_write() as connection:
                 connection.default_channel.queue_delete(made.conf.task_default_queue)
             made.close()
@@ -214,52 +224,24 @@ def _then_a_round_trip(url: str, call: Callable[[int], Any]) -> Callable[[int], 
     return then
 
 
-def _peers(url: str, clearer: Callable[..., Any]) -> dict[str, Variant]:
-    """celery-once and celery-singleton, when installed (the bench extra)."""
+def _peers(
+    broker: str, store: str, clearer: Callable[..., Any], **conf: Any
+) -> tuple[dict[str, Variant], Celery]:
+    """celery-once's and celery-singleton's accepted and duplicate calls (when installed: the
+    bench extra) on an app of theirs on ``broker``, their locks in the Redis ``store``; and
+    that app. ``clearer(app, pattern, hold=...)`` makes a variant's reset."""
+    app = make_app(broker, **conf)
+    peers.configure(app, store)
     variants: dict[str, Variant] = {}
-    try:
-        from celery_once import QueueOnce
-    except ImportError:
-        pass
-    else:
-        app = make_app(url)
-        app.conf.ONCE = {
-            "backend": "celery_once.backends.Redis",
-            "settings": {"url": url, "default_timeout": 3600},
-        }
+    for peer, task in peers.tasks(app).items():
 
-        @app.task(shared=False, base=QueueOnce, once={"graceful": True})
-        def once_task(x: int) -> None: ...
+        def hold(task: Any = task) -> None:
+            task.apply_async((-1,))
 
-        def hold_once() -> None:
-            once_task.apply_async((-1,))
-
-        hold_once()
-        variants["celery-once accepted"] = (
-            lambda i: once_task.apply_async((i,)),
-            clearer(app, "qo_*", hold=hold_once),
+        hold()
+        variants[f"{peer} accepted"] = (
+            lambda i, task=task: task.apply_async((i,)),
+            clearer(app, peers.LOCKS[peer], hold=hold),
         )
-        variants["celery-once duplicate"] = (lambda i: once_task.apply_async((-1,)), None)
-    try:
-        from celery_singleton import Singleton
-    except ImportError:
-        pass
-    else:
-        app = make_app(url, singleton_backend_url=url)
-
-        @app.task(shared=False, base=Singleton)
-        def singleton_task(x: int) -> None: ...
-
-        def hold_singleton() -> None:
-            singleton_task.apply_async((-1,))
-
-        hold_singleton()
-        variants["celery-singleton accepted"] = (
-            lambda i: singleton_task.apply_async((i,)),
-            clearer(app, "SINGLETONLOCK_*", hold=hold_singleton),
-        )
-        variants["celery-singleton duplicate"] = (
-            lambda i: singleton_task.apply_async((-1,)),
-            None,
-        )
-    return variants
+        variants[f"{peer} duplicate"] = (lambda i, task=task: task.apply_async((-1,)), None)
+    return variants, app

@@ -1,7 +1,10 @@
-"""Worker throughput: no-op tasks per second drained by a solo-pool worker, plain vs dedup."""
+"""Worker throughput: no-op tasks per second drained by a solo-pool worker, plain vs dedup,
+and the peers' workers (celery-once, celery-singleton: their run-side lock release) when
+installed, all drained by one worker in the same interleaved rounds."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from typing import Any
@@ -11,12 +14,14 @@ from celery import signals
 
 import dedupe
 
+from . import _peers as peers
 from ._env import Timings, in_process_worker, make_app
 
 
 def run(url: str, rounds: int, tasks: int) -> Timings:
-    """Tasks per second of each variant, per round, rounds interleaved."""
+    """Tasks per second of each variant, per round, rounds interleaved (a new order each)."""
     app = make_app(url)
+    peers.configure(app, url)
 
     @app.task(shared=False, ignore_result=True)
     def plain_noop(i: int) -> None: ...
@@ -24,6 +29,8 @@ def run(url: str, rounds: int, tasks: int) -> Timings:
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True, ignore_result=True)
     def dedupe_noop(i: int) -> None: ...
 
+    variants = {"plain": plain_noop, "dedupe": dedupe_noop}
+    variants.update(peers.tasks(app, ignore_result=True))
     client = redis.Redis.from_url(url)
     stamps: list[float] = []
     done = threading.Event()
@@ -33,12 +40,16 @@ def run(url: str, rounds: int, tasks: int) -> Timings:
         if len(stamps) == tasks:
             done.set()
 
-    samples: dict[str, list[float]] = {"plain": [], "dedupe": []}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants)
+    shuffle = random.Random(20261129).shuffle
     signals.task_postrun.connect(on_postrun, weak=False)
     try:
         with in_process_worker(app, pool="solo") as worker:
             for round_ in range(rounds):
-                for name, task in (("plain", plain_noop), ("dedupe", dedupe_noop)):
+                shuffle(order)
+                for name in order:
+                    task = variants[name]
                     # Pause consuming, queue the round's tasks, resume: the worker then drains
                     # a full queue. (Remote control: it runs in the worker's own thread.)
                     queue = app.conf.task_default_queue
@@ -46,6 +57,7 @@ def run(url: str, rounds: int, tasks: int) -> Timings:
                     stamps.clear()
                     done.clear()
                     for i in range(tasks):
+                        # A new key each: every call is accepted, every run releases a lock.
                         task.delay(round_ * tasks + i)
                     app.control.add_consumer(queue, destination=[worker.hostname], reply=True)
                     if not done.wait(300):
