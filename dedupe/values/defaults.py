@@ -61,9 +61,10 @@ DEFERRAL_CAP: Final = 30.0
 MAX_DEFERRALS: Final = 100
 #: Seconds between two passes of the workers' reaper (dedupe.runs.reaping): a queued record
 #: whose message is gone is freed after two passes that both found no message.
-REAP_INTERVAL: Final = 30.0
-#: A queued record younger than this is never reaped: its message may be in flight.
-REAP_MARGIN: Final = 60.0
+REAP_INTERVAL: Final = 15.0
+#: A queued record younger than this is never reaped: its message may be in flight (a queued
+#: record's publish has returned; a provisional one lives PROVISIONAL_TTL at most).
+REAP_MARGIN: Final = 30.0
 #: Seconds a provisional record lives (``dedupe_provisional_ttl``): the record of a call
 #: whose message is being published, made durable once the publish returns. Covers a slow
 #: publish (kombu's default retry policy gives up within a few seconds); a producer killed
