@@ -34,6 +34,14 @@ BOUND = 60.0
 REAPING = {"dedupe_reap_interval": 1, "dedupe_reap_margin": 1}
 
 
+@pytest.fixture
+def own_broker(broker: str, redis_factory: Any) -> str:
+    """The test's broker: RabbitMQ, or a Redis of its own (a pass reads every message of its
+    Redis broker, and the suite's shared one holds every other test's; the reaper then waits
+    twenty times as long as such a pass took before the next)."""
+    return broker if broker.startswith("amqp") else redis_factory().url
+
+
 def unique_task(app: Celery, name: str | None = None) -> Any:
     @app.task(name=name or unique_name("reaped"), shared=False, base=dedupe.DedupeTask, unique=True)
     def echo(x: int) -> int:
@@ -77,9 +85,9 @@ def freed_by_a_worker(app: Celery, task: Any, first: Any) -> None:
 
 
 def test_a_purged_message_has_its_key_freed_by_the_workers_reaper(
-    make_app: Callable[..., Celery], broker: str
+    make_app: Callable[..., Celery], own_broker: str
 ) -> None:
-    app = make_app(broker=broker, **REAPING)
+    app = make_app(broker=own_broker, **REAPING)
     task = unique_task(app)
     first = queued(task, 7)
     assert app.control.purge() == 1
@@ -87,9 +95,9 @@ def test_a_purged_message_has_its_key_freed_by_the_workers_reaper(
 
 
 def test_a_deleted_queue_has_its_messages_keys_freed(
-    make_app: Callable[..., Celery], broker: str
+    make_app: Callable[..., Celery], own_broker: str
 ) -> None:
-    app = make_app(broker=broker, **REAPING)
+    app = make_app(broker=own_broker, **REAPING)
     task = unique_task(app)
     first = queued(task, 7)
     with app.connection_for_write() as connection:
@@ -102,9 +110,9 @@ def test_a_deleted_queue_has_its_messages_keys_freed(
 
 
 def test_a_message_waiting_in_its_queue_keeps_its_key(
-    make_app: Callable[..., Celery], broker: str
+    make_app: Callable[..., Celery], own_broker: str
 ) -> None:
-    app = make_app(broker=broker, **REAPING)
+    app = make_app(broker=own_broker, **REAPING)
     task = unique_task(app)
     first = queued(task, 7)
     assert two_passes(app) == []
@@ -122,11 +130,11 @@ def test_a_message_waiting_in_a_priority_list_keeps_its_key(
 
 
 def test_a_message_a_worker_holds_keeps_its_key(
-    make_app: Callable[..., Celery], broker: str
+    make_app: Callable[..., Celery], own_broker: str
 ) -> None:
     # A countdown keeps the message in the worker's timer, received and not acked: in no
     # queue (RabbitMQ counts it nowhere; the worker says it holds it).
-    app = make_app(broker=broker, **REAPING)
+    app = make_app(broker=own_broker, **REAPING)
     task = unique_task(app)
     first = task.apply_async((7,), countdown=30)
     with in_process_worker(app) as worker:
@@ -150,11 +158,11 @@ def _held(worker: Any) -> list[Any]:
 
 
 def test_a_later_calls_record_is_never_freed_by_an_earlier_pass(
-    make_app: Callable[..., Celery], broker: str
+    make_app: Callable[..., Celery], own_broker: str
 ) -> None:
     # The first pass found the purged message's record; before the second, the key was
     # cleared and a new call took it, whose message waits: the second pass keeps it.
-    app = make_app(broker=broker, **REAPING)
+    app = make_app(broker=own_broker, **REAPING)
     task = unique_task(app)
     queued(task, 7)
     app.control.purge()
@@ -168,9 +176,9 @@ def test_a_later_calls_record_is_never_freed_by_an_earlier_pass(
 
 
 def test_a_record_the_first_pass_found_is_freed_only_by_the_second(
-    make_app: Callable[..., Celery], broker: str
+    make_app: Callable[..., Celery], own_broker: str
 ) -> None:
-    app = make_app(broker=broker, **REAPING)
+    app = make_app(broker=own_broker, **REAPING)
     task = unique_task(app)
     first = queued(task, 7)
     app.control.purge()
@@ -183,8 +191,8 @@ def test_a_record_the_first_pass_found_is_freed_only_by_the_second(
     assert dedupe.lookup(task, (7,)) is None
 
 
-def test_a_young_record_is_not_looked_at(make_app: Callable[..., Celery], broker: str) -> None:
-    app = make_app(broker=broker, dedupe_reap_interval=1, dedupe_reap_margin=60)
+def test_a_young_record_is_not_looked_at(make_app: Callable[..., Celery], own_broker: str) -> None:
+    app = make_app(broker=own_broker, dedupe_reap_interval=1, dedupe_reap_margin=60)
     task = unique_task(app)
     queued(task, 7)
     app.control.purge()
