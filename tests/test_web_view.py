@@ -3,7 +3,6 @@ and the server uvicorn runs (the pages themselves, in a browser: test_web_view_b
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from dedupe.webview import recorder, rows, totals
 from dedupe.webview.rows import KeyRow
 
 from .helpers import ServerProcess, wait_for
-from .view_server import served_view
+from .view_server import PRODUCER_APP, producer_env, served_view
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -235,43 +234,21 @@ def test_the_chart_counts_accepted_and_deduplicated_calls_per_minute(view_app: C
         wait_for(lambda: counted() == (10, 1, 2), message="1 accepted and 2 duplicates")
 
 
-PRODUCER = """
-import os
-from celery import Celery
-import dedupe
-
-app = Celery("producer", broker=os.environ["BROKER"], set_as_current=False)
-app.conf.update(
-    task_default_queue=os.environ["QUEUE"],
-    dedupe_redis_url=os.environ["DEDUPE_REDIS"],
-    dedupe_key_prefix=os.environ["PREFIX"],
-    dedupe_web_events=True,
-)
-dedupe.install(app)
-
-
-@app.task(base=dedupe.DedupeTask, unique=True, name="reports.refresh")
-def refresh(account):
-    pass
-
-
+PRODUCER = (
+    PRODUCER_APP
+    + """
 for n in range(4):
     refresh.delay(os.environ["WHO"] + str(n))
     refresh.delay(os.environ["WHO"] + str(n))  # a duplicate
 print("made 4 accepted and 4 duplicate calls")
 """
+)
 
 
 def test_the_chart_counts_every_call_of_two_producers_that_exit_at_once(view_app: Celery) -> None:
     # Fresh processes: their first calls come before their recorder's first look at the
     # switch, their last just before they exit.
-    env = {
-        **os.environ,
-        "BROKER": str(view_app.conf.broker_url),
-        "QUEUE": view_app.conf.task_default_queue,
-        "DEDUPE_REDIS": view_app.conf.dedupe_redis_url,
-        "PREFIX": view_app.conf.dedupe_key_prefix,
-    }
+    env = producer_env(view_app)
     with served_view(view_app) as served:
         producers = [
             subprocess.Popen(

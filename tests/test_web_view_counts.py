@@ -3,7 +3,6 @@ switch before the view started too (issue 43, item 3)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -15,33 +14,18 @@ from celery import Celery
 from dedupe.webview import recorder
 
 from .helpers import ROOT, WorkerProcess, wait_for
-from .view_server import served_view
+from .view_server import PRODUCER_APP, producer_env, served_view
 
 pytest.importorskip("starlette", reason="the web extra: pip install 'celery-dedupe[web]'")
 pytestmark = pytest.mark.slow
 
 # A long-running producer: one call (its recorder looks: no view), then, told to, four calls
 # and four duplicates, then it stays alive until told to exit.
-PRODUCER = """
-import os, sys, time
-from celery import Celery
-import dedupe
+PRODUCER = (
+    PRODUCER_APP
+    + """
+import sys, time
 from dedupe.webview import recorder
-
-app = Celery("producer", broker=os.environ["BROKER"], set_as_current=False)
-app.conf.update(
-    task_default_queue=os.environ["QUEUE"],
-    dedupe_redis_url=os.environ["DEDUPE_REDIS"],
-    dedupe_key_prefix=os.environ["PREFIX"],
-    dedupe_web_events=True,
-)
-dedupe.install(app)
-
-
-@app.task(base=dedupe.DedupeTask, unique=True, name="reports.refresh")
-def refresh(account):
-    pass
-
 
 refresh.delay("before the view")
 while not recorder._recorder.looked:
@@ -54,6 +38,7 @@ for n in range(4):
 print("called", flush=True)
 sys.stdin.readline()
 """
+)
 
 
 @pytest.fixture
@@ -66,13 +51,7 @@ def view_app(make_app: Callable[..., Celery], redis_factory: Any) -> Iterator[Ce
 def test_a_process_that_looked_before_the_view_started_counts_its_calls_since(
     view_app: Celery,
 ) -> None:
-    env = {
-        **os.environ,
-        "BROKER": str(view_app.conf.broker_url),
-        "QUEUE": view_app.conf.task_default_queue,
-        "DEDUPE_REDIS": view_app.conf.dedupe_redis_url,
-        "PREFIX": view_app.conf.dedupe_key_prefix,
-    }
+    env = producer_env(view_app)
     with subprocess.Popen(
         [sys.executable, "-c", PRODUCER],
         env=env,

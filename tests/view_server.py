@@ -3,6 +3,7 @@ on a free port: the tests' Celery app and the served one are the same object."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,3 +75,38 @@ def served_view(
         if waits_for_events:
             recorder.look_now()
             wait_for(lambda: not recorder.listening_to(prefix), message="the view seen stopped")
+
+
+#: The head of a producer script for a view's app (tests/test_web_view*.py): its app, from
+#: the environment :func:`producer_env` gives, keeps its events for the view, and its
+#: ``refresh`` task is unique.
+PRODUCER_APP = """
+import os
+from celery import Celery
+import dedupe
+
+app = Celery("producer", broker=os.environ["BROKER"], set_as_current=False)
+app.conf.update(
+    task_default_queue=os.environ["QUEUE"],
+    dedupe_redis_url=os.environ["DEDUPE_REDIS"],
+    dedupe_key_prefix=os.environ["PREFIX"],
+    dedupe_web_events=True,
+)
+dedupe.install(app)
+
+
+@app.task(base=dedupe.DedupeTask, unique=True, name="reports.refresh")
+def refresh(account):
+    pass
+"""
+
+
+def producer_env(app: Celery) -> dict[str, str]:
+    """The environment of a :data:`PRODUCER_APP` script on ``app``'s broker, queue and keys."""
+    return {
+        **os.environ,
+        "BROKER": str(app.conf.broker_url),
+        "QUEUE": app.conf.task_default_queue,
+        "DEDUPE_REDIS": app.conf.dedupe_redis_url,
+        "PREFIX": app.conf.dedupe_key_prefix,
+    }
