@@ -24,7 +24,7 @@ __all__ = ["purge_queues", "reap"]
     type=click.FloatRange(min=0),
     default=5.0,
     show_default=True,
-    help="Seconds between the two passes (at least the workers' report period, 5 s).",
+    help="Seconds between the round and the second look (at least 5 s, or the interval).",
 )
 @click.pass_context
 def reap(ctx: click.Context, wait: float) -> None:

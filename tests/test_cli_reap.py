@@ -84,7 +84,7 @@ def test_reap_frees_a_key_whose_message_was_purged_by_celery(reaping_app: Celery
     assert holder is not None
     reaping_app.control.purge()
     time.sleep(1.2)  # (past the margin)
-    result = cli(reaping_app, "reap", "--wait", "0.5")
+    result = cli(reaping_app, "reap", "--wait", "1.2")
     assert result.exit_code == 0, result.output
     assert "1 without a message, 1 freed" in result.output
     assert f"freed {holder.key}" in result.output

@@ -69,6 +69,10 @@ class Pass:
     blind: bool = False
 
 
+#: Seconds at least between the pass that first found a record without a message and the
+#: one that frees it (the interval, when shorter): a worker reports what it holds this often.
+APART = 5.0
+
 #: Live keys a pass reads at most: a pass over a large keyspace reads a slice of it, and
 #: the next goes on from its SCAN cursor.
 KEYS_PER_PASS = 10_000
@@ -124,7 +128,9 @@ class Reaper:
             for key, (name, task_id, raw) in queued.items()
             if task_id not in search.found and task_id not in held
         }
-        ripe = [key for key, suspect in missing.items() if suspect.since < now]
+        # (Passes of one round come back to back: a record is freed apart from its finding.)
+        apart = min(config.reap_interval, APART) if config.reap_interval else APART
+        ripe = [key for key, suspect in missing.items() if now - suspect.since >= apart]
         freed = [
             key
             for key, done in zip(

@@ -19,7 +19,7 @@ from celery import bootsteps
 
 from dedupe.errors import RedisUnavailable
 from dedupe.recovery.held import held_requests
-from dedupe.runs.reaping import Reaper
+from dedupe.runs.reaping import APART, Reaper
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.values.keys import holds_key, nodes_key, reaper_keys
 from dedupe.values.record import HOST
@@ -28,9 +28,10 @@ __all__ = ["Reap", "ReaperThread"]
 
 logger = logging.getLogger("dedupe.worker")
 
-#: The longest wait between two reports of what a worker holds: a reaper's two passes are an
-#: interval apart, so a message received between them is reported before the second.
-_REPORT_CAP = 5.0
+#: The longest wait between two reports of what a worker holds: a record is freed by a pass
+#: at least this long (or an interval) after the one that found it, so a message received
+#: between them is reported before the second.
+_REPORT_CAP = APART
 
 
 class ReaperThread:
