@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from kombu import Queue
 
-from dedupe.values.header import KeyHeader
+from dedupe.values.header import KeyedMessage
 
 from .runtime import Runtime
 
@@ -46,14 +45,11 @@ def purge(runtime: Runtime, queues: Iterable[str]) -> Purged:
     return done
 
 
-def _free(runtime: Runtime, headers: Mapping[str, Any] | None) -> str | None:
+def _free(runtime: Runtime, headers: object) -> str | None:
     """The call key freed for a purged message with ``headers`` (None: none was)."""
-    if not isinstance(headers, Mapping):
+    keyed = KeyedMessage.read(headers)
+    if keyed is None or not runtime.store.cancel(keyed.header.keys, keyed.task_id):
         return None
-    header = KeyHeader.read(headers)
-    task_id = headers.get("id")
-    if header is None or not task_id or not runtime.store.cancel(header.keys, str(task_id)):
-        return None
-    name = str(headers.get("shadow") or headers.get("task") or "?")
-    logger.info("%s[%s] was purged: its key %s was freed", name, task_id, header.keys.call)
-    return header.keys.call
+    key = keyed.header.keys.call
+    logger.info("%s[%s] was purged: its key %s was freed", keyed.task_name, keyed.task_id, key)
+    return key

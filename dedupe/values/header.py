@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .keys import CallKeys
 from .options import SEPARATE_RUN_LOCK, Until, until_of
 
-__all__ = ["HEADER", "LATEST", "KeyHeader", "is_publishing", "publishing"]
+__all__ = ["HEADER", "LATEST", "KeyHeader", "KeyedMessage", "is_publishing", "publishing"]
 
 #: The name of the header, in the message's headers.
 HEADER = "celery_dedupe"
@@ -78,6 +78,32 @@ class KeyHeader:
             mode,
             float(ttl) if isinstance(ttl, (int, float)) else None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedMessage:
+    """A message the library keyed, as its headers name it: what frees its record when the
+    message ends unrun (dropped by a worker, purged).
+
+    >>> KeyedMessage.read({"id": "a1", "task": "t", HEADER: "finished||dedupe:{t:ab}"}).task_name
+    't'
+    """
+
+    task_name: str
+    task_id: str
+    header: KeyHeader
+
+    @classmethod
+    def read(cls, headers: object) -> KeyedMessage | None:
+        """The keyed message of ``headers`` (None: no headers, no key header or no id)."""
+        if not isinstance(headers, Mapping):
+            return None
+        header = KeyHeader.read(headers)
+        task_id = headers.get("id")
+        if header is None or not task_id:
+            return None
+        name = str(headers.get("shadow") or headers.get("task") or "?")
+        return cls(name, str(task_id), header)
 
 
 _publishing: ContextVar[bool] = ContextVar("dedupe_publishing", default=False)

@@ -12,7 +12,6 @@ task id's, never a running record, never another call's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from celery import bootsteps
@@ -22,7 +21,7 @@ from dedupe.compat.celery_private import after_decode_errors, after_revokes
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import installed
-from dedupe.values.header import KeyHeader
+from dedupe.values.header import KeyedMessage
 
 __all__ = ["FreeRevoked", "FreeUndecodable", "on_rejected", "on_unknown"]
 
@@ -80,21 +79,16 @@ def _why_rejected(exc: BaseException | None) -> str:
 def _free(consumer: Any, message: Any, why: str) -> None:
     """Free the queued record of ``message``, dropped by ``consumer`` for ``why``; one line
     says so when a record went."""
-    headers = getattr(message, "headers", None)
-    if not isinstance(headers, Mapping):
-        return
-    header = KeyHeader.read(headers)
-    task_id = headers.get("id")
+    keyed = KeyedMessage.read(getattr(message, "headers", None))
     runtime = installed(getattr(consumer, "app", None))
-    if header is None or not task_id or runtime is None:
+    if keyed is None or runtime is None:
         return
-    name = str(headers.get("shadow") or headers.get("task") or "?")
-    key = header.keys.call
+    name, task_id, key = keyed.task_name, keyed.task_id, keyed.header.keys.call
     try:
-        freed = runtime.store.cancel(header.keys, str(task_id))
+        freed = runtime.store.cancel(keyed.header.keys, task_id)
     except RedisUnavailable as exc:
         action = f"was dropped unrun ({why}); its key was not freed (its ttl frees it)"
-        emit(UNAVAILABLE, name, str(task_id), key, action=action, error=exc.cause)
+        emit(UNAVAILABLE, name, task_id, key, action=action, error=exc.cause)
         return
     if freed:
         logger.warning(
