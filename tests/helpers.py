@@ -24,7 +24,7 @@ from celery.backends.redis import ResultConsumer
 from dedupe.values.keys import (
     RAN_SUFFIX,
     alive_key,
-    holds_key,
+    holds_keys,
     nodes_key,
     reaper_keys,
     watch_keys,
@@ -93,7 +93,7 @@ def keys_with_prefix(client: redis.Redis, prefix: str) -> list[bytes]:
     watch = watch_keys(prefix, "")[1].encode()
     # The reaper's lock and what the workers hold: with a ttl, the machinery's own.
     reaper = reaper_keys(prefix)[0].encode()
-    holds = holds_key(prefix, "").encode()
+    holds = holds_keys(prefix, "")[0].encode()
     nodes = nodes_key(prefix).encode()
     return sorted(
         key

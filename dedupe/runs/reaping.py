@@ -25,7 +25,7 @@ import redis.cluster
 
 from dedupe.store.clients import DedupRedis
 from dedupe.store.store import Store
-from dedupe.values.keys import holds_key, parse_call_key, reaper_keys
+from dedupe.values.keys import holds_keys, parse_call_key, reaper_keys
 from dedupe.values.record import Holder
 
 from .inventory import glob_escaped
@@ -122,7 +122,12 @@ class Reaper:
         if search is None:
             self._keep({})
             return self._done(Pass(sliced, keys_read=keys_read, blind=True), began)
-        held = self.store.held(holds_key(config.key_prefix, "*"))
+        # (Where the broker shows every worker's unacked messages, the search found them.)
+        held = (
+            set()
+            if self._runtime.broker.lists_unacked
+            else self.store.held(holds_keys(config.key_prefix, "")[0])
+        )
         missing = {
             key: Suspect(name, task_id, raw, self._since(key, raw, now))
             for key, (name, task_id, raw) in queued.items()

@@ -30,7 +30,7 @@ __all__ = [
     "alive_key",
     "call_keys",
     "format_call_key",
-    "holds_key",
+    "holds_keys",
     "nodes_key",
     "parse_call_key",
     "reaper_keys",
@@ -176,14 +176,15 @@ def reaper_keys(prefix: str) -> tuple[str, str]:
     return f"{prefix}:reaper", f"{prefix}:reaper:suspects"
 
 
-def holds_key(prefix: str, node: str) -> str:
-    """The set of task ids whose messages one worker holds (received, not yet acked), as it
-    last told the reaper: on a broker whose unacked messages nobody else can read.
+def holds_keys(prefix: str, node: str) -> tuple[str, str]:
+    """The keys of what the workers hold (received, not yet acked), as they last told the
+    reaper, on a broker whose unacked messages nobody else can read: the set of the holds
+    keys that were written, and ``node``'s, the set of the task ids it holds.
 
-    >>> holds_key("dedupe", "celery@vm")
-    'dedupe:holds:celery@vm'
+    >>> holds_keys("dedupe", "celery@vm")
+    ('dedupe:holds', 'dedupe:holds:celery@vm')
     """
-    return f"{prefix}:holds:{node}"
+    return f"{prefix}:holds", f"{prefix}:holds:{node}"
 
 
 def nodes_key(prefix: str) -> str:

@@ -21,7 +21,7 @@ from dedupe.errors import RedisUnavailable
 from dedupe.recovery.held import held_requests
 from dedupe.runs.reaping import APART, Reaper
 from dedupe.runs.runtime import Runtime, installed
-from dedupe.values.keys import holds_key, nodes_key, reaper_keys
+from dedupe.values.keys import holds_keys, nodes_key, reaper_keys
 from dedupe.values.record import HOST
 
 __all__ = ["Reap", "ReaperThread"]
@@ -74,8 +74,8 @@ class ReaperThread:
 
     def _report(self, every: float) -> None:
         ids = {request.id for request in held_requests(self._consumer, started=True)}
-        key = holds_key(self._runtime.config.key_prefix, self._node)
-        self._runtime.store.report_holds(key, ids, int(3 * every * 1000))
+        keys = holds_keys(self._runtime.config.key_prefix, self._node)
+        self._runtime.store.report_holds(keys, ids, int(3 * every * 1000))
 
     def _name_processes(self, every: float) -> None:
         pool = getattr(self._consumer, "pool", None)

@@ -45,34 +45,41 @@ class ReapingCommands(StoreBase):
         with reraise_unavailable("take_reaper", key):
             return bool(self._command(take))
 
-    def report_holds(self, key: str, task_ids: Collection[str], ttl_ms: int) -> None:
-        """Say which task ids' messages one worker holds, for ``ttl_ms``."""
+    def report_holds(self, keys: tuple[str, str], task_ids: Collection[str], ttl_ms: int) -> None:
+        """Say which task ids' messages one worker holds, for ``ttl_ms``; ``keys``: the set
+        of holds keys, and the worker's (:func:`~dedupe.values.keys.holds_keys`)."""
+        written, key = keys
 
         def write() -> None:
-            with self.client.pipeline(transaction=True) as pipe:
+            # (Not a transaction: the two keys may sit in different Cluster slots.)
+            with self.client.pipeline(transaction=False) as pipe:
                 pipe.delete(key)
                 if task_ids:
                     pipe.sadd(key, *task_ids)
                     pipe.pexpire(key, ttl_ms)
-                else:
-                    # (An empty set is no key: a marker says this worker holds nothing.)
-                    pipe.set(key, b"", px=ttl_ms)
+                    pipe.sadd(written, key)
+                    pipe.pexpire(written, ttl_ms)
                 pipe.execute()
 
         with reraise_unavailable("report_holds", key):
             self._command(write)
 
-    def held(self, pattern: str) -> set[str]:
-        """Every task id the live workers hold (their holds keys match ``pattern``)."""
+    def held(self, written: str) -> set[str]:
+        """Every task id the live workers hold, read from the holds keys in ``written``;
+        those gone (their worker dead, or holding nothing) are taken out of it."""
 
         def read() -> set[str]:
-            ids: set[str] = set()
-            for key in self.client.scan_iter(match=pattern, count=1000):
-                if self.client.type(key) in (b"set", "set"):
-                    ids.update(_text(member) for member in self.client.smembers(key))
-            return ids
+            keys = [_text(key) for key in self.client.smembers(written)]
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.smembers(key)
+                members = pipe.execute()
+            gone = [key for key, found in zip(keys, members, strict=True) if not found]
+            if gone:
+                self.client.srem(written, *gone)
+            return {_text(member) for found in members for member in found}
 
-        with reraise_unavailable("held", pattern):
+        with reraise_unavailable("held", written):
             found: set[str] = self._command(read)
         return found
 
