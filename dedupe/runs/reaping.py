@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import redis.cluster
 
@@ -171,16 +171,17 @@ class Reaper:
             batches: Iterable[Iterable[bytes | str]] = [client.scan_iter(match=pattern)]
         else:
             batches = self._slice(client, pattern, most)
-        names = [
-            name
+        calls = {
+            name: parts
             for batch in batches
             for name in map(_text, batch)
             if (parts := parse_call_key(prefix, name)) is not None and not parts.run_lock
-        ]
+        }
+        names = list(calls)
         for key, raw in zip(names, _values(client, names), strict=True):
-            parts = parse_call_key(prefix, key)
-            if raw is None or parts is None:
+            if raw is None:
                 continue
+            parts = calls[key]
             holder = _queued_holder(key, raw)
             if holder is None or holder.enqueued_at is None:
                 continue
@@ -229,15 +230,7 @@ class Reaper:
         )
 
     def _done(self, done: Pass, began: float) -> Pass:
-        done = Pass(
-            done.candidates,
-            done.suspects,
-            done.freed,
-            done.keys_read,
-            done.messages_read,
-            time.monotonic() - began,
-            done.blind,
-        )
+        done = replace(done, seconds=time.monotonic() - began)
         self.last = done
         return done
 
