@@ -26,7 +26,7 @@ from dedupe.webview import recorder, rows, totals
 from dedupe.webview.rows import KeyRow
 
 from .helpers import ServerProcess, wait_for
-from .view_server import PRODUCER_APP, producer_env, served_view
+from .view_server import PRODUCER_APP, served_view, web_app_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -248,7 +248,7 @@ print("made 4 accepted and 4 duplicate calls")
 def test_the_chart_counts_every_call_of_two_producers_that_exit_at_once(view_app: Celery) -> None:
     # Fresh processes: their first calls come before their recorder's first look at the
     # switch, their last just before they exit.
-    env = producer_env(view_app)
+    env = web_app_env(view_app)
     with served_view(view_app) as served:
         producers = [
             subprocess.Popen(

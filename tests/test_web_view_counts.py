@@ -14,7 +14,7 @@ from celery import Celery
 from dedupe.webview import recorder
 
 from .helpers import ROOT, WorkerProcess, wait_for
-from .view_server import PRODUCER_APP, producer_env, served_view
+from .view_server import PRODUCER_APP, served_view, web_app_env
 
 pytest.importorskip("starlette", reason="the web extra: pip install 'celery-dedupe[web]'")
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def view_app(make_app: Callable[..., Celery], redis_factory: Any) -> Iterator[Ce
 def test_a_process_that_looked_before_the_view_started_counts_its_calls_since(
     view_app: Celery,
 ) -> None:
-    env = producer_env(view_app)
+    env = web_app_env(view_app)
     with subprocess.Popen(
         [sys.executable, "-c", PRODUCER],
         env=env,
@@ -90,15 +90,9 @@ def _count_since_the_view(view_app: Celery, producer: subprocess.Popen[str]) -> 
 
 def test_a_pool_childs_last_calls_before_it_exits_are_counted(view_app: Celery) -> None:
     # One child, replaced after each task (it ends by os._exit right after its calls).
-    env = {
-        "WEB_BROKER": str(view_app.conf.broker_url),
-        "WEB_QUEUE": view_app.conf.task_default_queue,
-        "WEB_STORE": view_app.conf.dedupe_redis_url,
-        "WEB_PREFIX": view_app.conf.dedupe_key_prefix,
-    }
     worker = WorkerProcess(
         view_app,
-        env,
+        web_app_env(view_app),
         concurrency=1,
         module="tests.web_worker_app",
         extra=("--max-tasks-per-child", "1"),

@@ -77,36 +77,22 @@ def served_view(
             wait_for(lambda: not recorder.listening_to(prefix), message="the view seen stopped")
 
 
-#: The head of a producer script for a view's app (tests/test_web_view*.py): its app, from
-#: the environment :func:`producer_env` gives, keeps its events for the view, and its
-#: ``refresh`` task is unique.
+#: The head of a producer script for a view's app (tests/test_web_view*.py): the app of
+#: tests/web_worker_app.py, on the view app's broker and keys (:func:`web_app_env`), keeps its
+#: events for the view, and its ``refresh`` task is unique.
 PRODUCER_APP = """
 import os
-from celery import Celery
-import dedupe
 
-app = Celery("producer", broker=os.environ["BROKER"], set_as_current=False)
-app.conf.update(
-    task_default_queue=os.environ["QUEUE"],
-    dedupe_redis_url=os.environ["DEDUPE_REDIS"],
-    dedupe_key_prefix=os.environ["PREFIX"],
-    dedupe_web_events=True,
-)
-dedupe.install(app)
-
-
-@app.task(base=dedupe.DedupeTask, unique=True, name="reports.refresh")
-def refresh(account):
-    pass
+from tests.web_worker_app import app, refresh
 """
 
 
-def producer_env(app: Celery) -> dict[str, str]:
-    """The environment of a :data:`PRODUCER_APP` script on ``app``'s broker, queue and keys."""
+def web_app_env(app: Celery) -> dict[str, str]:
+    """The environment of tests/web_worker_app.py on ``app``'s broker, queue and keys."""
     return {
         **os.environ,
-        "BROKER": str(app.conf.broker_url),
-        "QUEUE": app.conf.task_default_queue,
-        "DEDUPE_REDIS": app.conf.dedupe_redis_url,
-        "PREFIX": app.conf.dedupe_key_prefix,
+        "WEB_BROKER": str(app.conf.broker_url),
+        "WEB_QUEUE": app.conf.task_default_queue,
+        "WEB_STORE": app.conf.dedupe_redis_url,
+        "WEB_PREFIX": app.conf.dedupe_key_prefix,
     }

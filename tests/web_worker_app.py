@@ -1,5 +1,6 @@
-"""A worker app whose processes keep their events for a web view (tests/test_web_view_counts.py):
-configured from the environment the test sets."""
+"""An app whose processes keep their events for a web view: the producer scripts' and the
+worker's of tests/test_web_view*.py, configured from the environment tests/view_server.py's
+``web_app_env`` gives."""
 
 from __future__ import annotations
 
