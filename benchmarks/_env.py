@@ -22,6 +22,16 @@ import dedupe
 from dedupe.demo.server import RedisServer
 
 
+def commandstats(client: Any) -> dict[str, tuple[int, int]]:
+    """Calls and microseconds by command since the server started (INFO commandstats), the
+    measurement's own INFO left out."""
+    return {
+        name.removeprefix("cmdstat_"): (int(stat["calls"]), int(stat["usec"]))
+        for name, stat in client.info("commandstats").items()
+        if name not in ("cmdstat_info", "cmdstat_config|resetstat")
+    }
+
+
 @contextlib.contextmanager
 def redis_url(given: str | None) -> Iterator[str]:
     """The given Redis, or a throwaway redis-server for the run."""

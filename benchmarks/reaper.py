@@ -26,6 +26,8 @@ from dedupe.runs.runtime import runtime_of
 from dedupe.values.keys import format_call_key
 from dedupe.values.record import pack_queued
 
+from ._env import commandstats
+
 __all__ = ["run", "summary"]
 
 _CHUNK = 10_000
@@ -81,7 +83,7 @@ def _fill(app: Celery, broker_url: str, store_url: str, size: int) -> list[str]:
 def _passes(reaper: Reaper, now: float, rounds: int, broker_url: str, store_url: str) -> Any:
     servers = {"store": redis.Redis.from_url(store_url), "broker": redis.Redis.from_url(broker_url)}
     walls, keys, messages = [], [], []
-    before = {name: _stats(client) for name, client in servers.items()}
+    before = {name: commandstats(client) for name, client in servers.items()}
     for _ in range(rounds):
         done = reaper.sweep(now=now)
         assert done.freed == []
@@ -89,7 +91,7 @@ def _passes(reaper: Reaper, now: float, rounds: int, broker_url: str, store_url:
         walls.append(done.seconds)
         keys.append(done.keys_read)
         messages.append(done.messages_read)
-    after = {name: _stats(client) for name, client in servers.items()}
+    after = {name: commandstats(client) for name, client in servers.items()}
     found: dict[str, Any] = {
         "seconds": statistics.median(walls),
         "range": (min(walls), max(walls)),
@@ -97,19 +99,11 @@ def _passes(reaper: Reaper, now: float, rounds: int, broker_url: str, store_url:
         "messages read": statistics.median(messages),
     }
     for name in servers:
-        calls = sum(after[name][0].values()) - sum(before[name][0].values())
-        usec = sum(after[name][1].values()) - sum(before[name][1].values())
+        calls = sum(c for c, _ in after[name].values()) - sum(c for c, _ in before[name].values())
+        usec = sum(u for _, u in after[name].values()) - sum(u for _, u in before[name].values())
         found[f"{name} commands"] = calls / rounds
         found[f"{name} server ms"] = usec / rounds / 1000
     return found
-
-
-def _stats(client: redis.Redis) -> tuple[dict[str, int], dict[str, int]]:
-    """Calls and microseconds by command (INFO commandstats)."""
-    info: dict[str, Any] = client.info("commandstats")
-    calls = {name: int(stat["calls"]) for name, stat in info.items()}
-    usec = {name: int(stat["usec"]) for name, stat in info.items()}
-    return calls, usec
 
 
 def summary(results: dict[str, Any]) -> list[str]:

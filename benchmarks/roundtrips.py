@@ -13,17 +13,13 @@ from celery import signals
 import dedupe
 from dedupe.demo.server import RedisServer
 
-from ._env import in_process_worker, make_app
+from ._env import commandstats, in_process_worker, make_app
 
 _TOP_LEVEL = ("evalsha", "eval", "script|load", "script")
 
 
 def _stats(client: redis.Redis) -> dict[str, int]:
-    return {
-        name.removeprefix("cmdstat_"): int(value["calls"])
-        for name, value in client.info("commandstats").items()
-        if name not in ("cmdstat_info", "cmdstat_config|resetstat")
-    }
+    return {name: calls for name, (calls, _) in commandstats(client).items()}
 
 
 def _delta(client: redis.Redis, action: Any, count: int) -> tuple[float, float]:
