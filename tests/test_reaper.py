@@ -314,3 +314,15 @@ def test_a_redis_brokers_global_key_prefix_is_looked_under(
     assert dedupe.lookup(task, (1,)) is None
     assert dedupe.lookup(task, (2,)).task_id == waiting.id  # type: ignore[union-attr]
     assert purged.id != waiting.id
+
+
+def test_a_key_that_is_no_utf8_under_the_prefix_does_not_stop_a_pass(
+    make_app: Callable[..., Celery], own_broker: str, redis_client: redis.Redis
+) -> None:
+    app = make_app(broker=own_broker, **REAPING)
+    redis_client.set(app.conf.dedupe_key_prefix.encode() + b":\xff\xfe", b"another program's")
+    task = unique_task(app)
+    queued(task, 7)
+    app.control.purge()
+    assert len(two_passes(app)) == 1
+    assert dedupe.lookup(task, (7,)) is None

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 import redis.cluster
 
 from dedupe.store.clients import DedupRedis
+from dedupe.store.replies import decoded
 from dedupe.store.store import Store
 from dedupe.values.keys import holds_keys, parse_call_key, reaper_keys
 from dedupe.values.record import Holder
@@ -174,7 +175,7 @@ class Reaper:
         calls = {
             name: parts
             for batch in batches
-            for name in map(_text, batch)
+            for name in map(decoded, batch)
             if (parts := parse_call_key(prefix, name)) is not None and not parts.run_lock
         }
         names = list(calls)
@@ -233,10 +234,6 @@ class Reaper:
         done = replace(done, seconds=time.monotonic() - began)
         self.last = done
         return done
-
-
-def _text(name: bytes | str) -> str:
-    return name.decode() if isinstance(name, bytes) else name
 
 
 def _values(client: DedupRedis, names: list[str]) -> list[bytes | None]:

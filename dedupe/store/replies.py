@@ -21,6 +21,7 @@ __all__ = [
     "Restore",
     "Take",
     "Wait",
+    "decoded",
     "first_holder",
     "not_decided",
     "read_cancel",
@@ -244,3 +245,9 @@ def run_id_of(info: object) -> bytes:
 def not_decided(reply: object) -> bool:
     """Is this an enqueue's answer that the store lost its data (:attr:`Enqueue.LOST`)?"""
     return isinstance(reply, int) and reply == Enqueue.LOST
+
+
+def decoded(text: bytes | str) -> str:
+    """A name or value Redis answered, as text (bytes that are no UTF-8 replaced: a key of
+    another program's under the prefix must not stop a scan)."""
+    return text.decode("utf-8", "replace") if isinstance(text, bytes) else text

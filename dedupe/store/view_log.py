@@ -15,6 +15,7 @@ from typing import Any
 from dedupe.values.keys import view_keys, view_task_keys
 
 from .clients import DedupRedis
+from .replies import decoded
 
 __all__ = ["EVENTS_KEPT", "KEPT_FOR", "ViewLog"]
 
@@ -91,7 +92,7 @@ class ViewLog:
     def tasks(self) -> list[str]:
         """The names of the tasks with events of late, sorted."""
         members = self.client.smembers(self.tasks_key)
-        return sorted(_decoded(member) for member in members)
+        return sorted(decoded(member) for member in members)
 
     def minutes(
         self, task_names: Iterable[str], now: float, span: int
@@ -113,9 +114,5 @@ class ViewLog:
         return counts
 
 
-def _decoded(text: bytes | str) -> str:
-    return text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-
-
 def _text(fields: Mapping[Any, Any]) -> dict[str, str]:
-    return {_decoded(name): _decoded(value) for name, value in fields.items()}
+    return {decoded(name): decoded(value) for name, value in fields.items()}

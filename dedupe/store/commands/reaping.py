@@ -9,6 +9,7 @@ from collections.abc import Collection, Mapping, Sequence
 from redis.commands.core import Script
 
 from dedupe.store.redis_errors import reraise_unavailable
+from dedupe.store.replies import decoded
 
 from .base import StoreBase, raise_first_error
 
@@ -69,7 +70,7 @@ class ReapingCommands(StoreBase):
         those gone (their worker dead, or holding nothing) are taken out of it."""
 
         def read() -> set[str]:
-            keys = [_text(key) for key in self.client.smembers(written)]
+            keys = [decoded(key) for key in self.client.smembers(written)]
             with self.client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     pipe.smembers(key)
@@ -77,7 +78,7 @@ class ReapingCommands(StoreBase):
             gone = [key for key, found in zip(keys, members, strict=True) if not found]
             if gone:
                 self.client.srem(written, *gone)
-            return {_text(member) for found in members for member in found}
+            return {decoded(member) for found in members for member in found}
 
         with reraise_unavailable("held", written):
             found: set[str] = self._command(read)
@@ -100,7 +101,7 @@ class ReapingCommands(StoreBase):
         """``host:pid`` -> Celery node name, as the live workers last said."""
         with reraise_unavailable("nodes", key):
             found = self._command(lambda: self.client.hgetall(key))
-        return {_text(name): _text(node) for name, node in found.items()}
+        return {decoded(name): decoded(node) for name, node in found.items()}
 
     def mark_suspects(self, key: str, suspects: Mapping[str, float], ttl_ms: int) -> None:
         """Keep what the last pass found without a message (call key -> when first found)
@@ -122,8 +123,4 @@ class ReapingCommands(StoreBase):
         found (seconds since the epoch)."""
         with reraise_unavailable("suspects", key):
             found = self._command(lambda: self.client.hgetall(key))
-        return {_text(name): float(at) for name, at in found.items()}
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+        return {decoded(name): float(at) for name, at in found.items()}
