@@ -82,21 +82,33 @@ def _remembered_duplicate(broker: str, **conf: Any) -> tuple[Callable[[int], Any
     return (lambda i: asked.apply_async((-1,))), app
 
 
+def _clearer(
+    client: redis.Redis,
+    empty_queue: Callable[[], object],
+    patterns: tuple[str, ...],
+    hold: Callable[[], Any] | None,
+) -> Callable[[], None]:
+    """What clears a variant's round: its queue emptied, the keys of ``patterns`` deleted,
+    then ``hold`` (a call that holds the key the duplicates meet)."""
+
+    def clear() -> None:
+        empty_queue()
+        for pattern in patterns:
+            keys = list(client.scan_iter(match=pattern, count=10_000))
+            if keys:
+                client.delete(*keys)
+        if hold is not None:
+            hold()
+
+    return clear
+
+
 def run(url: str, rounds: int, calls: int) -> Timings:
     """Microseconds per call of each variant, per round."""
     client = redis.Redis.from_url(url)
 
     def clearer(app: Celery, *patterns: str, hold: Callable[[], Any] | None = None) -> Any:
-        def clear() -> None:
-            client.delete(app.conf.task_default_queue)
-            for pattern in patterns:
-                keys = list(client.scan_iter(match=pattern, count=10_000))
-                if keys:
-                    client.delete(*keys)
-            if hold is not None:
-                hold()
-
-        return clear
+        return _clearer(client, lambda: client.delete(app.conf.task_default_queue), patterns, hold)
 
     app = make_app(url)
 
@@ -165,17 +177,11 @@ def run_rabbitmq(redis_url: str, amqp_url: str, rounds: int, calls: int) -> Timi
     def unique(x: int) -> None: ...
 
     def clearer(made: Celery, *patterns: str, hold: Callable[[], Any] | None = None) -> Any:
-        def clear() -> None:
+        def purge() -> None:
             with made.connection_for_write() as connection:
                 connection.default_channel.queue_purge(made.conf.task_default_queue)
-            for pattern in patterns:
-                keys = list(client.scan_iter(match=pattern, count=10_000))
-                if keys:
-                    client.delete(*keys)
-            if hold is not None:
-                hold()
 
-        return clear
+        return _clearer(client, purge, patterns, hold)
 
     clear = clearer(app, f"{app.conf.dedupe_key_prefix}:*", hold=lambda: unique.delay(-1))
     plain.delay(0)  # declares the queue
