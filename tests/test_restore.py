@@ -740,20 +740,21 @@ def test_a_call_made_during_a_started_run_after_a_dedup_redis_restart_is_accepte
     worker = WorkerProcess(producer, env)
     worker.start()
     try:
-        first = started_mode.delay(tag, 6)
+        # (The first run lasts well past the looks below, however slow the machine.)
+        first = started_mode.delay(tag, 10)
         wait_for(lambda: worker_app.runlog(tag).runs(), message="the first run's start")
         store.stop()
         store.start()  # the dedup Redis lost every key; the running message is unacked
-        again = started_mode.delay(tag, 6)  # (decided once the restore finished)
+        again = started_mode.delay(tag, 10)  # (decided once the restore finished)
         assert again.deduplicated is False
-        assert started_mode.delay(tag, 6).id == again.id  # queued: the next call's duplicate
+        assert started_mode.delay(tag, 10).id == again.id  # queued: the next call's duplicate
         # Past the restore of the "started" messages, a few looks of the worker's beat later.
         time.sleep(defaults.STARTED_RESTORE_PAUSE + 1.5)
-        holder = dedupe.lookup(started_mode, (tag, 6))
+        holder = dedupe.lookup(started_mode, (tag, 10))
         assert holder is not None
         assert (holder.task_id, holder.state) == (again.id, "queued")
-        assert first.get(timeout=30) == tag
-        assert again.get(timeout=30) == tag
+        assert first.get(timeout=60) == tag
+        assert again.get(timeout=60) == tag
     finally:
         worker.stop()
     log = worker_app.runlog(tag)

@@ -21,8 +21,9 @@ from .helpers import WorkerProcess, producer_stub, wait_for
 
 pytestmark = pytest.mark.slow
 
-#: Seconds within which a revoked message's key must be free.
-AT_ONCE = 2.0
+#: Seconds within which a revoked message's key must be free: far less than the run it
+#: waits behind (a broadcast reaches a busy machine's worker in a few seconds at worst).
+AT_ONCE = 6.0
 #: Seconds of the run the revoked message waits behind.
 LONG_RUN = 15.0
 
@@ -73,11 +74,12 @@ def test_a_message_revoked_while_it_waits_behind_a_run_frees_its_key_at_once(
         timeout=AT_ONCE,
         message=f"the key of the revoked {first.id} freed",
     )
+    freed_in = time.monotonic() - revoked_at
     again = ok.delay(tag)
 
     assert again.deduplicated is False
     assert again.id != first.id
-    assert time.monotonic() - revoked_at <= AT_ONCE
+    assert freed_in <= AT_ONCE
     [(_, _, ended)] = worker_app.runlog(f"{tag}-long").runs()
     assert ended is None  # (the message still waits: only the revoke freed its key)
     line = f"{ok.name}[{first.id}] was dropped unrun (revoked): its key"

@@ -140,7 +140,7 @@ def test_a_release_written_to_a_dropped_connection_is_sent_again_at_the_runs_end
         # The worker takes no other task: only the run's own end can free its key.
         wait_for(
             lambda: dedupe.lookup(task, (tag, 0.4)) is None,
-            timeout=3,
+            timeout=10,  # (well within the 30 s lease: only the end can free it so soon)
             message="the key freed by the run's end (not by a next call)",
         )
         if not ignore_result:
