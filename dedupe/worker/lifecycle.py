@@ -22,6 +22,7 @@ from dedupe.values.options import check_plain_task
 from dedupe.values.urls import cluster_target
 
 from .early_claim import pool_accepts_in_place
+from .line_sweep import LineSweep
 
 __all__ = ["on_process_shutdown", "on_worker_init", "on_worker_ready"]
 
@@ -65,6 +66,7 @@ def on_worker_ready(sender: object = None, **_: object) -> None:
     if runtime is None:
         return
     _watch_held(runtime, sender)  # (first: a dedup Redis down at start is the watch's to see)
+    _sweep_lines(runtime)
     try:
         warning = eviction_risk(runtime.store.client)
     except RedisUnavailable as exc:  # (a Cluster no node of which answers yet)
@@ -104,6 +106,21 @@ def _watch_held(runtime: Runtime, consumer: object) -> None:
         previous.stop()
     _held_watches[runtime.app] = watch
     watch.start()
+
+
+# The look at each app's lines (one per worker; a new one replaces it).
+_line_sweeps: weakref.WeakKeyDictionary[Celery, LineSweep] = weakref.WeakKeyDictionary()
+
+
+def _sweep_lines(runtime: Runtime) -> None:
+    previous = _line_sweeps.get(runtime.app)
+    if previous is not None:
+        previous.stop()
+    sweep = _line_sweeps[runtime.app] = LineSweep(runtime)
+    try:
+        sweep.start()
+    except DedupeError as exc:  # (a Cluster no node of which answers yet)
+        logger.warning("no look at the lines of key_concurrency keys: %s", exc)
 
 
 def on_process_shutdown(**_: object) -> None:
