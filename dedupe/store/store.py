@@ -106,6 +106,7 @@ class Store(
         self._end_turn = self._register("end_turn")
         self._leave_turn = self._register("leave_turn")
         self._hand_on = self._register("hand_on")
+        self._settle = self._register("settle")
 
     def _register(self, name: str) -> Script:
         script: Script = self.client.register_script(script_text(name))

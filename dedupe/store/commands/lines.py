@@ -8,11 +8,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+import redis.cluster
 from redis.commands.core import Script
 
 from dedupe.errors import UnexpectedReply
 from dedupe.store.redis_errors import reraise_unavailable
-from dedupe.values.limits import LINE_KEY_NAMES, index_member, line_index
+from dedupe.values.limits import LINE_KEY_NAMES, index_member, limit_keys, line_index
 
 from .base import StoreBase, integer_reply
 
@@ -39,23 +40,31 @@ class Turn:
 
 @dataclass(frozen=True, slots=True)
 class WaitingCall:
-    """A call waiting in a key's line (or handed a slot, not started yet), for the CLI and
-    the web view: its key, task id, position (1 = next) and whether a slot was handed to it."""
+    """A call waiting for its turn, for the CLI and the web view: its key, task id, position
+    (1 = next), whether a slot was handed to it (``key_concurrency``), and when it is due
+    (``key_rate_limit``: its reserved start, seconds since the epoch; None: when a slot
+    frees)."""
 
     key: str
     task_id: str
     position: int
-    handed: bool
+    handed: bool = False
+    due_at: float | None = None
 
 
 class LineCommands(StoreBase):
     """Held and handed calls of ``key_concurrency`` keys."""
+
+    @property
+    def _cluster(self) -> bool:
+        return isinstance(self.client, redis.cluster.RedisCluster)
 
     _hold_or_push: Script
     _turn: Script
     _end_turn: Script
     _leave_turn: Script
     _hand_on: Script
+    _settle: Script
 
     def hold_or_push(
         self,
@@ -77,7 +86,7 @@ class LineCommands(StoreBase):
             # (Not sent again once written: a second run would push the message twice.)
             reply = self._run(
                 self._hold_or_push,
-                [*_line(keys), *lists, *expiring],
+                [*_line(keys, cluster=self._cluster), *lists, *expiring],
                 [task_id, lease_ms, limit, ttl_ms, message, len(lists), expire_ms, member],
                 resend=False,
             )
@@ -100,7 +109,7 @@ class LineCommands(StoreBase):
         with reraise_unavailable("turn", keys["slots"]):
             reply = self._run(
                 self._turn,
-                _line(keys),
+                _line(keys, cluster=self._cluster),
                 [task_id, token, lease_ms, limit, ttl_ms, options, member],
             )
         if not isinstance(reply, list) or not reply:
@@ -114,7 +123,9 @@ class LineCommands(StoreBase):
         its runs) and hands it on (end_turn.lua): the slots freed, and the calls handed one."""
         member = index_member(limit, lease_ms, _base(keys))
         with reraise_unavailable("end_turn", keys["slots"]):
-            reply = self._run(self._end_turn, _line(keys), [run, lease_ms, limit, member])
+            reply = self._run(
+                self._end_turn, _line(keys, cluster=self._cluster), [run, lease_ms, limit, member]
+            )
         if not isinstance(reply, list) or not reply:
             raise UnexpectedReply("end_turn", reply)
         return integer_reply("end_turn", reply[0]), _handed("end_turn", reply[1:])
@@ -126,7 +137,11 @@ class LineCommands(StoreBase):
         was handed goes on (leave_turn.lua)."""
         member = index_member(limit, lease_ms, _base(keys))
         with reraise_unavailable("leave_turn", keys["line"]):
-            reply = self._run(self._leave_turn, _line(keys), [task_id, lease_ms, limit, member])
+            reply = self._run(
+                self._leave_turn,
+                _line(keys, cluster=self._cluster),
+                [task_id, lease_ms, limit, member],
+            )
         if not isinstance(reply, list) or not reply:
             raise UnexpectedReply("leave_turn", reply)
         return integer_reply("leave_turn", reply[0]) == 1, _handed("leave_turn", reply[1:])
@@ -140,8 +155,41 @@ class LineCommands(StoreBase):
             raise UnexpectedReply("hand_on", reply)
         return _handed("hand_on", reply)
 
+    def settle_lines(self, index: str, seen: str, run: str, lease_ms: int) -> bool:
+        """The dedup Redis restarted or failed over since this worker's last look (its run
+        id was ``seen``, is ``run``): the lines settle for ``lease_ms`` (settle.lua). True
+        if they settle from now."""
+        with reraise_unavailable("settle", index):
+            reply = self._run(self._settle, [index], [seen, run, lease_ms])
+        return integer_reply("settle", reply) == 1
+
+    def waiting_under(self, prefix: str, pattern: str = "*", most: int = 1000) -> list[WaitingCall]:
+        """Every call waiting under ``prefix`` (keys matching ``<prefix>:<pattern>``): in a
+        ``key_concurrency`` line, then the reserved starts of ``key_rate_limit`` keys (a
+        read: SCAN, then a ZRANGE per key; ``most`` calls at most). One server only."""
+        found: list[WaitingCall] = []
+        for suffix, read in ((":line", self.waiting_calls), (":plan", self.planned_starts)):
+            keys = self.client.scan_iter(match=f"{prefix}:{pattern}{suffix}", count=1000)
+            for key in keys:
+                base = (key.decode() if isinstance(key, bytes) else str(key)).removesuffix(suffix)
+                found.extend(read(limit_keys(base)))
+                if len(found) >= most:
+                    return found[:most]
+        return found
+
+    def planned_starts(self, keys: Mapping[str, str]) -> list[WaitingCall]:
+        """The calls of a rate-limited key whose start is reserved and not made yet, in the
+        order of their starts, each due then."""
+        with reraise_unavailable("planned_starts", keys["plan"]):
+            plan = self._command(lambda: self.client.zrange(keys["plan"], 0, -1, withscores=True))
+        base = keys["plan"].removesuffix(":plan")
+        return [
+            WaitingCall(base, _text("plan", task_id), position, due_at=float(score) / 1000)
+            for position, (task_id, score) in enumerate(cast("list[tuple[bytes, float]]", plan), 1)
+        ]
+
     def waiting_calls(self, keys: Mapping[str, str]) -> list[WaitingCall]:
-        """The calls waiting in a key's line, in call order (a read: ZRANGE and HKEYS)."""
+        """The calls waiting in a key's line, in call order (a read: two ZRANGEs)."""
 
         def read() -> tuple[list[bytes], list[bytes]]:
             line = self.client.zrange(keys["line"], 0, -1)
@@ -158,8 +206,11 @@ class LineCommands(StoreBase):
         ]
 
 
-def _line(keys: Mapping[str, str]) -> list[str]:
-    index = line_index(_base(keys))
+def _line(keys: Mapping[str, str], *, cluster: bool = False) -> list[str]:
+    # On a Cluster every key of a script is in the line's slot: its index is its own (no
+    # look at lapsed leases, nor settling, there: see dedupe.worker.line_sweep).
+    base = _base(keys)
+    index = f"{base}:lines" if cluster else line_index(base)
     return [index if name == "index" else keys[name] for name in LINE_KEY_NAMES]
 
 

@@ -490,11 +490,17 @@ local function line_keys_of(key, index)
     seq = key .. ':seq', started = key .. ':started', index = index, due = key .. ':due'}
 end
 
+-- True while the lines settle after the dedup Redis lost its data (settle.lua): no new start
+-- is let in, nor a slot handed on, until the live runs' heartbeats counted their slots again.
+local function settling(k)
+  return redis.call('EXISTS', k.index .. ':hold') == 1
+end
+
 -- Places whose message never came within their lease lapse (a lost or interrupted publish).
 local function lapse_places(k, now)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', k.due, '-inf', now, 'LIMIT', 0, 100)) do
     redis.call('ZREM', k.due, id)
-    if redis.call('HEXISTS', k.held, id) == 0 then
+    if redis.call('HGET', k.held, id) == false then
       redis.call('ZREM', k.line, id)
     end
   end
@@ -512,7 +518,7 @@ local function lapse_slots(k, now)
     local id, token = string.match(member, '^(.*) (%S+)$')
     if id then
       if token == HANDED then
-        if redis.call('HEXISTS', k.held, id) == 1 then
+        if redis.call('HGET', k.held, id) ~= false then
           redis.call('ZADD', k.started, -1, id)
         end
       else
@@ -556,7 +562,7 @@ end
 local function hand_on(k, limit, lease, now, out)
   local taken = redis.call('ZCARD', k.slots)
   local free = limit - taken
-  if free <= 0 then
+  if free <= 0 or settling(k) then
     return
   end
   for _, id in ipairs(redis.call('ZRANGE', k.line, 0, free + taken - 1)) do
@@ -617,6 +623,9 @@ end
 
 -- A free slot for a call nobody waits before, now: true when one was free (after lapses).
 local function free_now(k, limit)
+  if settling(k) then
+    return false
+  end
   local waiting = redis.call('ZCARD', k.line) - handed_count(k)
   return waiting <= 0 and redis.call('ZCARD', k.slots) < limit
 end

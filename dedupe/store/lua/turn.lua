@@ -32,7 +32,7 @@ else
   hand_on(k, limit, lease, now, handed)
   -- A copy: what publishes it waits in line, one of its copies started after it was handed
   -- twice, or a run of it holds a slot.
-  local copy = redis.call('HEXISTS', k.held, id) == 1 or redis.call('ZSCORE', k.started, id)
+  local copy = redis.call('HGET', k.held, id) ~= false or redis.call('ZSCORE', k.started, id)
   if not copy then
     for _, held in ipairs(redis.call('ZRANGE', k.slots, 0, -1)) do
       if string.sub(held, 1, #id + 1) == id .. ' ' then
@@ -49,7 +49,7 @@ else
       redis.call('ZADD', k.line, redis.call('INCR', k.seq), id)
     end
     local ahead = redis.call('ZRANK', k.line, id) - handed_count(k)
-    if redis.call('ZCARD', k.slots) + math.max(ahead, 0) < limit then
+    if not settling(k) and redis.call('ZCARD', k.slots) + math.max(ahead, 0) < limit then
       verdict = 0
     else
       verdict = hold(k, id, 'C' .. ARGV[6], tonumber(ARGV[5]))
