@@ -28,12 +28,12 @@ dedupe.install(app)
 
 
 @app.task
-def plain(index: int) -> int:
+def plain(tenant: int, index: int) -> int:
     time.sleep(RUN)
     return index
 
 
-@app.task(base=dedupe.DedupeTask, unique_on=(), key_concurrency=1)
-def limited(index: int) -> int:
+@app.task(base=dedupe.DedupeTask, unique_on=("tenant",), key_concurrency=1)
+def limited(tenant: int, index: int) -> int:
     time.sleep(RUN)
     return index
