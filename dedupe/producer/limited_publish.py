@@ -89,7 +89,9 @@ def publish_limited(call: Call) -> DedupeResult:
             earliest_ms,
             unavailable,
             # With both limits, the place goes with the start in one step; else after it.
-            _place_wait(call, unique.ttl, now) if in_one_step and header.holds_slots else None,
+            # (A lease past its start: a place whose message is lost never holds the line
+            # longer; a message later than that takes a place at the back as it comes.)
+            _place_wait(call, unique.lease, now) if in_one_step and header.holds_slots else None,
         )
         if in_one_step:
             return _publish_in_line(runtime, call, header, start)
@@ -102,7 +104,7 @@ def publish_limited(call: Call) -> DedupeResult:
         return _publish_with(call, header, store, task_id)
     if header.kind == "concurrency":
         return _publish_concurrency(runtime, call, header, unique.ttl, unique.lease, delay)
-    place_ms = _place_wait(call, unique.ttl, now).ms_after(milliseconds(delay) if delay else 0)
+    place_ms = _place_wait(call, unique.lease, now).ms_after(milliseconds(delay) if delay else 0)
     line = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
     if runtime.one_step:
         return _publish_in_line(runtime, call, header, line)
@@ -223,7 +225,7 @@ def _leave_line(store: Store, keys: Mapping[str, str], task_id: str) -> None:
 
 
 def _place_wait(call: Call, ttl: float, now: float) -> PlaceWait:
-    """How long a call's place in line waits for its message's first run: ``unique_ttl``
+    """How long a call's place in line waits for its message's first run: ``ttl`` (a lease)
     past its countdown, or until the message expires (an expired message never runs, and a
     place nobody takes holds the line)."""
     expiry = _expiry_of(call, now)
