@@ -1,14 +1,12 @@
 """What differs from one kind of broker to another, behind one interface (:class:`Broker`):
 
 - when a dead worker's unacked message comes back (``redelivery``, and its start-up warning);
-- whether the broker is the dedup store's own Redis (``is_store``), where one script writes
-  a call's record (or place in line) with its message (``pushing_through``,
-  ``pushing_in_line``);
+- whether it is the dedup store's own Redis (``is_store``): one script writes a call's
+  record (or place) with its message (``pushing_through``, ``pushing_in_line``);
 - what writes back the records of its unacked messages after the dedup Redis lost its data
   (``lists_unacked``, ``restart_watch``);
 - which calls' messages it may still hold, for the reaper (``search``);
-- how a waiting call of a ``key_concurrency`` key goes out when a slot is handed to it
-  (``hand_off``).
+- how a waiting ``key_concurrency`` call goes out when a slot is handed to it (``hand_off``).
 
 One implementation per kind: :class:`~dedupe.brokers.redis_broker.RedisBroker` and
 :class:`~dedupe.brokers.other_broker.OtherBroker`; :func:`~dedupe.brokers.choice.broker_of`

@@ -9,7 +9,7 @@ with no options)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from celery import Celery
@@ -18,7 +18,7 @@ from kombu.utils.json import loads
 from dedupe.store.commands.lines import Handed
 from dedupe.values.header import publishing
 
-__all__ = ["publish_handed"]
+__all__ = ["publish_handed", "publish_held"]
 
 logger = logging.getLogger("dedupe.worker")
 
@@ -34,17 +34,7 @@ def publish_handed(app: Celery, key: str, handed: Sequence[Handed]) -> None:
             continue
         try:
             held: dict[str, Any] = loads(call.options)
-            options = dict(held["options"])
-            options.pop("task_id", None)
-            with publishing():
-                app.send_task(
-                    held["task"],
-                    args=held["args"],
-                    kwargs=held["kwargs"],
-                    task_id=call.task_id,
-                    add_to_parent=False,
-                    **options,
-                )
+            publish_held(app, held, call.task_id)
         except Exception as exc:
             logger.warning(
                 "%s was handed a slot of %s and could not be published (%r): the slot lapses "
@@ -55,3 +45,26 @@ def publish_handed(app: Celery, key: str, handed: Sequence[Handed]) -> None:
             )
             continue
         logger.info("%s[%s] leaves the line of %s: a slot freed", held["task"], call.task_id, key)
+
+
+def publish_held(
+    app: Celery, held: Mapping[str, Any], task_id: str, countdown: float | None = None
+) -> None:
+    """Publish a call kept for its turn (task, arguments and Celery's options, as
+    ``_held_options`` keeps them) under ``task_id``, ``countdown`` seconds from now (its
+    backstop) or at once."""
+    options = dict(held["options"])
+    options.pop("task_id", None)
+    for timing in ("countdown", "eta"):
+        options.pop(timing, None)
+    if countdown is not None:
+        options["countdown"] = countdown
+    with publishing():
+        app.send_task(
+            held["task"],
+            args=held["args"],
+            kwargs=held["kwargs"],
+            task_id=task_id,
+            add_to_parent=False,
+            **options,
+        )

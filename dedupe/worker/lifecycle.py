@@ -13,6 +13,7 @@ from celery import Celery
 
 from dedupe.errors import ConfigurationError, DedupeError, RedisUnavailable
 from dedupe.recovery.held import HeldWatch, held_requests
+from dedupe.runs.line_sweep import LineSweep
 from dedupe.runs.run import GUARDS_RUNS, acks_late_leases
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.checks import eviction_risk
@@ -22,7 +23,6 @@ from dedupe.values.options import check_plain_task
 from dedupe.values.urls import cluster_target
 
 from .early_claim import pool_accepts_in_place
-from .line_sweep import LineSweep
 
 __all__ = ["on_process_shutdown", "on_worker_init", "on_worker_ready"]
 

@@ -20,8 +20,9 @@ from typing import NoReturn, cast
 
 from celery.app.task import Context
 from celery.exceptions import Ignore
-from kombu.utils.json import dumps
+from kombu.utils.json import dumps, loads
 
+from dedupe.brokers.hand_off import publish_held
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.run import new_token
@@ -50,6 +51,9 @@ logger = logging.getLogger("dedupe.worker")
 
 _ATTRIBUTE = "_dedupe_limited"
 
+#: turn.lua's verdict for the backstop of a call that waits still in its line.
+_WAITS_STILL = -2
+
 
 @dataclass(slots=True)
 class LimitedRun:
@@ -64,6 +68,9 @@ class LimitedRun:
     waits: int = 0
     #: A copy of a message that runs, ran, or waits already: dropped.
     copy: bool = False
+    #: What publishes its backstop (a waiting call's copy in a broker apart from the dedup
+    #: Redis, due a lease on), or "" where none is kept.
+    backstop: str = ""
 
 
 def limited_run_of(request: object) -> LimitedRun | None:
@@ -125,6 +132,10 @@ def _take_turn(
 ) -> None:
     # Runs in its handed slot or a free one, or waits held in line (turn.lua).
     header = run.header
+    options = _held_options(task, task.request)
+    # (Where the broker is apart from the dedup Redis, a waiting call keeps a copy there: a
+    # loss of the dedup data loses no call.)
+    backstop = not runtime.broker_is_store
     turn = runtime.store.take_turn(
         header.keys,
         task_id,
@@ -132,11 +143,13 @@ def _take_turn(
         lease_ms=lease_ms,
         limit=header.limit,
         ttl_ms=ttl_ms,
-        options=_held_options(task, task.request),
+        options=options,
+        backstop=backstop,
     )
     runtime.broker.hand_off(task.app, header.key, turn.handed)
-    if turn.verdict > 0:
+    if turn.verdict > 0 or turn.verdict == _WAITS_STILL:
         run.waits = turn.verdict
+        run.backstop = options if backstop else ""
     elif turn.verdict < 0:
         run.copy = True
     else:
@@ -170,14 +183,17 @@ def wait_turn(task: AnyTask) -> None:
     if run is None:
         return
     if run.waits:
-        logger.info(
-            "%s[%s] waits its turn in the line of %s (limit %d): number %d, held in Redis",
-            task.name,
-            request.id,
-            run.header.key,
-            run.header.limit,
-            run.waits,
-        )
+        if run.waits > 0:
+            logger.info(
+                "%s[%s] waits its turn in the line of %s (limit %d): number %d, held in Redis",
+                task.name,
+                request.id,
+                run.header.key,
+                run.header.limit,
+                run.waits,
+            )
+        if run.backstop:
+            _send_backstop(task, request, run)
         raise Ignore()
     if run.copy:
         logger.info(
@@ -190,6 +206,22 @@ def wait_turn(task: AnyTask) -> None:
     if run.countdown <= 0:
         return
     _send_again(task, request, run)
+
+
+def _send_backstop(task: AnyTask, request: Context, run: LimitedRun) -> None:
+    # Due a lease on: back while the call still waits (sent again then), dropped once it
+    # started; after a loss of the dedup data it takes a place again.
+    try:
+        publish_held(task.app, loads(run.backstop), cast("str", request.id), run.header.lease)
+    except Exception as exc:
+        logger.warning(
+            "%s[%s] waits in the line of %s held in Redis only: its copy in the broker could "
+            "not be sent (%r)",
+            task.name,
+            request.id,
+            run.header.key,
+            exc,
+        )
 
 
 def _send_again(task: AnyTask, request: Context, run: LimitedRun) -> NoReturn:

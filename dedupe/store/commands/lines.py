@@ -31,8 +31,9 @@ class Handed:
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """turn.lua's answer: the run's verdict (0 runs, n>0 waits nth, -1 a copy dropped), and
-    the calls a lapsed slot was handed to on the way."""
+    """turn.lua's answer: the run's verdict (0 runs, n>0 waits nth, -1 a copy dropped, -2 the
+    backstop of a call that waits still), and the calls a lapsed slot was handed to on the
+    way."""
 
     verdict: int
     handed: list[Handed]
@@ -102,15 +103,18 @@ class LineCommands(StoreBase):
         limit: int,
         ttl_ms: int,
         options: str,
+        backstop: bool = False,
     ) -> Turn:
         """A run asks for its turn (turn.lua): it runs in its handed slot or a free one, or
-        waits held in Redis with ``options`` (Celery's, JSON) to publish it again."""
+        waits held in Redis with ``options`` (Celery's, JSON) to publish it again;
+        ``backstop``: the worker keeps a copy of a waiting call in the broker as well."""
         member = index_member(limit, lease_ms, _base(keys))
+        mark = "B" if backstop else "C"
         with reraise_unavailable("turn", keys["slots"]):
             reply = self._run(
                 self._turn,
                 _line(keys, cluster=self._cluster),
-                [task_id, token, lease_ms, limit, ttl_ms, options, member],
+                [task_id, token, lease_ms, limit, ttl_ms, options, member, mark],
             )
         if not isinstance(reply, list) or not reply:
             raise UnexpectedReply("turn", reply)
@@ -208,7 +212,7 @@ class LineCommands(StoreBase):
 
 def _line(keys: Mapping[str, str], *, cluster: bool = False) -> list[str]:
     # On a Cluster every key of a script is in the line's slot: its index is its own (no
-    # look at lapsed leases, nor settling, there: see dedupe.worker.line_sweep).
+    # look at lapsed leases, nor settling, there: see dedupe.runs.line_sweep).
     base = _base(keys)
     index = f"{base}:lines" if cluster else line_index(base)
     return [index if name == "index" else keys[name] for name in LINE_KEY_NAMES]
