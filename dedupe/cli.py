@@ -31,6 +31,7 @@ from celery import Celery
 
 from .cli_context import installed_app as _app
 from .cli_context import loaded_app as _loaded
+from .cli_lines import echo_waiting, waiting_line, waiting_of
 from .errors import DedupeError, NotInstalled, RecordFormatError, RedisUnavailable
 from .producer import guard
 from .producer.guard import lookup
@@ -191,6 +192,7 @@ def list_keys(ctx: click.Context, task: str | None, limit: int) -> None:
             # Say so and go on: one stray key must not hide the others.
             click.echo(f"unknown  {exc}")
         shown += 1
+    shown += echo_waiting(app, task, limit - shown)
     if not shown:
         click.echo("no live keys" + (f" for {task}" if task else ""))
 
@@ -214,8 +216,15 @@ def _call(ctx: click.Context, task: str, args: str | None, kwargs: str | None) -
 @click.pass_context
 def show(ctx: click.Context, task: str, args: str | None, kwargs: str | None) -> None:
     """Show who holds the key of a call of TASK."""
-    holder = lookup(**_call(ctx, task, args, kwargs))
-    click.echo(_line(holder) if holder else "free: no task holds this call's key")
+    call = _call(ctx, task, args, kwargs)
+    holder = lookup(**call)
+    waiting = waiting_of(call["app"], call["task_or_name"], call["args"], call["kwargs"])
+    if holder is None and not waiting:
+        click.echo("free: no task holds this call's key")
+    if holder is not None:
+        click.echo(_line(holder))
+    for entry in waiting:
+        click.echo(waiting_line(entry))
 
 
 @dedupe.command()

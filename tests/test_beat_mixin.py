@@ -382,7 +382,10 @@ def test_every_tick_of_a_limited_task_is_sent_with_its_place_in_line(
     sent = [scheduler.apply_async(entry) for _ in range(3)]
     assert [result.deduplicated for result in sent] == [False] * 3
     assert len({result.id for result in sent}) == 3
-    assert queue_length(app) == 3
+    # On a Redis broker that is the dedup store, the calls over the limit wait in line held
+    # in Redis, their messages pushed as slots free; elsewhere each message goes out.
+    on_redis = not str(app.conf.broker_url).startswith("amqp")
+    assert queue_length(app) == (1 if on_redis else 3)
     assert scheduler.dedupe_skipped["every-minute"] == 0
     _, keys = keys_of_call(tasks.limited_refresh, (4,), None, app, {})
     line = redis_client.zrange(limit_keys(keys.call)["line"], 0, -1)

@@ -22,9 +22,10 @@ import dedupe
 from dedupe.runs.reaping import Reaper
 from dedupe.runs.runtime import runtime_of
 from dedupe.values.keys import holds_keys
+from dedupe.values.limits import limit_keys
 
 from .conftest import in_process_worker, unique_name
-from .helpers import Lines, wait_for
+from .helpers import Lines, keys_with_prefix, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -201,6 +202,25 @@ def test_a_record_the_first_pass_found_is_freed_only_by_the_second(
     assert reaper.sweep(now=at + 0.5).freed == []
     assert len(reaper.sweep(now=at + 1.2).freed) == 1
     assert dedupe.lookup(task, (7,)) is None
+
+
+def test_a_call_that_waits_in_its_keys_line_is_not_freed(
+    make_app: Callable[..., Celery], redis_client: redis.Redis
+) -> None:
+    # A key_concurrency call that waits is held in its line, message and all: in no queue.
+    app = make_app(**REAPING)
+    task = unique_task(app)
+    first = queued(task, 7)
+    app.control.purge()
+    (key,) = keys_with_prefix(redis_client, app.conf.dedupe_key_prefix)
+    held = limit_keys(key.decode())["held"]
+    redis_client.hset(held, first.id, b"P[]")
+    try:
+        assert two_passes(app) == []
+        assert dedupe.lookup(task, (7,)).task_id == first.id  # type: ignore[union-attr]
+    finally:
+        redis_client.delete(held)
+    assert len(two_passes(app)) == 1
 
 
 def test_a_young_record_is_not_looked_at(make_app: Callable[..., Celery], own_broker: str) -> None:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from .helpers import ROOT, WorkerProcess, free_port, wait_for
+from .test_flow_lines import forget_started
 
 pytestmark = [pytest.mark.slow]
 
@@ -68,20 +69,28 @@ def cut_writes(worker_app: Any, tag: str) -> Iterator[tuple[str, WriteProxy, Wor
         proxy.stop()
 
 
-def test_a_run_that_cannot_be_sent_again_at_a_broker_cut_runs_once_the_broker_is_back(
+def test_a_waiting_call_whose_hand_off_is_cut_runs_once_the_broker_is_back(
     worker_app: Any, tag: str, cut_writes: tuple[str, WriteProxy, WorkerProcess]
 ) -> None:
     queue, proxy, worker = cut_writes
     task = worker_app.two_at_once  # (key_concurrency=2, acks_late)
     holding = [task.apply_async((tag, index, 3.0), queue=queue) for index in (0, 1)]
     wait_for(lambda: len(worker_app.runlog(tag).runs()) == 2, message="both slots taken")
-    proxy.stop()  # the worker can no longer publish
-    waiting = task.apply_async((tag, 2, 0.0), queue=queue)
+    # A countdown: its message comes to the worker with no slot, and waits there in line
+    # (held in Redis with Celery's options): the worker publishes it when a slot frees.
+    waiting = task.apply_async((tag, 2, 0.0), queue=queue, countdown=0.1)
     wait_for(
-        lambda: f"{waiting.id}] could not be sent again" in worker.log.read_text(errors="replace"),
-        message="its run met the full slots, and could not be sent again",
+        lambda: f"{waiting.id}] waits its turn" in worker.log.read_text(errors="replace"),
+        message="its run met the full slots, and waits in line",
+    )
+    proxy.stop()  # the worker can no longer publish
+    wait_for(
+        lambda: f"{waiting.id} was handed a slot" in worker.log.read_text(errors="replace"),
+        message="a slot freed, handed to it, and its publish failed",
+        timeout=20,
     )
     proxy.start()
     assert [result.get(timeout=30) for result in holding] == [0, 1]
-    assert waiting.get(timeout=30) == 2
+    assert waiting.get(timeout=30) == 2  # (its handed slot lapsed, and went to it again)
     assert waiting.id in {run[0] for run in worker_app.runlog(tag).runs()}
+    forget_started(worker_app)

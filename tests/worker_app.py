@@ -504,6 +504,21 @@ def two_at_once(self: Any, tag: str, index: int, seconds: float) -> int:
     return index
 
 
+@app.task(bind=True, base=dedupe.DedupeTask, unique_on=("tag",), key_concurrency=1)
+def one_at_once(self: Any, tag: str, index: int, seconds: float) -> int:
+    """One run per tag at once, the other calls in line (acked at delivery: a message a
+    killed worker prefetched is lost with it)."""
+    _run(self, tag, seconds)
+    return index
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique_on=("tag",), key_concurrency=2)
+def two_early_acked(self: Any, tag: str, index: int, seconds: float) -> int:
+    """Two runs per tag at once (acked at delivery)."""
+    _run(self, tag, seconds)
+    return index
+
+
 def _tenant_limit(tag: str, index: int, seconds: float) -> int:
     return 1 if tag.endswith("-small") else 3
 

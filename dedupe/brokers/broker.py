@@ -1,12 +1,12 @@
 """What differs from one kind of broker to another, behind one interface (:class:`Broker`):
 
 - when a dead worker's unacked message comes back (``redelivery``, and its start-up warning);
-- whether the broker is the dedup store's own Redis (``is_store``), where one script writes
-  a call's record (or place in line) with its message (``pushing_through``,
-  ``pushing_in_line``);
+- whether it is the dedup store's own Redis (``is_store``): one script writes a call's
+  record (or place) with its message (``pushing_through``, ``pushing_in_line``);
 - what writes back the records of its unacked messages after the dedup Redis lost its data
   (``lists_unacked``, ``restart_watch``);
-- which calls' messages it may still hold, for the reaper (``search``).
+- which calls' messages it may still hold, for the reaper (``search``);
+- how a waiting ``key_concurrency`` call goes out when a slot is handed to it (``hand_off``).
 
 One implementation per kind: :class:`~dedupe.brokers.redis_broker.RedisBroker` and
 :class:`~dedupe.brokers.other_broker.OtherBroker`; :func:`~dedupe.brokers.choice.broker_of`
@@ -15,10 +15,13 @@ picks one once per app. What a third kind implements: docs/design-notes.md, "ded
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from typing import TYPE_CHECKING, Protocol
 
+from celery import Celery
+
+from dedupe.store.commands.lines import Handed
 from dedupe.surfaces import ProducerSurface
 
 from .message_search import Search
@@ -77,3 +80,11 @@ class Broker(Protocol):
         still hold, read without consuming anything; None where it cannot be asked (then
         the reaper frees nothing). A message a live worker holds unacked may be left out
         where the broker hides those (the reaper asks the workers apart)."""
+
+    def hand_off(self, app: Celery, key: str, handed: Sequence[Handed]) -> None:
+        """Publish the waiting calls of ``key``'s line that a freed slot was handed to and
+        that its script did not push: on a Redis broker that is the dedup store, the script
+        pushed those the producer held (one round trip for the release and the push), and
+        the worker publishes those it held; elsewhere the worker publishes every one. A
+        worker that dies before it publishes leaves a handed slot that lapses within a
+        lease, and the call is handed on again."""

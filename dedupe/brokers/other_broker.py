@@ -3,15 +3,17 @@ a dead worker's unacked message comes back as its connection drops."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from celery import Celery
 
+from dedupe.store.commands.lines import Handed
 from dedupe.surfaces import ProducerSurface
 
+from .hand_off import publish_handed
 from .message_search import Search
 from .plans import LinePlan, PushPlan, StartPlan
 from .queue_depths import search_by_depth
@@ -61,3 +63,6 @@ class OtherBroker:
 
     def search(self, calls: Mapping[str, str]) -> Search | None:
         return search_by_depth(self._app, calls)
+
+    def hand_off(self, app: Celery, key: str, handed: Sequence[Handed]) -> None:
+        publish_handed(app, key, handed)

@@ -107,6 +107,12 @@ class LinePlan:
     #: both, or neither); placed: the place taken apart, its message not pushed yet; pushed:
     #: the place and its message; dropped: routed nowhere, so no place either.
     state: Literal["absent", "sent", "placed", "pushed", "dropped"] = "absent"
+    #: key_concurrency alone (hold_or_push.lua): the key's limit and a handed slot's lease,
+    #: ms; 0: a place in line only (ticket_publish.lua, with key_rate_limit too).
+    limit: int = 0
+    lease_ms: int = 0
+    #: Held in line (hold_or_push.lua's answer): the nth to get a slot; 0: pushed now.
+    ahead: int = 0
 
     @property
     def store(self) -> Store:

@@ -4,17 +4,19 @@ visibility timeout gives it back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager as ContextManager
 
 from celery import Celery
 
 from dedupe.compat import kombu_private
 from dedupe.recovery.unacked import RestartWatch
+from dedupe.store.commands.lines import Handed
 from dedupe.store.store import Store
 from dedupe.surfaces import ProducerSurface
 from dedupe.values.redelivery import redis_redelivery, visibility_gap
 
+from .hand_off import publish_handed
 from .message_search import Search
 from .plans import LinePlan, PushPlan, StartPlan
 from .redis_messages import search_redis_broker
@@ -75,3 +77,6 @@ class RedisBroker:
         if not kombu_private.QUEUES:
             return None
         return search_redis_broker(self._app, calls.keys())
+
+    def hand_off(self, app: Celery, key: str, handed: Sequence[Handed]) -> None:
+        publish_handed(app, key, handed)

@@ -301,6 +301,21 @@ def _publish_in_line(
         return
     lists, expiring, expire_ms = routed
     plan.state = "sent"  # its fate is the script's from here: never left on a failure
+    if plan.limit:
+        # Handed a free slot and pushed, or held in line with its message (no place apart).
+        plan.ahead = plan.store.hold_or_push(
+            plan.keys,
+            plan.task_id,
+            lease_ms=plan.lease_ms,
+            limit=plan.limit,
+            ttl_ms=plan.ttl_ms,
+            message=dumps(message),
+            lists=lists,
+            expiring=expiring,
+            expire_ms=expire_ms,
+        )
+        plan.state = "pushed"
+        return
     plan.store.take_ticket_and_push(
         plan.keys,
         plan.task_id,
@@ -393,8 +408,9 @@ def _place_then_push(
     queues: list[str],
     fanouts: list[Fanout],
 ) -> None:
-    logger.debug("%s: no one-step publish here, taking its place first", plan.task_id)
-    plan.take_place_apart()
+    if not plan.limit:  # (key_concurrency alone: no place apart, its run takes its turn)
+        logger.debug("%s: no one-step publish here, taking its place first", plan.task_id)
+        plan.take_place_apart()
     _push_as_kombu(channel, plan, message, queues, fanouts)
 
 

@@ -28,8 +28,8 @@ from dedupe.store.store import Store
 from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
 from dedupe.values.key_derivation import keys_for
-from dedupe.values.limits import LIMIT, LimitHeader, concurrency_of
-from dedupe.values.options import options_for, pop_call_options
+from dedupe.values.limits import LIMIT, LimitHeader
+from dedupe.values.options import limit_header, options_for, pop_call_options
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
 from .call import Call, CallOptions, new_task_id, producer_block
@@ -72,19 +72,8 @@ def publish_limited(call: Call) -> DedupeResult:
     delay = (
         delay_seconds(countdown, eta, now, enable_utc=_enable_utc(app)) if countdown or eta else 0.0
     )
-    rate, concurrency = unique.rate, unique.concurrency
-    limit = (
-        None
-        if concurrency is None
-        else concurrency_of(concurrency, call.task_name, call.args, call.kwargs)
-    )
-    if rate is None:
-        assert limit is not None
-        header = LimitHeader("concurrency", keys.call, limit, 0.0, unique.lease)
-    elif limit is None:
-        header = LimitHeader("rate", keys.call, rate.count, rate.period, 0.0)
-    else:
-        header = LimitHeader("both", keys.call, limit, rate.period, unique.lease, starts=rate.count)
+    rate = unique.rate
+    header = limit_header(unique, keys.call, call.task_name, call.args, call.kwargs)
     store = runtime.store
     unavailable = _on_unavailable(runtime, call.task_name, task_id, keys.call)
     earliest_ms = milliseconds(delay) if delay else 0
@@ -100,7 +89,9 @@ def publish_limited(call: Call) -> DedupeResult:
             earliest_ms,
             unavailable,
             # With both limits, the place goes with the start in one step; else after it.
-            _place_wait(call, unique.ttl, now) if in_one_step and header.holds_slots else None,
+            # (A lease past its start: a place whose message is lost never holds the line
+            # longer; a message later than that takes a place at the back as it comes.)
+            _place_wait(call, unique.lease, now) if in_one_step and header.holds_slots else None,
         )
         if in_one_step:
             return _publish_in_line(runtime, call, header, start)
@@ -111,7 +102,9 @@ def publish_limited(call: Call) -> DedupeResult:
             options["countdown"] = delay = delay_ms / 1000
     if not header.holds_slots:
         return _publish_with(call, header, store, task_id)
-    place_ms = _place_wait(call, unique.ttl, now).ms_after(milliseconds(delay) if delay else 0)
+    if header.kind == "concurrency":
+        return _publish_concurrency(runtime, call, header, unique.ttl, unique.lease, delay)
+    place_ms = _place_wait(call, unique.lease, now).ms_after(milliseconds(delay) if delay else 0)
     line = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
     if runtime.one_step:
         return _publish_in_line(runtime, call, header, line)
@@ -119,8 +112,52 @@ def publish_limited(call: Call) -> DedupeResult:
     return _publish_with(call, header, store, task_id)
 
 
-def _publish_with(call: Call, header: LimitHeader, store: Store, task_id: str) -> DedupeResult:
-    """Publish a limited call whose place or start was taken (or could not be)."""
+def _publish_concurrency(
+    runtime: Runtime, call: Call, header: LimitHeader, ttl: float, lease: float, delay: float
+) -> DedupeResult:
+    """A call with ``key_concurrency`` alone: on a Redis broker that is the dedup store, handed
+    a free slot with its message, or held in line with it, in one round trip
+    (hold_or_push.lua); else (or not due yet: an eta, a countdown) published as it is, and
+    its run takes its turn as it comes (turn.lua): no place before its message exists."""
+    task_id = str(call.options["task_id"])
+    unavailable = _on_unavailable(runtime, call.task_name, task_id, header.key)
+    if delay:
+        return _publish_with(call, header, runtime.store, task_id, placed=False)
+    if not runtime.one_step:
+        # Its place first, for call order: it lapses a lease on if its message never comes
+        # (a publish lost or interrupted), so it never holds the line longer.
+        place = LinePlan(
+            lambda: runtime.store, header.keys, task_id, milliseconds(lease), unavailable
+        )
+        place.take_place_apart()
+        return _publish_with(call, header, runtime.store, task_id)
+    line = LinePlan(
+        lambda: runtime.store,
+        header.keys,
+        task_id,
+        milliseconds(ttl),
+        unavailable,
+        limit=header.limit,
+        lease_ms=milliseconds(lease),
+    )
+    result = _publish_in_line(runtime, call, header, line)
+    if line.ahead:
+        logger.info(
+            "%s[%s] waits its turn in the line of %s (limit %d): number %d, held in Redis",
+            call.task_name,
+            task_id,
+            header.key,
+            header.limit,
+            line.ahead,
+        )
+    return result
+
+
+def _publish_with(
+    call: Call, header: LimitHeader, store: Store, task_id: str, *, placed: bool = True
+) -> DedupeResult:
+    """Publish a limited call whose place or start was taken (or could not be; ``placed``
+    False: none was asked for)."""
     _add_header(call.options, header)
     try:
         with publishing():
@@ -128,7 +165,7 @@ def _publish_with(call: Call, header: LimitHeader, store: Store, task_id: str) -
     except BaseException:
         # No message, or none known: the place goes, else it would hold the calls behind
         # it until it lapses. (A reserved start lapses as it passes: a start lost, no more.)
-        if header.holds_slots:
+        if header.holds_slots and placed:
             _leave_line(store, header.keys, task_id)
         raise
     return mark_result(sent, deduplicated=False)
@@ -188,7 +225,7 @@ def _leave_line(store: Store, keys: Mapping[str, str], task_id: str) -> None:
 
 
 def _place_wait(call: Call, ttl: float, now: float) -> PlaceWait:
-    """How long a call's place in line waits for its message's first run: ``unique_ttl``
+    """How long a call's place in line waits for its message's first run: ``ttl`` (a lease)
     past its countdown, or until the message expires (an expired message never runs, and a
     place nobody takes holds the line)."""
     expiry = _expiry_of(call, now)

@@ -129,10 +129,17 @@ class Reaper:
             if self._runtime.broker.lists_unacked
             else self.store.held(holds_keys(config.key_prefix, "")[0])
         )
+        unseen = {
+            key: call
+            for key, call in queued.items()
+            if call[1] not in search.found and call[1] not in held
+        }
+        # (A key_concurrency call that waits in its line is held there, message and all.)
+        waiting = self.store.in_lines([(key, task_id) for key, (_, task_id, _) in unseen.items()])
         missing = {
             key: Suspect(name, task_id, raw, self._since(key, raw, now))
-            for key, (name, task_id, raw) in queued.items()
-            if task_id not in search.found and task_id not in held
+            for key, (name, task_id, raw) in unseen.items()
+            if task_id not in waiting
         }
         # (Passes of one round come back to back: a record is freed apart from its finding.)
         apart = min(config.reap_interval, APART) if config.reap_interval else APART

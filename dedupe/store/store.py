@@ -27,6 +27,7 @@ from .cluster_runner import ClusterScriptRunner
 from .commands.admin import AdminCommands
 from .commands.enqueue import EnqueueCommands
 from .commands.flow_control import FlowControlCommands
+from .commands.lines import LineCommands
 from .commands.publish import PublishCommands
 from .commands.reaping import ReapingCommands
 from .commands.recovery import RecoveryCommands
@@ -48,6 +49,7 @@ class Store(
     PublishCommands,
     RunCommands,
     FlowControlCommands,
+    LineCommands,
     RecoveryCommands,
     ReapingCommands,
     AdminCommands,
@@ -99,6 +101,12 @@ class Store(
         self._start_ticket_publish = self._register("start_ticket_publish")
         self._leave_line = self._register("leave_line")
         self._free_slots_of = self._register("free_slots_of")
+        self._hold_or_push = self._register("hold_or_push")
+        self._turn = self._register("turn")
+        self._end_turn = self._register("end_turn")
+        self._leave_turn = self._register("leave_turn")
+        self._hand_on = self._register("hand_on")
+        self._settle = self._register("settle")
 
     def _register(self, name: str) -> Script:
         script: Script = self.client.register_script(script_text(name))

@@ -18,12 +18,15 @@ from dedupe.errors import ConfigurationError
 __all__ = [
     "LIMIT",
     "LIMIT_KEY_NAMES",
+    "LINE_KEY_NAMES",
     "LimitHeader",
     "Rate",
     "check_concurrency",
     "come_back",
     "concurrency_of",
+    "index_member",
     "limit_keys",
+    "line_index",
     "parse_rate",
 ]
 
@@ -118,7 +121,11 @@ def _whole(value: object, task_name: str, *, called: bool = False) -> int:
 
 
 #: The keys of one limited key, each named ``<call key>:<name>``.
-LIMIT_KEY_NAMES = ("slots", "line", "due", "seq", "starts", "plan")
+LIMIT_KEY_NAMES = ("slots", "line", "due", "seq", "starts", "plan", "held", "started")
+
+#: The keys of a key_concurrency line, in the order its scripts take them (KEYS[1..7]);
+#: "index" is the index of the prefix's lines (:func:`line_index`).
+LINE_KEY_NAMES = ("slots", "line", "held", "seq", "started", "index", "due")
 
 
 def limit_keys(base: str) -> dict[str, str]:
@@ -128,6 +135,25 @@ def limit_keys(base: str) -> dict[str, str]:
     'dedupe:{t:ab}:slots'
     """
     return {name: f"{base}:{name}" for name in LIMIT_KEY_NAMES}
+
+
+def line_index(base: str) -> str:
+    """The index of the lines of ``base``'s key prefix that have calls waiting or handed
+    (the workers' look at lapsed slots reads it).
+
+    >>> line_index("dedupe:{t:ab}")
+    'dedupe:lines'
+    """
+    return base[: base.index(":{")] + ":lines" if ":{" in base else base + ":lines"
+
+
+def index_member(limit: int, lease_ms: int, base: str) -> str:
+    """A line's member in its index: what a look at it needs (its limit, lease and key).
+
+    >>> index_member(2, 60000, "dedupe:{t:ab}")
+    '2|60000|dedupe:{t:ab}'
+    """
+    return f"{limit}|{lease_ms}|{base}"
 
 
 _KINDS: dict[str, Literal["concurrency", "rate", "both"]] = {

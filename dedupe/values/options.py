@@ -20,7 +20,7 @@ from dedupe.surfaces import AnyTask
 from . import defaults
 from .catalog import OPTIONS
 from .config import DedupeConfig, positive_seconds
-from .limits import Rate, check_concurrency, parse_rate
+from .limits import LimitHeader, Rate, check_concurrency, concurrency_of, parse_rate
 
 __all__ = [
     "CALL_OPTIONS",
@@ -34,6 +34,7 @@ __all__ = [
     "check_names",
     "check_plain_task",
     "dedupes_every_call",
+    "limit_header",
     "options_for",
     "pop_call_options",
     "resolve",
@@ -441,3 +442,22 @@ def _declared(task: type[AnyTask]) -> list[str]:
 
 #: The app-wide defaults, for judging a task's own values before the app's settings are read.
 _DEFAULTS = DedupeConfig(redis_url="")
+
+
+def limit_header(
+    options: UniqueOptions,
+    key: str,
+    task_name: str,
+    args: Sequence[object] | None,
+    kwargs: Mapping[str, object] | None,
+) -> LimitHeader:
+    """What a call of a limited task (``options.limited``) tells its run: its key, its kind
+    and its limits (a callable ``key_concurrency`` called with the call's arguments)."""
+    rate, concurrency = options.rate, options.concurrency
+    limit = None if concurrency is None else concurrency_of(concurrency, task_name, args, kwargs)
+    if rate is None:
+        assert limit is not None
+        return LimitHeader("concurrency", key, limit, 0.0, options.lease)
+    if limit is None:
+        return LimitHeader("rate", key, rate.count, rate.period, 0.0)
+    return LimitHeader("both", key, limit, rate.period, options.lease, starts=rate.count)

@@ -13,6 +13,7 @@ from celery import Celery
 
 from dedupe.errors import ConfigurationError, DedupeError, RedisUnavailable
 from dedupe.recovery.held import HeldWatch, held_requests
+from dedupe.runs.line_sweep import LineSweep
 from dedupe.runs.run import GUARDS_RUNS, acks_late_leases
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.checks import eviction_risk
@@ -65,6 +66,7 @@ def on_worker_ready(sender: object = None, **_: object) -> None:
     if runtime is None:
         return
     _watch_held(runtime, sender)  # (first: a dedup Redis down at start is the watch's to see)
+    _sweep_lines(runtime)
     try:
         warning = eviction_risk(runtime.store.client)
     except RedisUnavailable as exc:  # (a Cluster no node of which answers yet)
@@ -104,6 +106,21 @@ def _watch_held(runtime: Runtime, consumer: object) -> None:
         previous.stop()
     _held_watches[runtime.app] = watch
     watch.start()
+
+
+# The look at each app's lines (one per worker; a new one replaces it).
+_line_sweeps: weakref.WeakKeyDictionary[Celery, LineSweep] = weakref.WeakKeyDictionary()
+
+
+def _sweep_lines(runtime: Runtime) -> None:
+    previous = _line_sweeps.get(runtime.app)
+    if previous is not None:
+        previous.stop()
+    sweep = _line_sweeps[runtime.app] = LineSweep(runtime)
+    try:
+        sweep.start()
+    except DedupeError as exc:  # (a Cluster no node of which answers yet)
+        logger.warning("no look at the lines of key_concurrency keys: %s", exc)
 
 
 def on_process_shutdown(**_: object) -> None:

@@ -1,10 +1,12 @@
-"""Flow control per key at the run: a run of a ``key_concurrency`` task takes a slot (a
-lease, renewed by the heartbeat, freed at its end or, if its worker dies, when the lease is
-over) when its turn in line has come; a run of a ``key_rate_limit`` task starts when fewer
+"""Flow control per key at the run: a run of a ``key_concurrency`` task runs in the slot its
+message was handed (a lease, renewed by the heartbeat), or in a free one when nobody waits;
+else it waits in its key's line, held in Redis with what publishes it again, and its
+delivery ends (``Ignore``: no ``RETRY``, no message left in the broker). Its end frees the
+slot and hands it on to the head of the line in the same round trip (:mod:`dedupe.brokers`
+publishes what the script did not push). A run of a ``key_rate_limit`` task starts when fewer
 than N runs of its key started in the last period; a run of a task with both takes its slot
-and its start together, or neither. A run that must wait is sent again under
-the same task id (its delivery ends as ``RETRY``), for its place in line or its next start;
-it is never dropped and never gives up.
+and its start together, or neither, and one that must wait is sent again under the same task
+id (its delivery ends as ``RETRY``).
 
 The call side is :mod:`dedupe.producer.limited_publish`.
 """
@@ -12,17 +14,21 @@ The call side is :mod:`dedupe.producer.limited_publish`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn, cast
 
 from celery.app.task import Context
+from celery.exceptions import Ignore
+from kombu.utils.json import dumps, loads
 
+from dedupe.brokers.hand_off import publish_held
 from dedupe.errors import RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.run import new_token
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.commands.leases import Lease
+from dedupe.store.commands.lines import Handed
 from dedupe.store.store import Store
 from dedupe.surfaces import AnyTask, TaskSurface
 from dedupe.values.limits import LimitHeader, come_back
@@ -45,6 +51,9 @@ logger = logging.getLogger("dedupe.worker")
 
 _ATTRIBUTE = "_dedupe_limited"
 
+#: turn.lua's verdict for the backstop of a call that waits still in its line.
+_WAITS_STILL = -2
+
 
 @dataclass(slots=True)
 class LimitedRun:
@@ -55,6 +64,13 @@ class LimitedRun:
     token: str
     countdown: float = 0.0
     lease: Lease | None = None
+    #: Held in its key's line: the nth to get a slot (its delivery ends now).
+    waits: int = 0
+    #: A copy of a message that runs, ran, or waits already: dropped.
+    copy: bool = False
+    #: What publishes its backstop (a waiting call's copy in a broker apart from the dedup
+    #: Redis, due a lease on), or "" where none is kept.
+    backstop: str = ""
 
 
 def limited_run_of(request: object) -> LimitedRun | None:
@@ -78,6 +94,9 @@ def enter(runtime: Runtime, task: AnyTask, task_id: str, header: LimitHeader) ->
         options = options_for(task, task.name, runtime.config)
         turn, cap = options.running_countdown, runtime.config.deferral_cap
         lease_ms = milliseconds(header.lease)
+        if header.kind == "concurrency":
+            _take_turn(runtime, task, task_id, run, lease_ms, milliseconds(options.ttl))
+            return
         slot = (
             header.keys,
             task_id,
@@ -88,13 +107,10 @@ def enter(runtime: Runtime, task: AnyTask, task_id: str, header: LimitHeader) ->
             milliseconds(cap),
         )
         ttl_ms = milliseconds(options.ttl)
-        if header.kind == "both":
-            # One script: a slot taken while its start is refused would hold the key idle.
-            period_ms = milliseconds(header.period)
-            ahead, wait_ms = store.take_slot_and_start(*slot, ttl_ms, header.starts, period_ms)
-        else:
-            wait_ms = 0
-            ahead = store.take_slot(*slot, ttl_ms)
+        # (Both: one script, as a slot taken while its start is refused would hold the key
+        # idle.)
+        period_ms = milliseconds(header.period)
+        ahead, wait_ms = store.take_slot_and_start(*slot, ttl_ms, header.starts, period_ms)
     except RedisUnavailable as exc:
         # The message is consumed already: running it beats losing it.
         action = "runs without its limit"
@@ -111,13 +127,101 @@ def enter(runtime: Runtime, task: AnyTask, task_id: str, header: LimitHeader) ->
     runtime.heartbeat.hold(run.lease, task.name)
 
 
+def _take_turn(
+    runtime: Runtime, task: AnyTask, task_id: str, run: LimitedRun, lease_ms: int, ttl_ms: int
+) -> None:
+    # Runs in its handed slot or a free one, or waits held in line (turn.lua).
+    header = run.header
+    options = _held_options(task, task.request)
+    # (Where the broker is apart from the dedup Redis, a waiting call keeps a copy there: a
+    # loss of the dedup data loses no call.)
+    backstop = not runtime.broker_is_store
+    turn = runtime.store.take_turn(
+        header.keys,
+        task_id,
+        run.token,
+        lease_ms=lease_ms,
+        limit=header.limit,
+        ttl_ms=ttl_ms,
+        options=options,
+        backstop=backstop,
+    )
+    runtime.broker.hand_off(task.app, header.key, turn.handed)
+    if turn.verdict > 0 or turn.verdict == _WAITS_STILL:
+        run.waits = turn.verdict
+        run.backstop = options if backstop else ""
+    elif turn.verdict < 0:
+        run.copy = True
+    else:
+        run.lease = Lease(header.keys["slots"], task_id, run.token, lease_ms, b"", slot=True)
+        runtime.heartbeat.hold(run.lease, task.name)
+
+
+def _held_options(task: AnyTask, request: Context) -> str:
+    """What publishes this message again if it waits: its task, arguments and Celery's
+    options, as a retry would send it (JSON, kept in Redis while it waits)."""
+    signature = task.signature_from_request(request)
+    options = {
+        name: value
+        for name, value in signature.options.items()
+        if value is not None and name != "task_id"
+    }
+    held = {
+        "task": task.name,
+        "args": list(request.args or ()),
+        "kwargs": dict(request.kwargs or {}),
+        "options": options,
+    }
+    return str(dumps(held))
+
+
 def wait_turn(task: AnyTask) -> None:
-    """``before_start``: a run that must wait is sent again, same task id, for its turn."""
+    """``before_start``: a run that must wait is held in its line (its delivery ends), or
+    sent again, same task id, for its turn (both limits, a rate)."""
     request = task.request
     run = limited_run_of(request)
-    if run is None or run.countdown <= 0:
+    if run is None:
+        return
+    if run.waits:
+        if run.waits > 0:
+            logger.info(
+                "%s[%s] waits its turn in the line of %s (limit %d): number %d, held in Redis",
+                task.name,
+                request.id,
+                run.header.key,
+                run.header.limit,
+                run.waits,
+            )
+        if run.backstop:
+            _send_backstop(task, request, run)
+        raise Ignore()
+    if run.copy:
+        logger.info(
+            "%s[%s] is dropped: a copy of a message of %s that runs, ran or waits already",
+            task.name,
+            request.id,
+            run.header.key,
+        )
+        raise Ignore()
+    if run.countdown <= 0:
         return
     _send_again(task, request, run)
+
+
+def _send_backstop(task: AnyTask, request: Context, run: LimitedRun) -> None:
+    # Due a lease on: back while the call still waits (sent again then), dropped once it
+    # started; after a loss of the dedup data it takes a place again.
+    try:
+        publish_held(task.app, loads(run.backstop), cast("str", request.id), run.header.lease)
+    except Exception as exc:
+        logger.warning(
+            "%s[%s] waits in the line of %s held in Redis only: its copy in the broker could "
+            "not be sent (%r)",
+            task.name,
+            request.id,
+            run.header.key,
+            exc,
+        )
 
 
 def _send_again(task: AnyTask, request: Context, run: LimitedRun) -> NoReturn:
@@ -144,8 +248,19 @@ def leave(runtime: Runtime, task: TaskSurface) -> None:
         return
     runtime.heartbeat.drop(run.lease)
     task_id = cast("str", request.id)  # (a run's request has its id)
+    header = run.header
     try:
-        runtime.store.free_slot(run.header.keys, task_id, run.token)
+        if header.kind == "concurrency":
+            # Freed and handed on in one round trip.
+            _, handed = runtime.store.end_turn(
+                header.keys,
+                f"{task_id} {run.token}",
+                lease_ms=milliseconds(header.lease),
+                limit=header.limit,
+            )
+            runtime.broker.hand_off(task.app, header.key, handed)
+        else:
+            runtime.store.free_slot(header.keys, task_id, run.token)
     except RedisUnavailable as exc:
         action = "ended and its slot was not freed (its lease frees it)"
         emit(UNAVAILABLE, task.name, task_id, run.header.key, action=action, error=exc.cause)
@@ -155,25 +270,41 @@ def leave_line(task: TaskSurface, task_id: str | None, header: LimitHeader) -> N
     """``task_revoked`` (the pool's parent) of a limited message revoked or expired before
     its run: its place in line goes now (else it would hold the calls behind it until it
     lapses)."""
+    lease_ms = milliseconds(header.lease)
+
+    def leave(store: Store, task_id: str) -> object:
+        if header.kind != "concurrency":
+            return store.leave_line(header.keys, task_id)
+        _, handed = store.leave_turn(header.keys, task_id, lease_ms=lease_ms, limit=header.limit)
+        _hand_off(task, header, handed)
+        return None
+
     _in_parent(
-        task,
-        task_id,
-        header,
-        lambda store, task_id: store.leave_line(header.keys, task_id),
-        "was dropped and its place in line was kept (it lapses)",
+        task, task_id, header, leave, "was dropped and its place in line was kept (it lapses)"
     )
 
 
 def free_dead_slots(task: TaskSurface, task_id: str | None, header: LimitHeader) -> None:
     """``task_failure`` (the pool's parent) of a limited run whose child died: its slot is
     freed now, not a lease later."""
+    lease_ms = milliseconds(header.lease)
+
+    def free(store: Store, task_id: str) -> object:
+        if header.kind != "concurrency":
+            return store.free_slots_of(header.keys, task_id)
+        _, handed = store.end_turn(header.keys, task_id, lease_ms=lease_ms, limit=header.limit)
+        _hand_off(task, header, handed)
+        return None
+
     _in_parent(
-        task,
-        task_id,
-        header,
-        lambda store, task_id: store.free_slots_of(header.keys, task_id),
-        "was lost and its slot was not freed (its lease frees it)",
+        task, task_id, header, free, "was lost and its slot was not freed (its lease frees it)"
     )
+
+
+def _hand_off(task: TaskSurface, header: LimitHeader, handed: Sequence[Handed]) -> None:
+    runtime = installed(task.app)
+    if runtime is not None and handed:
+        runtime.broker.hand_off(task.app, header.key, handed)
 
 
 def _in_parent(

@@ -12,14 +12,16 @@ from typing import Any
 
 from celery.app.task import Context
 
-from dedupe.errors import KeyDerivationError, RedisUnavailable
+from dedupe.errors import DedupeError, KeyDerivationError, RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.run import Run, RunSpec, attach, new_token
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.replies import Take
 from dedupe.surfaces import AnyTask, RequestSurface, TaskSurface
+from dedupe.values.key_derivation import keys_for
 from dedupe.values.latest import Latest, unpack_arguments
-from dedupe.values.limits import LimitHeader
+from dedupe.values.limits import LIMIT, LimitHeader
+from dedupe.values.options import limit_header, options_for
 
 from . import early_claim, limited_runs
 from .claim import RunClaim, claim_run, record_ttl_ms
@@ -53,7 +55,9 @@ def on_prerun(
             sent.spec = dataclasses.replace(sent.spec, canvas=True)
         attach(request, claim_run(runtime, task, sent))
         return
-    limit = LimitHeader.read(getattr(request, "headers", None))
+    limit = LimitHeader.read(getattr(request, "headers", None)) or _derived_limit(
+        runtime, task, request, args or (), kwargs or {}
+    )
     if limit is not None:
         limited_runs.enter(runtime, task, task_id, limit)
         return
@@ -145,3 +149,29 @@ def take_ended_already(request: object) -> str | None:
     if ended is not None:
         setattr(request, _ENDED_ALREADY, None)
     return ended
+
+
+def _derived_limit(
+    runtime: Runtime,
+    task: AnyTask,
+    request: Context,
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+) -> LimitHeader | None:
+    """The limit of a message of a limited task that came without one (``send_task``, a call
+    by name from a process that does not import the task, a canvas member, beat): the task's
+    options say it, and the run takes its turn like any other. The header is written into
+    the request's headers, so that the message published again if it waits carries it."""
+    try:
+        options = options_for(task, task.name, runtime.config)
+        if not options.limited:
+            return None
+        keys = keys_for(runtime.config.key_prefix, task, task.name, options, args, kwargs)
+        limit = limit_header(options, keys.call, task.name, args, kwargs)
+    except DedupeError as exc:
+        logger.error("%s[%s] runs without its limit: %s", task.name, request.id, exc)
+        return None
+    headers = dict(getattr(request, "headers", None) or {})
+    headers[LIMIT] = limit.encode()
+    request.headers = headers
+    return limit

@@ -10,6 +10,7 @@ from redis.commands.core import Script
 
 from dedupe.store.redis_errors import reraise_unavailable
 from dedupe.store.replies import decoded
+from dedupe.values.limits import limit_keys
 
 from .base import StoreBase, raise_first_error
 
@@ -30,6 +31,23 @@ class ReapingCommands(StoreBase):
             replies = self._run.call_many(self._reap, [([key], [raw]) for key, raw in records])
             raise_first_error(replies)
         return [reply == 1 for reply in replies]
+
+    def in_lines(self, calls: Sequence[tuple[str, str]]) -> set[str]:
+        """Of ``calls`` (call key, task id), the task ids whose call waits in its key's line
+        (``key_concurrency``), held there with what publishes it: its message is in Redis,
+        not in the broker."""
+        if not calls:
+            return set()
+
+        def read() -> list[object]:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key, task_id in calls:
+                    pipe.hexists(limit_keys(key)["held"], task_id)
+                return list(pipe.execute())
+
+        with reraise_unavailable("in_lines"):
+            found = self._command(read)
+        return {task_id for (_, task_id), held in zip(calls, found, strict=True) if held}
 
     def take_reaper(self, key: str, node: bytes, ttl_ms: int) -> bool:
         """Take (or keep, for ``node`` holding it) the reaper's lock for ``ttl_ms``. True:

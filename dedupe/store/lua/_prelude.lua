@@ -455,3 +455,177 @@ local function eta_for(at, now, earliest, own)
   end
   return wait, own
 end
+
+-- A key_concurrency line whose waiting calls are held in Redis and handed on (issue 41):
+-- hold_or_push.lua, turn.lua, end_turn.lua, leave_turn.lua, hand_on.lua. Its keys, KEYS[1..6]
+-- of each (line_keys):
+--   slots    sorted set: "<id> <run token>" a run, "<id> handed" a message handed a slot and
+--            not started yet; score (server ms) when its lease ends
+--   line     sorted set: the waiting calls (and the handed ones until they start), task id
+--            -> ticket (call order)
+--   held     hash: task id -> what publishes its message: "P" .. a JSON array {message, lists,
+--            expiring lists, expiry ms} that a script pushes as kombu's Redis transport would;
+--            "C" .. Celery's options, which a worker publishes (dedupe.brokers.hand_off)
+--   seq      the key's ticket counter
+--   started  sorted set: task ids handed more than once (a handed slot lapsed and went to
+--            them again): -1 until one of their copies starts, then when the others are
+--            forgotten (server ms); a later copy is dropped meanwhile
+--   index    sorted set of every line with waiting calls, of the key prefix: member
+--            "<limit>|<lease ms>|<key>", score when its first lease ends (hand_on.lua looks)
+--   due      sorted set: the places taken by a call before its message was published, on a
+--            broker where no script pushes it (ticket.lua), task id -> when the place lapses
+--            if its message has not come (a lease): it keeps call order for a message that
+--            comes, and never holds the line long for one that never does
+local HANDED = 'handed'
+
+local function line_keys(first)
+  return {slots = KEYS[first], line = KEYS[first + 1], held = KEYS[first + 2],
+    seq = KEYS[first + 3], started = KEYS[first + 4], index = KEYS[first + 5],
+    due = KEYS[first + 6]}
+end
+
+-- The same keys for the line of key (hand_on.lua: many lines in one script, one server).
+local function line_keys_of(key, index)
+  return {slots = key .. ':slots', line = key .. ':line', held = key .. ':held',
+    seq = key .. ':seq', started = key .. ':started', index = index, due = key .. ':due'}
+end
+
+-- True while the lines settle after the dedup Redis lost its data (settle.lua): no new start
+-- is let in, nor a slot handed on, until the live runs' heartbeats counted their slots again.
+local function settling(k)
+  return redis.call('EXISTS', k.index .. ':hold') == 1
+end
+
+-- Places whose message never came within their lease lapse (a lost or interrupted publish).
+local function lapse_places(k, now)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', k.due, '-inf', now, 'LIMIT', 0, 100)) do
+    redis.call('ZREM', k.due, id)
+    if redis.call('HGET', k.held, id) == false then
+      redis.call('ZREM', k.line, id)
+    end
+  end
+end
+
+-- Slots whose lease is over are free: a dead run's (its acks_late message, if it comes back,
+-- runs again: no longer "started"), or a handed message's that never started (a killed
+-- worker's prefetch, a lost publish, a releasing worker that died): that call is handed on
+-- again, as it is still in line with what publishes it; its copies to come are then dropped
+-- once one of them started.
+local function lapse_slots(k, now)
+  lapse_places(k, now)
+  local gone = redis.call('ZRANGEBYSCORE', k.slots, '-inf', now)
+  for _, member in ipairs(gone) do
+    local id, token = string.match(member, '^(.*) (%S+)$')
+    if id then
+      if token == HANDED then
+        if redis.call('HGET', k.held, id) ~= false then
+          redis.call('ZADD', k.started, -1, id)
+        end
+      else
+        redis.call('ZREM', k.started, id)
+      end
+    end
+  end
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', k.slots, '-inf', now)
+  end
+  redis.call('ZREMRANGEBYSCORE', k.started, 0, now)
+end
+
+-- The number of handed messages in slots (they are in line too, until they start).
+local function handed_count(k)
+  local count = 0
+  for _, member in ipairs(redis.call('ZRANGE', k.slots, 0, -1)) do
+    if string.sub(member, -#HANDED - 1) == ' ' .. HANDED then
+      count = count + 1
+    end
+  end
+  return count
+end
+
+-- Push a held "P" payload (see line_keys) as kombu's Redis transport would push it.
+local function push_held(payload)
+  local held = cjson.decode(string.sub(payload, 2))
+  local message, lists, expiring, expire_ms = held[1], held[2], held[3], held[4]
+  for _, list in ipairs(lists) do
+    redis.call('LPUSH', list, message)
+  end
+  for _, list in ipairs(expiring) do
+    redis.call('PEXPIRE', list, expire_ms)
+  end
+end
+
+-- Free slots go to the calls at the head of the line, in call order: each gets a handed slot
+-- (leased lease ms) and its message is pushed here ("P") or, appended to out as {id, options},
+-- published by the worker that asked ("C"); its place and what publishes it stay until its
+-- run starts (turn.lua), for a lapse to hand it on again. Appends {id, ''} for a push.
+local function hand_on(k, limit, lease, now, out)
+  local taken = redis.call('ZCARD', k.slots)
+  local free = limit - taken
+  if free <= 0 or settling(k) then
+    return
+  end
+  for _, id in ipairs(redis.call('ZRANGE', k.line, 0, free + taken - 1)) do
+    if free <= 0 then
+      break
+    end
+    if not redis.call('ZSCORE', k.slots, id .. ' ' .. HANDED) then
+      local payload = redis.call('HGET', k.held, id)
+      free = free - 1  -- (a place whose message is on its way keeps its turn: it comes)
+      if payload then
+        redis.call('ZADD', k.slots, now + lease, id .. ' ' .. HANDED)
+        if string.sub(payload, 1, 1) == 'P' then
+          push_held(payload)
+          out[#out + 1] = {id, ''}
+        else
+          out[#out + 1] = {id, string.sub(payload, 2)}
+        end
+      end
+    end
+  end
+  keep_alive(k.slots, 2 * lease + 1000)  -- (a lapse is seen before the set expires)
+end
+
+-- Keep the index's entry of this line (member) right: looked at when its first lease ends
+-- while calls wait or are handed (a lapse then hands on), else none.
+local function index_line(k, member)
+  if redis.call('EXISTS', k.held) == 1 then
+    local at = nil
+    for _, set in ipairs({k.slots, k.due}) do
+      local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+      if first[2] and (not at or tonumber(first[2]) < at) then
+        at = tonumber(first[2])
+      end
+    end
+    redis.call('ZADD', k.index, at or 0, member)
+  else
+    redis.call('ZREM', k.index, member)
+  end
+  if redis.call('EXISTS', k.line) == 0 then
+    redis.call('DEL', k.seq)  -- (nobody waits: the count starts again)
+  end
+end
+
+-- A call waits: it takes its place at the back of the line, with what publishes it; the
+-- line's keys live ttl ms at least. Returns how many calls (itself included) are ahead of a
+-- free slot.
+local function hold(k, id, payload, ttl)
+  if not redis.call('ZSCORE', k.line, id) then
+    redis.call('ZADD', k.line, redis.call('INCR', k.seq), id)
+  end
+  redis.call('ZREM', k.due, id)  -- (held: its place lives as long as it waits)
+  redis.call('HSET', k.held, id, payload)
+  for _, key in ipairs({k.line, k.held, k.seq}) do
+    keep_alive(key, ttl)
+  end
+  return redis.call('ZRANK', k.line, id) - handed_count(k) + 1
+end
+
+-- A free slot for a call nobody waits before, now: true when one was free (after lapses).
+local function free_now(k, limit)
+  if settling(k) then
+    return false
+  end
+  local waiting = redis.call('ZCARD', k.line) - handed_count(k)
+  return waiting <= 0 and redis.call('ZCARD', k.slots) < limit
+end
