@@ -122,7 +122,7 @@ class Waiting:
         calls.sort(key=lambda row: (row["limit"], row["task"], row["key"], row["position"]))
         # (The pattern's "*" also matches a longer task name's keys, left out above: a read
         # that stopped at its bound says more may wait, though they may be those.)
-        more = len(found) > MOST_WAITING or len(calls) > MOST_WAITING
+        more = len(found) > MOST_WAITING
         took = time.monotonic() - started
         return Reading(calls[:MOST_WAITING], more, time.time(), took)
 
