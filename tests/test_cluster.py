@@ -303,6 +303,24 @@ def test_the_command_line_counts_and_clears_the_keys_of_every_master(
     assert all(dedupe.lookup(job, (x,)) is None for x in args)
 
 
+def test_the_web_view_lists_no_waiting_calls_on_a_cluster_and_says_why(
+    cluster_app: Celery, cluster: ClusterSet
+) -> None:
+    pytest.importorskip("starlette", reason="the web extra: pip install 'celery-dedupe[web]'")
+    from .view_server import served_view
+
+    @cluster_app.task(shared=False, base=dedupe.DedupeTask, key_concurrency=1)
+    def limited(x: int) -> None: ...
+
+    for _ in range(3):
+        limited.delay(1)  # (a line on one master: the view reads no line over the masters)
+    with served_view(cluster_app) as served:
+        answer = served.get("/api/waiting")
+    assert answer.status_code == 200
+    assert answer.json()["calls"] == []
+    assert "Redis Cluster" in answer.json()["note"]
+
+
 def test_the_eviction_check_reads_every_master(cluster_app: Celery, cluster: ClusterSet) -> None:
     store = dedupe.runs.runtime.runtime_of(cluster_app).store
     assert eviction_risk(store.client) is None

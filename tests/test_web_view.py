@@ -410,7 +410,9 @@ def test_a_basic_auth_setting_lets_in_its_user_and_no_one_else(
     assert (wrong.status_code, right.status_code) == (401, 200)
 
 
-@pytest.mark.parametrize("path", ["/", "/key?name=x", "/api/keys", "/api/stats", "/static/view.js"])
+@pytest.mark.parametrize(
+    "path", ["/", "/key?name=x", "/api/keys", "/api/stats", "/api/waiting", "/static/view.js"]
+)
 def test_a_request_under_a_foreign_host_name_gets_400(view_app: Celery, path: str) -> None:
     with served_view(view_app) as served:
         port = served.url.rsplit(":", 1)[1]

@@ -271,6 +271,99 @@ def test_a_redis_that_is_down_gives_a_page_that_says_so(
         )
 
 
+# --- the calls waiting for their turn ------------------------------------------------------
+
+
+@pytest.fixture
+def lines_app(make_app: Callable[..., Celery], redis_factory: Any) -> Iterator[Celery]:
+    # (The broker is the dedup Redis: a call over its key's limit waits held there.)
+    url = redis_factory().url
+    app = make_app(broker=url, dedupe_redis_url=url)
+    yield app
+    recorder.unwatch(app)
+
+
+def limited_task(app: Celery, name: str) -> Any:
+    @app.task(shared=False, base=dedupe.DedupeTask, name=name, key_concurrency=1)
+    def work(account: str) -> None: ...
+
+    return work
+
+
+def waiting(page: Page) -> Any:
+    return page.locator("#waiting tbody tr")
+
+
+def test_the_calls_waiting_for_their_turn_show_their_place_and_when_they_are_due(
+    lines_app: Celery, page: Page
+) -> None:
+    work = limited_task(lines_app, "reports.build")
+
+    @lines_app.task(shared=False, base=dedupe.DedupeTask, name="mail.send", key_rate_limit="1/m")
+    def send(to: str) -> None: ...
+
+    handed, behind = work.delay("eu").id, work.delay("eu").id  # (no worker: none starts)
+    planned = [send.delay("ops").id, send.delay("ops").id]
+    with served_view(lines_app) as served:
+        page.goto(served.url + "/")
+        expect(waiting(page)).to_have_count(4, timeout=SOON)
+        cells = [
+            page.locator(f'#waiting tr[data-task-id="{task_id}"] td')
+            for task_id in (handed, behind, *planned)
+        ]
+        expect(cells[0].nth(0)).to_have_text("reports.build")
+        expect(cells[0].nth(4)).to_have_text("#1")
+        expect(cells[0].nth(5)).to_have_text("handed")
+        expect(cells[0].nth(6)).to_have_text("when a worker takes it")
+        expect(cells[1].nth(4)).to_have_text("#2")
+        expect(cells[1].nth(5)).to_have_text("waiting")
+        expect(cells[1].nth(6)).to_have_text("when a slot frees")
+        expect(cells[3].nth(3)).to_have_text("key_rate_limit")
+        expect(cells[3].nth(4)).to_have_text("#2")
+        expect(cells[3].nth(6)).to_have_text(
+            re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} \(in (59|60|[1-5]\d) s\)$")
+        )
+        expect(page.locator("#waiting-found")).to_contain_text("4 calls wait")
+        snap(page, "web-view-waiting")
+        find(page, task="mail.send")
+        expect(waiting(page)).to_have_count(2, timeout=SOON)
+
+
+def test_the_waiting_calls_are_held_while_the_page_is_paused(lines_app: Celery, page: Page) -> None:
+    work = limited_task(lines_app, "reports.build")
+    work.delay("eu")
+    with served_view(lines_app) as served:
+        page.goto(served.url + "/")
+        expect(waiting(page)).to_have_count(1, timeout=SOON)
+        page.click("#pause")
+        later = work.delay("eu").id
+        page.wait_for_timeout(4 * 500)  # (four refreshes' time)
+        expect(waiting(page)).to_have_count(1)
+        page.click("#pause")
+        expect(page.locator(f'#waiting tr[data-task-id="{later}"]')).to_have_count(1, timeout=SOON)
+
+
+#: Markup in a task name and in a task id (a caller chooses both): shown as text, never run.
+XSS_TASK = "<img src=x onerror=window.__xss=1>"
+XSS_ID = "<img/src=x/onerror=window.__xss=2>"
+
+
+def test_markup_in_a_waiting_calls_task_name_or_task_id_is_shown_as_text(
+    lines_app: Celery, page: Page
+) -> None:
+    work = limited_task(lines_app, XSS_TASK)
+    work.delay("eu")
+    work.apply_async(("eu",), task_id=XSS_ID)
+    with served_view(lines_app) as served:
+        page.goto(served.url + "/")
+        expect(waiting(page)).to_have_count(2, timeout=SOON)
+        expect(waiting(page).nth(1).locator("td").nth(0)).to_have_text(XSS_TASK)
+        expect(waiting(page).nth(1).locator("td").nth(2)).to_have_text(XSS_ID)
+        page.wait_for_timeout(500)  # (an image's error would have fired by now)
+        assert page.locator("#waiting img").count() == 0
+        assert page.evaluate("() => window.__xss") is None
+
+
 # --- every live key findable among many -------------------------------------------------
 
 #: A walk of 100,000 keys on a shared 2-CPU machine: generous.

@@ -9,6 +9,7 @@ clear action. Served by :mod:`dedupe.webview.server`; tests and other ASGI serve
 ``POST /api/rows`` ``{"keys": [...]}``: the rows of the keys a page shows, read again
 ``GET /api/key``   one key and its task's last events: ``?name=``
 ``GET /api/stats`` live keys by task and state, accepted and deduplicated calls per minute
+``GET /api/waiting`` the calls waiting for their turn (flow control): ``?task=``
 ``POST /api/clear`` ``{"key": ..., "holder": ...}``: frees the key if ``holder`` still holds it
 =================  ==================================================================
 """
@@ -47,6 +48,7 @@ from dedupe.values.urls import redacted
 from .rows import SORTS, STATES, Find, key_page, key_row, key_rows
 from .security import Guard
 from .totals import Totals
+from .waiting import Waiting
 
 __all__ = ["View", "make_app"]
 
@@ -68,14 +70,17 @@ class View:
     guard: Guard
     totals: Totals
     log: ViewLog
+    #: The last readings of the calls waiting for their turn.
+    waiting: Waiting
     #: Seconds between two refreshes of the page.
     refresh: float = 2.0
 
     @classmethod
     def of(cls, app: Celery, runtime: Runtime, guard: Guard, refresh: float = 2.0) -> View:
         """The view of an installed app's keys."""
-        prefix = runtime.config.key_prefix
-        return cls(app, runtime, guard, Totals(app), ViewLog(runtime.store.client, prefix), refresh)
+        store, prefix = runtime.store, runtime.config.key_prefix
+        log, waiting = ViewLog(store.client, prefix), Waiting(store, prefix)
+        return cls(app, runtime, guard, Totals(app), log, waiting, refresh)
 
     @property
     def prefix(self) -> str:
@@ -97,6 +102,7 @@ def make_app(view: View, lifespan: Any = None) -> Starlette:
         Route("/api/rows", _api(view, _rows), methods=["POST"]),
         Route("/api/key", _api(view, _key)),
         Route("/api/stats", _api(view, _stats)),
+        Route("/api/waiting", _api(view, _waiting)),
         Route("/api/clear", _api(view, _clear), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
@@ -312,6 +318,12 @@ def _stats(view: View, request: Request) -> tuple[int, dict[str, Any]]:
         "chart": {task: [list(minute) for minute in minutes] for task, minutes in chart.items()},
         "now": time.time(),
     }
+
+
+def _waiting(view: View, request: Request) -> tuple[int, dict[str, Any]]:
+    # (The task filter is the keys' own: exactly this task's calls.)
+    reading = view.waiting.read(_text(request, "task"))
+    return 200, {**reading.as_json(), "now": time.time()}
 
 
 def _clear(view: View, request: Request) -> tuple[int, dict[str, Any]]:

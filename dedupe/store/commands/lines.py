@@ -170,33 +170,39 @@ class LineCommands(StoreBase):
     def waiting_under(self, prefix: str, pattern: str = "*", most: int = 1000) -> list[WaitingCall]:
         """Every call waiting under ``prefix`` (keys matching ``<prefix>:<pattern>``): in a
         ``key_concurrency`` line, then the reserved starts of ``key_rate_limit`` keys (a
-        read: SCAN, then a ZRANGE per key; ``most`` calls at most). One server only."""
+        read: SCAN, then a ZRANGE per key of the calls still wanted; ``most`` calls at
+        most). One server only."""
         found: list[WaitingCall] = []
+        if most <= 0:
+            return found
         for suffix, read in ((":line", self.waiting_calls), (":plan", self.planned_starts)):
             keys = self.client.scan_iter(match=f"{prefix}:{pattern}{suffix}", count=1000)
             for key in keys:
                 base = (key.decode() if isinstance(key, bytes) else str(key)).removesuffix(suffix)
-                found.extend(read(limit_keys(base)))
+                # (A long line is read as far as is wanted, never whole.)
+                found.extend(read(limit_keys(base), most - len(found)))
                 if len(found) >= most:
-                    return found[:most]
+                    return found
         return found
 
-    def planned_starts(self, keys: Mapping[str, str]) -> list[WaitingCall]:
+    def planned_starts(self, keys: Mapping[str, str], most: int | None = None) -> list[WaitingCall]:
         """The calls of a rate-limited key whose start is reserved and not made yet, in the
-        order of their starts, each due then."""
+        order of their starts, each due then (the first ``most``; None: all)."""
+        last = _last(most)
         with reraise_unavailable("planned_starts", keys["plan"]):
-            plan = self._command(lambda: self.client.zrange(keys["plan"], 0, -1, withscores=True))
+            plan = self._command(lambda: self.client.zrange(keys["plan"], 0, last, withscores=True))
         base = keys["plan"].removesuffix(":plan")
         return [
             WaitingCall(base, _text("plan", task_id), position, due_at=float(score) / 1000)
             for position, (task_id, score) in enumerate(cast("list[tuple[bytes, float]]", plan), 1)
         ]
 
-    def waiting_calls(self, keys: Mapping[str, str]) -> list[WaitingCall]:
-        """The calls waiting in a key's line, in call order (a read: two ZRANGEs)."""
+    def waiting_calls(self, keys: Mapping[str, str], most: int | None = None) -> list[WaitingCall]:
+        """The calls waiting in a key's line, in call order (a read: two ZRANGEs; the first
+        ``most`` calls, None: all)."""
 
         def read() -> tuple[list[bytes], list[bytes]]:
-            line = self.client.zrange(keys["line"], 0, -1)
+            line = self.client.zrange(keys["line"], 0, _last(most))
             slots = self.client.zrange(keys["slots"], 0, -1)
             return cast("list[bytes]", line), cast("list[bytes]", slots)
 
@@ -208,6 +214,11 @@ class LineCommands(StoreBase):
             WaitingCall(_base(keys), task_id, position, task_id in handed)
             for position, task_id in enumerate(ids, 1)
         ]
+
+
+def _last(most: int | None) -> int:
+    # ZRANGE's last index of the first ``most`` members (-1: to the end).
+    return -1 if most is None else max(most, 1) - 1
 
 
 def _line(keys: Mapping[str, str], *, cluster: bool = False) -> list[str]:

@@ -287,6 +287,45 @@ async function rereadRows() {
   drawKeys();
 }
 
+// The calls that wait for their turn under a key's limit: a key_concurrency line's (handed a
+// slot, or waiting) and a key_rate_limit key's planned starts. Of the filter's task only.
+function waitingUrl() {
+  const task = filterOf().task;
+  return "/api/waiting" + (task ? "?" + new URLSearchParams({ task: task }) : "");
+}
+
+function drawWaiting(data) {
+  const tbody = document.querySelector("#waiting tbody");
+  tbody.replaceChildren(...data.calls.map((call) => {
+    const planned = call.limit === "key_rate_limit";
+    const state = planned ? "planned" : call.handed ? "handed" : "waiting";
+    const tr = el("tr", null, { "data-task-id": call.task_id, "data-state": state });
+    tr.append(el("td", call.task));
+    const keyCell = el("td");
+    const link = el("a", null, { href: "/key?name=" + encodeURIComponent(call.key) });
+    link.append(el("code", call.digest));
+    keyCell.append(link);
+    tr.append(keyCell);
+    tr.append(el("td", null).appendChild(el("code", call.task_id)).parentNode);
+    tr.append(el("td", call.limit), el("td", "#" + call.position));
+    const stateCell = el("td");
+    stateCell.append(el("span", state, { class: "state state-" + state, title: planned
+      ? "its start is reserved" : call.handed ? "a slot was handed to it; its run has not started yet"
+      : "it waits for a slot" }));
+    tr.append(stateCell);
+    tr.append(el("td", planned ? clock(call.due_at) + " (in "
+      + seconds(Math.max(0, call.due_at - data.now)) + ")"
+      : call.handed ? "when a worker takes it" : "when a slot frees"));
+    return tr;
+  }));
+  const n = data.calls.length;
+  let text = data.note || (n === 0 ? "no call waits for its turn"
+    : n + (n === 1 ? " call waits" : " calls wait") + (data.more ? ": the first " + data.most
+      + " shown, more wait" : ""));
+  if (data.read_at) text += " (read at " + clock(data.read_at) + ")";
+  document.getElementById("waiting-found").textContent = text;
+}
+
 async function refreshKeys(asked) {
   // (A tick while a walk goes on waits for the next: a long walk is never begun again.)
   if (keys.busy && !asked) return;
@@ -294,8 +333,11 @@ async function refreshKeys(asked) {
   try {
     // (A page found by one request is found again; a longer walk's rows are read again.)
     const walkAgain = keys.found === null || keys.found.requests <= 1;
-    const [, stats] = await Promise.all([walkAgain ? find() : rereadRows(), getJSON("/api/stats")]);
+    const [, stats, waiting] = await Promise.all([
+      walkAgain ? find() : rereadRows(), getJSON("/api/stats"), getJSON(waitingUrl()),
+    ]);
     drawTotals(stats);
+    drawWaiting(waiting);
     status("updated " + clock(stats.now) + ", every " + refreshMs / 1000 + " s", false);
   } catch (error) {
     status(error.message, true);
