@@ -10,12 +10,11 @@ from collections.abc import Mapping, Sequence
 import click
 from celery import Celery
 
-from .runs.inventory import glob_escaped
+from .runs.inventory import glob_escaped, task_keys_pattern
 from .runs.runtime import installed
 from .store.commands.lines import WaitingCall
 from .surfaces import AnyTask
 from .values.key_derivation import keys_for
-from .values.keys import tag_safe
 from .values.limits import limit_keys
 from .values.options import options_for
 
@@ -29,8 +28,8 @@ def echo_waiting(app: Celery, task: str | None, most: int) -> int:
     assert runtime is not None
     if most <= 0 or runtime.store.server is None:
         return 0  # (no look over a Cluster's nodes here)
-    pattern = f"{{{glob_escaped(tag_safe(task))}:*" if task is not None else "*"
-    waiting = runtime.store.waiting_under(runtime.config.key_prefix, pattern, most)
+    prefix = glob_escaped(runtime.config.key_prefix)
+    waiting = runtime.store.waiting_under(prefix, task_keys_pattern(task), most)
     for call in waiting:
         click.echo(waiting_line(call))
     return len(waiting)

@@ -16,6 +16,8 @@ from click.testing import CliRunner
 import dedupe
 from dedupe.cli import dedupe as dedupe_cli
 
+from .conftest import unique_name
+
 
 @pytest.fixture
 def cli(redis_app: Celery) -> Any:
@@ -72,3 +74,22 @@ def test_show_lists_the_line_of_a_calls_key(cli: Any, limited: Any) -> None:
     assert result.exit_code == 0, result.output
     assert [call.id in result.output for call in calls] == [True, True]
     assert result.output.count("#") == 2
+
+
+def test_list_reads_only_its_own_prefix_when_the_prefix_holds_a_glob_character(
+    make_app: Any,
+) -> None:
+    # "t?" as a SCAN pattern would match "ta"'s keys too.
+    base = unique_name("g")
+    other = make_app(dedupe_key_prefix=f"{base}a")
+    app = make_app(dedupe_key_prefix=f"{base}?")
+    for each in (other, app):
+
+        @each.task(shared=False, base=dedupe.DedupeTask, name="jobs.limited", key_concurrency=1)
+        def limited(tenant: int) -> None: ...
+
+    others = [other.tasks["jobs.limited"].delay(7) for _ in range(2)]
+    context = CLIContext(app=app, no_color=True, workdir=None, quiet=False)
+    result = CliRunner().invoke(dedupe_cli, ["list"], obj=context)
+    assert result.exit_code == 0, result.output
+    assert [call.id in result.output for call in others] == [False, False]

@@ -22,6 +22,7 @@ __all__ = [
     "read_keys",
     "scan",
     "scan_page",
+    "task_keys_pattern",
     "task_of_key",
 ]
 
@@ -45,6 +46,16 @@ def glob_escaped(text: str) -> str:
     'jobs\\\\[1\\\\]\\\\*'
     """
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def task_keys_pattern(task: str | None) -> str:
+    """What follows ``<prefix>:`` in a SCAN pattern for the keys of ``task`` (every task's:
+    None). A longer task name that begins with ``task:`` matches too: a reader filters.
+
+    >>> task_keys_pattern("jobs[1]")
+    '{jobs\\\\[1\\\\]:*'
+    """
+    return f"{{{glob_escaped(tag_safe(task))}:*" if task is not None else "*"
 
 
 def scan(

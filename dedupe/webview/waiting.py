@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
-from dedupe.runs.inventory import glob_escaped
+from dedupe.runs.inventory import glob_escaped, task_keys_pattern
 from dedupe.store.commands.lines import WaitingCall
 from dedupe.store.store import Store
-from dedupe.values.keys import parse_call_key, tag_safe
+from dedupe.values.keys import parse_call_key
 
 __all__ = ["MOST_WAITING", "Reading", "Waiting", "WaitingRow"]
 
@@ -115,7 +115,7 @@ class Waiting:
         if self.store.server is None:
             return Reading(at=time.time(), note=CLUSTER_NOTE)
         started = time.monotonic()
-        pattern = f"{{{glob_escaped(tag_safe(task))}:*" if task is not None else "*"
+        pattern = task_keys_pattern(task)
         # One more than shown: whether more wait.
         found = self.store.waiting_under(glob_escaped(self.prefix), pattern, MOST_WAITING + 1)
         calls = [row for call in found if (row := self._row(call, task)) is not None]
