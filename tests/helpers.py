@@ -25,6 +25,7 @@ from dedupe.values.keys import (
     RAN_SUFFIX,
     alive_key,
     holds_keys,
+    limited_names_key,
     nodes_key,
     reaper_keys,
     watch_keys,
@@ -95,10 +96,11 @@ def keys_with_prefix(client: redis.Redis, prefix: str) -> list[bytes]:
     reaper = reaper_keys(prefix)[0].encode()
     holds = holds_keys(prefix, "")[0].encode()
     nodes = nodes_key(prefix).encode()
+    limited = limited_names_key(prefix).encode()  # (the workers' limited task names)
     return sorted(
         key
         for key in client.scan_iter(match=f"{prefix}:*", count=1000)
-        if key != marker
+        if key not in (marker, limited)
         and not key.startswith((watch, reaper, holds, nodes))
         and not _tombstones(client, key)
     )

@@ -163,6 +163,17 @@ def test_the_tombstone_of_an_ended_debounced_run_is_no_key_left() -> None:
     assert ours.verdict == "ok"
 
 
+def test_the_marks_of_a_limited_calls_copies_are_no_record_left() -> None:
+    # A call handed a slot twice, or kept with a copy in the broker, drops its later copies
+    # for a while: the limits' rows show the mark (it lives its ttl), it is no record.
+    left = [
+        f"p:{{t.limited:ab}}:started ttl 3500s member {HOLDER} at +3400.00s",
+        f"p:{{t.limited:ab}}:started ttl 3500s member {HOLDER} copy at +3400.00s",
+    ]
+    ours, _ = _never_run([], keys_left=left).keys_left_rows()
+    assert ours.verdict == "ok"
+
+
 def test_a_call_answered_with_a_message_kombu_lost_is_shown_apart_and_any_other_lost_fails() -> (
     None
 ):

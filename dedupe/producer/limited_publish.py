@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from dedupe.brokers.plans import LinePlan, StartPlan
-from dedupe.errors import RedisUnavailable
+from dedupe.errors import ConfigurationError, RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import Runtime, runtime_of
 from dedupe.store.commands.starts import PlaceWait
@@ -28,6 +28,7 @@ from dedupe.store.store import Store
 from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
 from dedupe.values.key_derivation import keys_for
+from dedupe.values.keys import limited_names_key
 from dedupe.values.limits import LIMIT, LimitHeader
 from dedupe.values.options import limit_header, options_for, pop_call_options
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
@@ -60,6 +61,8 @@ def publish_limited(call: Call) -> DedupeResult:
         # Eager: nothing to limit. The same task id sent again from its own run (a run
         # that waits its turn, a retry): its message carries its header, and its run asks.
         return mark_result(call.publish(call.args, call.kwargs, options), deduplicated=False)
+    if call.task is None:
+        return _published_by_name(call, overrides, options)
     runtime = runtime_of(app)
     unique = options_for(call.task, call.task_name, runtime.config, overrides)
     keys = keys_for(
@@ -246,14 +249,54 @@ _always_eager = SettingReader("task_always_eager")
 _in_flight: set[asyncio.Future[DedupeResult]] = set()
 
 
+def _published_by_name(
+    call: Call, overrides: Mapping[str, object] | None, options: CallOptions
+) -> DedupeResult:
+    # A limited task this process does not import: its worker knows the limit and gives
+    # the message its turn as it comes (no place at the call: the call order is the
+    # arrival order). Its key is the task's own: a call cannot name another.
+    if overrides:
+        raise ConfigurationError(
+            f"task {call.task_name!r} is limited (key_concurrency or key_rate_limit) and this "
+            f"process does not import it: its calls by name cannot set "
+            f"{', '.join(sorted(overrides))}; declare them on the task, or import it here"
+        )
+    return mark_result(call.publish(call.args, call.kwargs, options), deduplicated=False)
+
+
 def is_limited(call: Call) -> bool:
     """Is ``call`` of a task with ``key_concurrency`` or ``key_rate_limit``? (A task's
-    declaration says so: no call option makes a call limited.)"""
-    if call.task is None or _always_eager(call.app):
-        # (A name this process does not import has no declaration to say so; eager:
-        # nothing to limit, nor to deduplicate: the guard runs it.)
+    declaration says so: no call option makes a call limited. For a name this process does
+    not import, the workers' word: :mod:`dedupe.runs.limited_names`.)"""
+    if _always_eager(call.app):
+        return False  # (nothing to limit, nor to deduplicate: the guard runs it)
+    runtime = runtime_of(call.app)
+    if call.task is None:
+        return _named_limited(runtime, call.task_name)
+    return options_for(call.task, call.task_name, runtime.config).limited
+
+
+#: Seconds a process keeps the workers' word on a task name.
+_NAMED_FOR = 10.0
+
+# task name -> (limited?, until when it is believed; monotonic), per runtime's prefix.
+_named: dict[tuple[str, str], tuple[bool, float]] = {}
+
+
+def _named_limited(runtime: Runtime, name: str) -> bool:
+    # One read per name every few seconds; with the dedup Redis away, a name is taken for
+    # an unlimited one (the call is then deduplicated, as before the workers named it).
+    prefix = runtime.config.key_prefix
+    now = time.monotonic()
+    known = _named.get((prefix, name))
+    if known is not None and known[1] > now:
+        return known[0]
+    try:
+        limited = runtime.store.is_named_limited(limited_names_key(prefix), name)
+    except RedisUnavailable:
         return False
-    return options_for(call.task, call.task_name, runtime_of(call.app).config).limited
+    _named[(prefix, name)] = (limited, now + _NAMED_FOR)
+    return limited
 
 
 def publish_limited_many(calls: Sequence[Call]) -> list[DedupeResult]:

@@ -5,7 +5,8 @@ lease is; with nothing else happening on its key, this look hands it on (hand_on
 line never waits on a dead message for more than a lease and a look. The same look sees the
 dedup Redis restart or fail over (its run id changes): every line then settles for a lease
 (settle.lua), so that no new run starts beside a live run whose slot was lost before its
-heartbeat counts it again.
+heartbeat counts it again. It also keeps the names of the limited tasks in Redis
+(:mod:`dedupe.runs.limited_names`).
 
 One daemon thread in the worker's main process, two round trips a second; not on a Cluster
 (the index names lines of many slots): there a lapsed slot is handed on by the key's next
@@ -16,10 +17,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from dedupe.errors import DedupeError
 from dedupe.runs.runtime import Runtime
 from dedupe.values.timing import milliseconds
+
+from .limited_names import EVERY as NAMES_EVERY
+from .limited_names import name_limited_tasks
 
 __all__ = ["LineSweep"]
 
@@ -39,10 +44,13 @@ class LineSweep:
         self._thread: threading.Thread | None = None
         #: The server's run id at the last look ('' before the first).
         self._seen = ""
+        #: When the limited task names are written again (monotonic; 0: at the first look).
+        self._names_due = 0.0
 
     def start(self) -> None:
         if self._runtime.store.server is None:
-            return  # (a Cluster)
+            name_limited_tasks(self._runtime)  # (a Cluster: at start only)
+            return
         self._thread = threading.Thread(target=self._loop, name="dedupe-lines", daemon=True)
         self._thread.start()
 
@@ -65,6 +73,10 @@ class LineSweep:
                 lease_ms / 1000,
             )
         self._seen = run or self._seen
+        now = time.monotonic()
+        if restarted or now >= self._names_due:
+            name_limited_tasks(runtime)
+            self._names_due = now + NAMES_EVERY
         handed = runtime.store.hand_on_lapsed(index)
         if handed:
             runtime.broker.hand_off(runtime.app, index, handed)

@@ -31,6 +31,7 @@ __all__ = [
     "call_keys",
     "format_call_key",
     "holds_keys",
+    "limited_names_key",
     "nodes_key",
     "parse_call_key",
     "reaper_keys",
@@ -195,6 +196,17 @@ def nodes_key(prefix: str) -> str:
     'dedupe:nodes'
     """
     return f"{prefix}:nodes"
+
+
+def limited_names_key(prefix: str) -> str:
+    """The set of the task names the workers know as limited (``key_concurrency``,
+    ``key_rate_limit``): a call by name from a process that does not import the task is
+    published as its ``delay`` would publish it.
+
+    >>> limited_names_key("dedupe")
+    'dedupe:limited'
+    """
+    return f"{prefix}:limited"
 
 
 def tick_key(prefix: str, entry_name: str, tick: int) -> str:

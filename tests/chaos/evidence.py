@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 
+from dedupe.values.limits import LIMIT_KEY_NAMES
 from tests.helpers import RunLog
 
 #: The dedup tasks the first rows judge (the flow-control tasks have rows of their own).
@@ -44,7 +45,7 @@ RATES = {RATED: RATE, PACED: PACED_RATE}
 #: How the rows of all of them are named ("limited / rated / paced: ...").
 FLOW_ROWS = " / ".join(FLOW)
 #: The keys of the limits (dedupe.values.limits.limit_keys), after the call key's hash tag.
-LIMIT_SUFFIXES = (":slots", ":line", ":due", ":seq", ":starts", ":plan")
+LIMIT_SUFFIXES = tuple(f":{name}" for name in LIMIT_KEY_NAMES)
 
 
 @dataclass(frozen=True)

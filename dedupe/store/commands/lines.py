@@ -4,7 +4,7 @@ hand_on.lua; their keys: ``line_keys`` in the prelude)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -166,6 +166,29 @@ class LineCommands(StoreBase):
         with reraise_unavailable("settle", index):
             reply = self._run(self._settle, [index], [seen, run, lease_ms])
         return integer_reply("settle", reply) == 1
+
+    def name_limited(
+        self, key: str, limited: Collection[str], others: Collection[str], ttl_ms: int
+    ) -> None:
+        """Say which task names are limited (``limited``) and which are not (``others``, a
+        task that lost its limit), in the set ``key``, kept ``ttl_ms``."""
+
+        def write() -> None:
+            with self.client.pipeline(transaction=False) as pipe:
+                if others:
+                    pipe.srem(key, *others)
+                if limited:
+                    pipe.sadd(key, *limited)
+                    pipe.pexpire(key, ttl_ms)
+                pipe.execute()
+
+        with reraise_unavailable("name_limited", key):
+            self._command(write)
+
+    def is_named_limited(self, key: str, name: str) -> bool:
+        """Do the workers know ``name`` as a limited task (the set ``key``)?"""
+        with reraise_unavailable("is_named_limited", key):
+            return bool(self._command(lambda: self.client.sismember(key, name)))
 
     def waiting_under(self, prefix: str, pattern: str = "*", most: int = 1000) -> list[WaitingCall]:
         """Every call waiting under ``prefix`` (keys matching ``<prefix>:<pattern>``): in a
