@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import dedupe
 from dedupe.cli import dedupe as dedupe_cli
+from dedupe.runs.runtime import runtime_of
 
 from .conftest import unique_name
 
@@ -93,3 +94,14 @@ def test_list_reads_only_its_own_prefix_when_the_prefix_holds_a_glob_character(
     result = CliRunner().invoke(dedupe_cli, ["list"], obj=context)
     assert result.exit_code == 0, result.output
     assert [call.id in result.output for call in others] == [False, False]
+
+
+def test_the_index_of_the_lines_lives_no_longer_than_the_lines_it_names(
+    limited: Any, redis_app: Celery, redis_client: Any
+) -> None:
+    # (A prefix no worker looks at any more leaves no key behind.)
+    for _ in range(2):
+        limited.delay(7)
+    index = f"{redis_app.conf.dedupe_key_prefix}:lines"
+    assert redis_client.zcard(index) == 1
+    assert 0 < redis_client.pttl(index) <= runtime_of(redis_app).config.default_ttl * 1000 + 1000

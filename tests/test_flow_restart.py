@@ -5,6 +5,8 @@ private server the test restarts (the broker is the session's Redis)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -107,34 +109,43 @@ def backstop_env(queue: str, store: Any) -> dict[str, str]:
     }
 
 
-def test_a_waiting_call_outlives_a_loss_of_the_dedup_data_on_a_broker_apart_from_it(
+@contextmanager
+def backstopped(
     redis_factory: RedisFactory, worker_app: Any, tag: str
-) -> None:
-    # The call waits held in the dedup Redis, and its copy waits in the broker: the restart
-    # loses the first, and the second comes back and takes a place again.
+) -> Iterator[tuple[Any, Any, WorkerProcess]]:
+    """A dedup Redis of the test's own apart from the broker (the session's Redis), the
+    producer's one_at_once and a prefork worker for it: (store server, task, worker)."""
     store = redis_factory()
     queue = f"backstop-{tag}"
     with app_with_a_store_of_its_own(
         worker_app, worker_app.BROKER, queue, store, dedupe_default_lease=BACKSTOP_LEASE
     ) as producer:
-        one_at_once = limited_task(producer, worker_app)
         worker = WorkerProcess(producer, backstop_env(queue, store))
         worker.start()
         try:
-            first = one_at_once.delay(tag, 0, 4.0)
-            wait_for(lambda: worker_app.runlog(tag).runs(), message="the first run started")
-            second = one_at_once.delay(tag, 1, 0.0)
-            wait_for(
-                lambda: f"{second.id}] waits its turn" in worker.tail(),
-                message="the second call waits in line",
-            )
-            store.stop()
-            store.start()  # (the line and what it held are lost)
-            assert first.get(timeout=30) == 0
-            assert second.get(timeout=30) == 1
-            copy_dropped(worker, second.id)
+            yield store, limited_task(producer, worker_app), worker
         finally:
             worker.stop()
+
+
+def test_a_waiting_call_outlives_a_loss_of_the_dedup_data_on_a_broker_apart_from_it(
+    redis_factory: RedisFactory, worker_app: Any, tag: str
+) -> None:
+    # The call waits held in the dedup Redis, and its copy waits in the broker: the restart
+    # loses the first, and the second comes back and takes a place again.
+    with backstopped(redis_factory, worker_app, tag) as (store, one_at_once, worker):
+        first = one_at_once.delay(tag, 0, 4.0)
+        wait_for(lambda: worker_app.runlog(tag).runs(), message="the first run started")
+        second = one_at_once.delay(tag, 1, 0.0)
+        wait_for(
+            lambda: f"{second.id}] waits its turn" in worker.tail(),
+            message="the second call waits in line",
+        )
+        store.stop()
+        store.start()  # (the line and what it held are lost)
+        assert first.get(timeout=30) == 0
+        assert second.get(timeout=30) == 1
+        copy_dropped(worker, second.id)
     assert most_at_once(worker_app.runlog(tag).runs()) == 1
 
 
@@ -142,20 +153,10 @@ def test_the_copy_in_the_broker_of_a_call_that_ran_is_dropped(
     redis_factory: RedisFactory, worker_app: Any, tag: str
 ) -> None:
     # Handed on as the first run ends, the second call runs; its copy comes a lease later.
-    store = redis_factory()
-    queue = f"backstop-{tag}"
-    with app_with_a_store_of_its_own(
-        worker_app, worker_app.BROKER, queue, store, dedupe_default_lease=BACKSTOP_LEASE
-    ) as producer:
-        one_at_once = limited_task(producer, worker_app)
-        worker = WorkerProcess(producer, backstop_env(queue, store))
-        worker.start()
-        try:
-            first = one_at_once.delay(tag, 0, 1.0)
-            second = one_at_once.delay(tag, 1, 0.0)
-            assert (first.get(timeout=30), second.get(timeout=30)) == (0, 1)
-            copy_dropped(worker, second.id)
-        finally:
-            worker.stop()
-        runs = worker_app.runlog(tag).runs()
-        assert sorted(run[0] for run in runs) == sorted([first.id, second.id])
+    with backstopped(redis_factory, worker_app, tag) as (_, one_at_once, worker):
+        first = one_at_once.delay(tag, 0, 1.0)
+        second = one_at_once.delay(tag, 1, 0.0)
+        assert (first.get(timeout=30), second.get(timeout=30)) == (0, 1)
+        copy_dropped(worker, second.id)
+    runs = worker_app.runlog(tag).runs()
+    assert sorted(run[0] for run in runs) == sorted([first.id, second.id])

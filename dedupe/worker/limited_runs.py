@@ -14,7 +14,7 @@ The call side is :mod:`dedupe.producer.limited_publish`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn, cast
 
@@ -270,35 +270,37 @@ def leave_line(task: TaskSurface, task_id: str | None, header: LimitHeader) -> N
     """``task_revoked`` (the pool's parent) of a limited message revoked or expired before
     its run: its place in line goes now (else it would hold the calls behind it until it
     lapses)."""
-    lease_ms = milliseconds(header.lease)
-
-    def leave(store: Store, task_id: str) -> object:
-        if header.kind != "concurrency":
-            return store.leave_line(header.keys, task_id)
-        _, handed = store.leave_turn(header.keys, task_id, lease_ms=lease_ms, limit=header.limit)
-        _hand_off(task, header, handed)
-        return None
-
-    _in_parent(
-        task, task_id, header, leave, "was dropped and its place in line was kept (it lapses)"
-    )
+    undone = "was dropped and its place in line was kept (it lapses)"
+    _in_parent_hand_on(task, task_id, header, Store.leave_line, Store.leave_turn, undone)
 
 
 def free_dead_slots(task: TaskSurface, task_id: str | None, header: LimitHeader) -> None:
     """``task_failure`` (the pool's parent) of a limited run whose child died: its slot is
     freed now, not a lease later."""
+    undone = "was lost and its slot was not freed (its lease frees it)"
+    _in_parent_hand_on(task, task_id, header, Store.free_slots_of, Store.end_turn, undone)
+
+
+def _in_parent_hand_on(
+    task: TaskSurface,
+    task_id: str | None,
+    header: LimitHeader,
+    other_kinds: Callable[[Store, Mapping[str, str], str], object],
+    concurrency: Callable[..., tuple[object, list[Handed]]],
+    undone: str,
+) -> None:
+    # What the parent does for a rate (or both limits) with ``other_kinds``; for
+    # key_concurrency alone, the ``concurrency`` script's freed slots are handed on.
     lease_ms = milliseconds(header.lease)
 
-    def free(store: Store, task_id: str) -> object:
+    def act(store: Store, task_id: str) -> object:
         if header.kind != "concurrency":
-            return store.free_slots_of(header.keys, task_id)
-        _, handed = store.end_turn(header.keys, task_id, lease_ms=lease_ms, limit=header.limit)
+            return other_kinds(store, header.keys, task_id)
+        _, handed = concurrency(store, header.keys, task_id, lease_ms=lease_ms, limit=header.limit)
         _hand_off(task, header, handed)
         return None
 
-    _in_parent(
-        task, task_id, header, free, "was lost and its slot was not freed (its lease frees it)"
-    )
+    _in_parent(task, task_id, header, act, undone)
 
 
 def _hand_off(task: TaskSurface, header: LimitHeader, handed: Sequence[Handed]) -> None:

@@ -598,6 +598,12 @@ local function index_line(k, member)
       end
     end
     redis.call('ZADD', k.index, at or 0, member)
+    -- (The index lives as long as the lines it names: a prefix no worker looks at any more
+    -- leaves no key behind.)
+    local ttl = redis.call('PTTL', k.held)
+    if ttl > 0 then
+      keep_alive(k.index, ttl + 1000)
+    end
   else
     redis.call('ZREM', k.index, member)
   end
