@@ -185,3 +185,16 @@ def test_calls_by_send_task_wait_their_turn_like_any_other(
     results = [worker_app.app.send_task(name, (tag, index, 0.5), queue=queue) for index in range(3)]
     assert sorted(result.get(timeout=30) for result in results) == [0, 1, 2]
     assert most_at_once(worker_app.runlog(tag).runs()) == 1  # (two pool processes)
+
+
+def test_a_call_not_yet_due_does_not_hold_back_the_calls_behind_it(
+    worker_app: Any, tag: str, queue: str, worker: WorkerProcess
+) -> None:
+    # A call with a countdown takes no place at its call: it joins the line when it is due.
+    later = worker_app.one_at_once.apply_async((tag, 0, 0.1), queue=queue, countdown=8)
+    now = [
+        worker_app.one_at_once.apply_async((tag, index, 0.1), queue=queue) for index in range(1, 4)
+    ]
+    assert [result.get(timeout=30) for result in [*now, later]] == [1, 2, 3, 0]
+    runs = {task_id: (start, end) for task_id, start, end in worker_app.runlog(tag).runs()}
+    assert max(runs[result.id][1] or 0.0 for result in now) < runs[later.id][0]
