@@ -33,17 +33,7 @@ def test_no_call_starts_beside_a_live_run_whose_slot_a_restart_lost(
     with app_with_a_store_of_its_own(
         worker_app, worker_app.BROKER, queue, store, dedupe_default_lease=LEASE
     ) as producer:
-
-        @producer.task(
-            name=worker_app.one_at_once.name,
-            bind=True,
-            base=dedupe.DedupeTask,
-            unique_on=("tag",),
-            key_concurrency=1,
-            shared=False,
-        )
-        def one_at_once(self: Any, tag: str, index: int, seconds: float) -> int: ...
-
+        one_at_once = limited_task(producer, worker_app)
         env = {
             "DEDUPE_TEST_QUEUE": queue,
             "DEDUPE_TEST_STORE": store.url,

@@ -34,7 +34,7 @@ VISIBILITY = 8.0
 @pytest.fixture(autouse=True)
 def no_key_left_behind(redis_client: redis.Redis, worker_app: Any) -> Iterator[None]:
     yield
-    fail_on_keys_left(redis_client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3)
+    fail_on_keys_left(redis_client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3, shared=True)
 
 
 def running(worker_app: Any, task: Any, tag: str, *args: Any) -> dedupe.Holder:

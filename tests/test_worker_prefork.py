@@ -36,7 +36,7 @@ def no_key_left_behind(
     yield
     if request.node.get_closest_marker("leaves_keys"):
         return
-    fail_on_keys_left(redis_client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3)
+    fail_on_keys_left(redis_client, worker_app.PREFIX, within=3 * worker_app.LEASE + 3, shared=True)
 
 
 def holder(task: Any, *args: Any) -> dedupe.Holder | None:

@@ -586,6 +586,20 @@ local function hand_on(k, limit, lease, now, out)
   keep_alive(k.slots, 2 * lease + 1000)  -- (a lapse is seen before the set expires)
 end
 
+-- A script's reply: first (none when nil), then each call handed a slot on the way and the
+-- options its worker publishes it with ('' when the script pushed it).
+local function with_handed(first, handed)
+  local reply = {}
+  if first ~= nil then
+    reply[1] = first
+  end
+  for _, entry in ipairs(handed) do
+    reply[#reply + 1] = entry[1]
+    reply[#reply + 1] = entry[2]
+  end
+  return reply
+end
+
 -- Keep the index's entry of this line (member) right: looked at when its first lease ends
 -- while calls wait or are handed (a lapse then hands on), else none.
 local function index_line(k, member)

@@ -31,9 +31,4 @@ local handed = {}
 lapse_slots(k, now)
 hand_on(k, tonumber(ARGV[3]), tonumber(ARGV[2]), now, handed)
 index_line(k, ARGV[4])
-local reply = {freed}
-for _, entry in ipairs(handed) do
-  reply[#reply + 1] = entry[1]
-  reply[#reply + 1] = entry[2]
-end
-return reply
+return with_handed(freed, handed)

@@ -21,9 +21,4 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT
     redis.call('ZREM', KEYS[1], member)
   end
 end
-local reply = {}
-for _, entry in ipairs(handed) do
-  reply[#reply + 1] = entry[1]
-  reply[#reply + 1] = entry[2]
-end
-return reply
+return with_handed(nil, handed)

@@ -91,9 +91,4 @@ if verdict == 0 then
   hand_on(k, limit, lease, now, handed)
 end
 index_line(k, ARGV[7])
-local reply = {verdict}
-for _, entry in ipairs(handed) do
-  reply[#reply + 1] = entry[1]
-  reply[#reply + 1] = entry[2]
-end
-return reply
+return with_handed(verdict, handed)
