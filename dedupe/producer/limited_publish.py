@@ -279,8 +279,8 @@ def is_limited(call: Call) -> bool:
 #: Seconds a process keeps the workers' word on a task name.
 _NAMED_FOR = 10.0
 
-# task name -> (limited?, until when it is believed; monotonic), per runtime's prefix.
-_named: dict[tuple[str, str], tuple[bool, float]] = {}
+# (dedup Redis, prefix, task name) -> (limited?, until when it is believed; monotonic).
+_named: dict[tuple[str, str, str], tuple[bool, float]] = {}
 
 
 def _named_limited(runtime: Runtime, name: str) -> bool:
@@ -288,14 +288,15 @@ def _named_limited(runtime: Runtime, name: str) -> bool:
     # an unlimited one (the call is then deduplicated, as before the workers named it).
     prefix = runtime.config.key_prefix
     now = time.monotonic()
-    known = _named.get((prefix, name))
+    where = (runtime.config.redis_url, prefix, name)
+    known = _named.get(where)
     if known is not None and known[1] > now:
         return known[0]
     try:
         limited = runtime.store.is_named_limited(limited_names_key(prefix), name)
     except RedisUnavailable:
         return False
-    _named[(prefix, name)] = (limited, now + _NAMED_FOR)
+    _named[where] = (limited, now + _NAMED_FOR)
     return limited
 
 
