@@ -16,6 +16,7 @@ from click.testing import CliRunner
 import dedupe
 from dedupe.cli import dedupe as dedupe_cli
 from dedupe.runs.runtime import runtime_of
+from dedupe.values.limits import lines_index
 
 from .conftest import unique_name
 
@@ -102,6 +103,6 @@ def test_the_index_of_the_lines_lives_no_longer_than_the_lines_it_names(
     # (A prefix no worker looks at any more leaves no key behind.)
     for _ in range(2):
         limited.delay(7)
-    index = f"{redis_app.conf.dedupe_key_prefix}:lines"
+    index = lines_index(redis_app.conf.dedupe_key_prefix)
     assert redis_client.zcard(index) == 1
     assert 0 < redis_client.pttl(index) <= runtime_of(redis_app).config.default_ttl * 1000 + 1000

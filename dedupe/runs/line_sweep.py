@@ -21,6 +21,7 @@ import time
 
 from dedupe.errors import DedupeError
 from dedupe.runs.runtime import Runtime
+from dedupe.values.limits import lines_index
 from dedupe.values.timing import milliseconds
 
 from .limited_names import EVERY as NAMES_EVERY
@@ -62,7 +63,7 @@ class LineSweep:
         (settle.lua); then hand on the lapsed slots of every line whose first lease is
         over."""
         runtime = self._runtime
-        index = f"{runtime.config.key_prefix}:lines"
+        index = lines_index(runtime.config.key_prefix)
         lease_ms = milliseconds(runtime.config.default_lease)
         run = runtime.store.server_run().decode()  # ('' where INFO is refused: no settling)
         restarted = bool(run and self._seen and run != self._seen)

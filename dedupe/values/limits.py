@@ -27,6 +27,7 @@ __all__ = [
     "index_member",
     "limit_keys",
     "line_index",
+    "lines_index",
     "parse_rate",
 ]
 
@@ -137,14 +138,23 @@ def limit_keys(base: str) -> dict[str, str]:
     return {name: f"{base}:{name}" for name in LIMIT_KEY_NAMES}
 
 
+def lines_index(prefix: str) -> str:
+    """The index of the lines of a key prefix that have calls waiting or handed (the
+    workers' look at lapsed slots reads it).
+
+    >>> lines_index("dedupe")
+    'dedupe:lines'
+    """
+    return f"{prefix}:lines"
+
+
 def line_index(base: str) -> str:
-    """The index of the lines of ``base``'s key prefix that have calls waiting or handed
-    (the workers' look at lapsed slots reads it).
+    """The index of the lines of ``base``'s key prefix (:func:`lines_index`).
 
     >>> line_index("dedupe:{t:ab}")
     'dedupe:lines'
     """
-    return base[: base.index(":{")] + ":lines" if ":{" in base else base + ":lines"
+    return lines_index(base[: base.index(":{")] if ":{" in base else base)
 
 
 def index_member(limit: int, lease_ms: int, base: str) -> str:

@@ -17,12 +17,18 @@ from celery import Celery
 
 from dedupe.runs.inventory import live_key_counts
 
-__all__ = ["EVERY", "WATCHED_FOR", "Count", "Totals"]
+__all__ = ["EVERY", "WATCHED_FOR", "Count", "Totals", "read_again_after"]
 
 #: The fewest seconds between two counts.
 EVERY = 2.0
 #: Seconds after the last request that the counts go on (a page asks every 2 s).
 WATCHED_FOR = 15.0
+
+
+def read_again_after(took: float, least: float) -> float:
+    """Seconds before a scan that took ``took`` seconds is made again: ten times as long
+    (``least`` at least), so that the view keeps Redis scanning a tenth of the time at most."""
+    return max(least, 10 * took)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,4 +76,4 @@ class Totals:
             by_task.setdefault(task, {})[state] = number
         took = time.monotonic() - started
         self.last = Count(by_task, time.time(), took)
-        return max(EVERY, 10 * took)
+        return read_again_after(took, EVERY)

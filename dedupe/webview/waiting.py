@@ -22,6 +22,8 @@ from dedupe.store.commands.lines import WaitingCall
 from dedupe.store.store import Store
 from dedupe.values.keys import parse_call_key
 
+from .totals import read_again_after
+
 __all__ = ["MOST_WAITING", "Reading", "Waiting", "WaitingRow"]
 
 #: The most waiting calls one answer lists.
@@ -109,7 +111,7 @@ class Waiting:
     @staticmethod
     def stale(reading: Reading) -> bool:
         """Is ``reading`` older than ten times it took (:data:`FRESH_FOR` at least)?"""
-        return time.time() - reading.at >= max(FRESH_FOR, 10 * reading.took)
+        return time.time() - reading.at >= read_again_after(reading.took, FRESH_FOR)
 
     def _read(self, task: str | None) -> Reading:
         if self.store.server is None:

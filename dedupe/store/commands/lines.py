@@ -116,9 +116,7 @@ class LineCommands(StoreBase):
                 _line(keys, cluster=self._cluster),
                 [task_id, token, lease_ms, limit, ttl_ms, options, member, mark],
             )
-        if not isinstance(reply, list) or not reply:
-            raise UnexpectedReply("turn", reply)
-        return Turn(integer_reply("turn", reply[0]), _handed("turn", reply[1:]))
+        return Turn(*_first_and_handed("turn", reply))
 
     def end_turn(
         self, keys: Mapping[str, str], run: str, *, lease_ms: int, limit: int
@@ -130,9 +128,7 @@ class LineCommands(StoreBase):
             reply = self._run(
                 self._end_turn, _line(keys, cluster=self._cluster), [run, lease_ms, limit, member]
             )
-        if not isinstance(reply, list) or not reply:
-            raise UnexpectedReply("end_turn", reply)
-        return integer_reply("end_turn", reply[0]), _handed("end_turn", reply[1:])
+        return _first_and_handed("end_turn", reply)
 
     def leave_turn(
         self, keys: Mapping[str, str], task_id: str, *, lease_ms: int, limit: int
@@ -146,9 +142,8 @@ class LineCommands(StoreBase):
                 _line(keys, cluster=self._cluster),
                 [task_id, lease_ms, limit, member],
             )
-        if not isinstance(reply, list) or not reply:
-            raise UnexpectedReply("leave_turn", reply)
-        return integer_reply("leave_turn", reply[0]) == 1, _handed("leave_turn", reply[1:])
+        left, handed = _first_and_handed("leave_turn", reply)
+        return left == 1, handed
 
     def hand_on_lapsed(self, index: str, most: int = 50) -> list[Handed]:
         """Hand on the slots of the lines in ``index`` whose first lease is over (hand_on.lua:
@@ -254,6 +249,14 @@ def _line(keys: Mapping[str, str], *, cluster: bool = False) -> list[str]:
 
 def _base(keys: Mapping[str, str]) -> str:
     return keys["slots"].removesuffix(":slots")
+
+
+def _first_and_handed(script: str, reply: object) -> tuple[int, list[Handed]]:
+    # The reply of a script that hands slots on (with_handed in the prelude): a number,
+    # then each call handed a slot with its options.
+    if not isinstance(reply, list) or not reply:
+        raise UnexpectedReply(script, reply)
+    return integer_reply(script, reply[0]), _handed(script, reply[1:])
 
 
 def _handed(script: str, reply: Sequence[object]) -> list[Handed]:
