@@ -4,6 +4,7 @@ dedup silently off, never with another library's raw error."""
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from celery import Celery, Task
 
 import dedupe
 
-from .helpers import ROOT
+from .conftest import in_process_worker
+from .helpers import ROOT, Lines
 
 # -- declared on the task: refused when Celery registers it -----------------------------------
 
@@ -148,6 +150,20 @@ def test_a_task_of_another_librarys_base_keeps_the_options_that_base_owns(
     )
     task.apply_async((1,))
     assert queue_length(app) == 1
+
+
+def test_a_run_of_another_librarys_base_is_never_read_for_options_it_does_not_have(
+    app: Celery,
+) -> None:
+    # A worker looks for a limit of a run whose message carries none (send_task, beat): only
+    # a DedupeTask can have one. Read on this task, the base's on_duplicate (a method) was
+    # an invalid option, and every run logged an error.
+    task = app.task(
+        shared=False, name="loud.other_run", base=_AnotherLibrarysBase, unique_on=["x"]
+    )(_body)
+    with Lines("dedupe", logging.WARNING) as said, in_process_worker(app):
+        task.apply_async((1,)).get(timeout=10)
+    assert said.lines == []
 
 
 def test_the_router_that_refuses_them_routes_nothing(make_app: Callable[..., Celery]) -> None:

@@ -14,7 +14,7 @@ from celery.app.task import Context
 
 from dedupe.errors import DedupeError, KeyDerivationError, RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
-from dedupe.runs.run import Run, RunSpec, attach, new_token
+from dedupe.runs.run import GUARDS_RUNS, Run, RunSpec, attach, new_token
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.replies import Take
 from dedupe.surfaces import AnyTask, RequestSurface, TaskSurface
@@ -161,7 +161,11 @@ def _derived_limit(
     """The limit of a message of a limited task that came without one (``send_task``, a call
     by name from a process that does not import the task, a canvas member, beat): the task's
     options say it, and the run takes its turn like any other. The header is written into
-    the request's headers, so that the message published again if it waits carries it."""
+    the request's headers, so that the message published again if it waits carries it.
+    Only a DedupeTask has limits: another task's attributes are not read (another library's
+    base may own our names, celery-singleton's ``on_duplicate`` a method)."""
+    if not getattr(task, GUARDS_RUNS, False):
+        return None
     try:
         options = options_for(task, task.name, runtime.config)
         if not options.limited:
