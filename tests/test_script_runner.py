@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis._parsers import _HiredisParser, _RESP2Parser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -575,9 +576,16 @@ def test_only_a_plain_sockets_lone_reply_is_polled_for_on_the_socket(
         assert _poller(Connected(plain)) is not None
 
 
-def test_replies_that_came_in_one_read_are_not_polled_for(client: redis.Redis) -> None:
-    # The socket has nothing more to say of a reply redis-py's parser holds already: polling
-    # it would spin the whole budget, and count a miss.
+#: The parsers a reply is read with: hiredis's (redis-py's default where it is installed, as it
+#: is here) and redis-py's own.
+PARSERS = {"hiredis": _HiredisParser, "redis-py": _RESP2Parser}
+
+
+@pytest.mark.parametrize("parser", PARSERS)
+def test_replies_that_came_in_one_read_are_not_polled_for(own_url: str, parser: str) -> None:
+    # The socket has nothing more to say of a reply the parser holds already: polling it
+    # would spin the whole budget, and count a miss.
+    client = redis.Redis.from_url(own_url, parser_class=PARSERS[parser], protocol=2)
     runner = ScriptRunner(client, busy_poll=0.05)
     echo = client.register_script(ECHO)
     run(runner, client, ECHO, "loaded")

@@ -5,6 +5,7 @@ Each member, and what is turned off without it: docs/design-notes.md, "dedupe.co
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ __all__ = [
     "HEARS_PUSHES",
     "MEMBERS",
     "backoff_of",
+    "buffered",
     "hear_pushes",
     "retried_errors",
     "retries_of",
@@ -57,6 +59,34 @@ def socket_of(connection: object) -> socket.socket | None:
     """The socket of a connection redis-py has connected (None: not to be had)."""
     sock: socket.socket | None = getattr(connection, "_sock", None) if SEES_SOCKET else None
     return sock
+
+
+def _hiredis_reader(connection: object) -> Any:
+    # (None with redis-py's own parser, or before the connection's handshake.)
+    return getattr(getattr(connection, "_parser", None), "_reader", None)
+
+
+def _reader_reports() -> bool:
+    import hiredis
+
+    return hasattr(hiredis.Reader(), "has_data")
+
+
+# Without hiredis redis-py reads with its own parser, polled through can_read: nothing missing.
+SEES_BUFFER: bool = importlib.util.find_spec("hiredis") is not None and MEMBERS.need(
+    "redis._parsers.hiredis._HiredisParser._reader (hiredis's Reader.has_data)",
+    "the busy poll's look at a reply read ahead (it polls through can_read)",
+    _reader_reports,
+)
+
+
+def buffered(connection: object) -> bool | None:
+    """Are bytes of a reply in the connection's parser already, read off the socket with an
+    earlier one? None: cannot tell (redis-py's own parser)."""
+    reader = _hiredis_reader(connection) if SEES_BUFFER else None
+    if reader is None:
+        return None
+    return bool(reader.has_data())
 
 
 def _resp3_parser() -> object:

@@ -23,7 +23,7 @@ from redis.connection import AbstractConnection
 from redis.exceptions import InvalidResponse, NoScriptError, ReadOnlyError, ResponseError
 from redis.retry import Retry
 
-from dedupe.compat.redis_private import retried_errors, socket_of
+from dedupe.compat.redis_private import buffered, retried_errors, socket_of
 
 from .remembered import RememberedAnswers
 from .resp import Part, pack_command, pack_parts
@@ -322,9 +322,15 @@ class ThreadConnections:
         if local.poll_skips:
             local.poll_skips -= 1
             return
-        # A lone command's reply: none of its bytes can be in the parser's buffer yet, so the
-        # socket tells (a third of can_read's cost a look).
-        poller = local.poller if local.lone else None
+        # The socket tells (a third of can_read's cost a look) where no byte of the reply can
+        # be in the parser's buffer: a lone command's, or one whose parser says it holds none.
+        poller = local.poller
+        if poller is not None and not local.lone:
+            held = buffered(connection)
+            if held:
+                return  # (read off the socket with an earlier reply: the read will not wait)
+            if held is None:
+                poller = None
         ready = poller.poll if poller is not None else connection.can_read
         deadline = time.perf_counter() + self._busy_poll
         while not ready(0):  # (a reply, or a closed connection: the read will not wait)
