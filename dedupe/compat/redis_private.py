@@ -5,6 +5,7 @@ Each member, and what is turned off without it: docs/design-notes.md, "dedupe.co
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import socket
 from collections.abc import Callable
@@ -67,9 +68,8 @@ def _hiredis_reader(connection: object) -> Any:
 
 
 def _reader_reports() -> bool:
-    import hiredis
-
-    return hasattr(hiredis.Reader(), "has_data")
+    reader: Any = importlib.import_module("hiredis").Reader()  # (no type information)
+    return hasattr(reader, "has_data")
 
 
 # Without hiredis redis-py reads with its own parser, polled through can_read: nothing missing.

@@ -322,16 +322,9 @@ class ThreadConnections:
         if local.poll_skips:
             local.poll_skips -= 1
             return
-        # The socket tells (a third of can_read's cost a look) where no byte of the reply can
-        # be in the parser's buffer: a lone command's, or one whose parser says it holds none.
-        poller = local.poller
-        if poller is not None and not local.lone:
-            held = buffered(connection)
-            if held:
-                return  # (read off the socket with an earlier reply: the read will not wait)
-            if held is None:
-                poller = None
-        ready = poller.poll if poller is not None else connection.can_read
+        ready = _ready(local, connection)
+        if ready is None:
+            return  # (read off the socket with an earlier reply: the read will not wait)
         deadline = time.perf_counter() + self._busy_poll
         while not ready(0):  # (a reply, or a closed connection: the read will not wait)
             if time.perf_counter() >= deadline:
@@ -421,6 +414,21 @@ class ThreadConnections:
         if connection is not None:
             disconnect: Any = connection.disconnect  # (untyped in redis-py)
             disconnect()
+
+
+def _ready(local: ConnectionState, connection: AbstractConnection) -> Callable[[int], Any] | None:
+    """How to look whether a reply has come; None: bytes of it are in the parser already. The
+    socket tells (a third of can_read's cost a look) where no byte of the reply can be in the
+    parser's buffer: a lone command's, or one whose parser says it holds none."""
+    poller: Any = local.poller
+    if poller is not None and not local.lone:
+        held = buffered(connection)
+        if held:
+            return None
+        if held is None:
+            poller = None
+    ready: Callable[[int], Any] = poller.poll if poller is not None else connection.can_read
+    return ready
 
 
 def _poller(connection: AbstractConnection) -> object:
