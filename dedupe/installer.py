@@ -29,6 +29,7 @@ from .worker import (
     reaper_thread,
     release,
     run_start,
+    send_again,
     unrun,
 )
 
@@ -129,6 +130,7 @@ def connect() -> None:
             (signals.before_task_publish, publish_hook.on_publish_in_run, "before_publish"),
             (signals.before_task_publish, main_process.on_publish_in_parent, "parent_publish"),
             (signals.before_task_publish, publish_signals.on_publish_begun, "refusal_pairing"),
+            (signals.task_retry, send_again.on_retry, "retry"),
             (signals.task_failure, main_process.on_failure, "failure"),
             (signals.task_revoked, main_process.on_revoked, "revoked"),
             (signals.task_unknown, unrun.on_unknown, "unknown"),
