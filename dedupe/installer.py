@@ -137,6 +137,7 @@ def connect() -> None:
             (signals.task_rejected, unrun.on_rejected, "rejected"),
             (signals.worker_init, lifecycle.on_worker_init, "init"),
             (signals.worker_ready, lifecycle.on_worker_ready, "ready"),
+            (signals.worker_process_init, lifecycle.on_process_init, "process_init"),
             (signals.worker_process_shutdown, lifecycle.on_process_shutdown, "shutdown"),
         )
         for signal, handler, name in connections:

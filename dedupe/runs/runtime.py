@@ -112,7 +112,7 @@ class Runtime:
                         raise RedisUnavailable("connect", exc) from exc
                     store = Store(
                         client,
-                        busy_poll=config.busy_poll,
+                        busy_poll=config.busy_poll_in_pool if _in_pool else config.busy_poll,
                         budget=config.call_budget,
                         remember_duplicates=config.remember_duplicates,
                     )
@@ -175,6 +175,21 @@ class Runtime:
 # attribute read on every call, and gone with the app.
 _ATTRIBUTE = "_dedupe_runtime"
 _lock = threading.Lock()
+#: Every runtime of this process, for :func:`pool_process_started`.
+_runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
+#: This process is one of a prefork pool's.
+_in_pool = False
+
+
+def pool_process_started() -> None:
+    """This process is a prefork pool's (``worker_process_init``): each store polls for
+    replies as ``dedupe_busy_poll_us`` says for one, by default not at all."""
+    global _in_pool
+    _in_pool = True
+    for runtime in list(_runtimes):
+        store = runtime.existing_store
+        if store is not None:  # (made by the pool's parent before it forked)
+            store.poll_for(runtime.config.busy_poll_in_pool)
 
 
 def add_runtime(app: Celery) -> Runtime:
@@ -184,6 +199,7 @@ def add_runtime(app: Celery) -> Runtime:
         if runtime is None:
             runtime = Runtime(app)
             setattr(app, _ATTRIBUTE, runtime)
+            _runtimes.add(runtime)
         return runtime
 
 

@@ -141,6 +141,12 @@ class ClusterScriptRunner(RemembersNothing):
         #: connection starts only if one fits in what is left of the budget.
         self._try_time = float(client.nodes_manager.connection_kwargs.get("socket_timeout") or 0)
 
+    def poll_for(self, seconds: float) -> None:
+        """Poll this long for a reply from now on, on every master's runner."""
+        self._busy_poll = seconds
+        for runner in self._by_node.values():
+            runner.poll_for(seconds)
+
     def __call__(
         self, script: Script, keys: Sequence[Part], args: Sequence[Part], *, resend: bool = True
     ) -> object:

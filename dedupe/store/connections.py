@@ -199,11 +199,13 @@ class ThreadConnections:
             local = self._threads.local = self._new_threads_state()
         return local
 
+    def poll_for(self, seconds: float) -> None:
+        """Poll this long for a reply from now on (each connection opened from now on)."""
+        self._busy_poll = seconds
+
     def _after_fork(self) -> None:
-        """In a forked child: a lock a parent's thread held at the fork would never be let
-        go."""
-        # (The parent's other threads' connections leave the weak set by themselves: their
-        # thread-locals go in the child.)
+        """In a forked child: a lock a parent's thread held at the fork is never let go.
+        (The parent's other threads' connections leave with their thread-locals.)"""
         self._states_lock = threading.Lock()
 
     def _new_threads_state(self) -> ConnectionState:

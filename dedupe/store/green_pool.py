@@ -106,6 +106,9 @@ class GreenScriptRunner(ScriptRunner):
         self._threads = _Held()
         self._green = _Pool(connection_cap(self._pool))
 
+    def poll_for(self, seconds: float) -> None:
+        """Never: a greenlet does not poll."""
+
     @property
     def _local(self) -> ConnectionState:
         local = self._threads.local

@@ -61,6 +61,9 @@ class ScriptCalls(Protocol):
         lost): what was sent is applied once this returns. ``wait=False``: only replies that
         have arrived."""
 
+    def poll_for(self, seconds: float) -> None:
+        """Poll this long for a reply before sleeping for it, from now on (0: never)."""
+
     def command(self, attempt: Callable[[], _T]) -> _T:
         """``attempt()``: a command of the client itself, under the retries that suit it."""
 

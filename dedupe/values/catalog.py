@@ -155,7 +155,8 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "dedupe_busy_poll_us",
-        "microseconds to poll for a Redis reply before sleeping for it",
+        "microseconds to poll for a Redis reply before sleeping for it (a prefork pool's "
+        "process: none unless set)",
         f"{defaults.BUSY_POLL_US}",
     ),
     Setting(

@@ -44,6 +44,9 @@ class DedupeConfig:
     on_redis_error: Literal["enqueue", "raise"] = defaults.ON_REDIS_ERROR
     #: Seconds to poll for a Redis reply before sleeping for it (see dedupe.store.script_runner).
     busy_poll: float = defaults.BUSY_POLL_US / 1e6
+    #: The same in a prefork pool's process: the setting if it is given, else none (the pool's
+    #: processes keep every core busy, and a spin takes a sibling's or Redis's CPU).
+    busy_poll_in_pool: float = 0.0
     provisional_ttl: float = defaults.PROVISIONAL_TTL
     #: Seconds a thread may answer a repeated duplicate from memory (0: never).
     remember_duplicates: float = defaults.REMEMBER_DUPLICATES
@@ -107,6 +110,7 @@ class DedupeConfig:
             ),
             on_redis_error=cast('Literal["enqueue", "raise"]', on_error),
             busy_poll=_busy_poll(_setting(conf, "dedupe_busy_poll_us", defaults.BUSY_POLL_US)),
+            busy_poll_in_pool=_busy_poll(_setting(conf, "dedupe_busy_poll_us", 0)),
             call_budget=_seconds_or_never(
                 "dedupe_call_budget", _setting(conf, "dedupe_call_budget", defaults.CALL_BUDGET)
             ),

@@ -15,7 +15,7 @@ from dedupe.errors import ConfigurationError, DedupeError, RedisUnavailable
 from dedupe.recovery.held import HeldWatch, held_requests
 from dedupe.runs.line_sweep import LineSweep
 from dedupe.runs.run import GUARDS_RUNS, acks_late_leases
-from dedupe.runs.runtime import Runtime, installed
+from dedupe.runs.runtime import Runtime, installed, pool_process_started
 from dedupe.store.checks import eviction_risk
 from dedupe.store.deferred import land_all
 from dedupe.values.config import SettingReader
@@ -24,7 +24,7 @@ from dedupe.values.urls import cluster_target
 
 from .early_claim import pool_accepts_in_place
 
-__all__ = ["on_process_shutdown", "on_worker_init", "on_worker_ready"]
+__all__ = ["on_process_init", "on_process_shutdown", "on_worker_init", "on_worker_ready"]
 
 logger = logging.getLogger("dedupe.worker")
 
@@ -121,6 +121,14 @@ def _sweep_lines(runtime: Runtime) -> None:
         sweep.start()
     except DedupeError as exc:  # (a Cluster no node of which answers yet)
         logger.warning("no look at the lines of key_concurrency keys: %s", exc)
+
+
+def on_process_init(**_: object) -> None:
+    """``worker_process_init``: a prefork pool's process does not spin on the dedup Redis's
+    replies unless ``dedupe_busy_poll_us`` is set. The pool's processes (Celery's default,
+    one per CPU) keep the cores busy: a spin takes the CPU that a sibling, the pool's parent
+    or a Redis on the same host would use, and the process sleeps in the read instead."""
+    pool_process_started()
 
 
 def on_process_shutdown(**_: object) -> None:

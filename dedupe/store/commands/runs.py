@@ -177,6 +177,11 @@ class RunCommands(StoreBase):
         with reraise_unavailable("release", keys.call):
             self._run.send(self._release, [keys.call, keys.run], [pack_owner(task_id), token])
 
+    def poll_for(self, seconds: float) -> None:
+        """Poll this long for a reply before sleeping for it, from now on (0: never): a
+        prefork pool's process, whose siblings keep every core busy, polls for none."""
+        self._run.poll_for(seconds)
+
     def flush(self, *, wait: bool = True) -> None:
         """Land this thread's sends (:meth:`send_release`, :meth:`send_confirm`): their
         replies read, or the commands sent again on a new connection if the old one died.

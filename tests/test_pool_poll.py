@@ -1,0 +1,69 @@
+"""A prefork pool's process sleeps in the read for a reply of the dedup Redis instead of
+spinning on the socket first, unless ``dedupe_busy_poll_us`` is set: the pool's processes
+keep every core busy, and a spin takes a sibling's CPU (measured: docs/cost.md)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import pytest
+from celery import Celery, signals
+
+from dedupe.runs.runtime import runtime_of
+from dedupe.values.keys import CallKeys
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (3.12+: fork, threads)
+
+#: A key no call uses: releasing it is one script call.
+_PROBE = CallKeys.of("pool-poll-probe", separate_run_lock=False)
+
+
+def _in_a_pool_process(app: Celery, *, made_before_the_fork: bool = True) -> bool:
+    """Does a call of ``app``'s store, in a child forked as a pool's process is and told
+    so as Celery tells it, poll for its reply?"""
+    runtime = runtime_of(app)
+    if made_before_the_fork:  # (the pool's parent uses the store before it forks)
+        runtime.store.release(_PROBE, "probe", "probe")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: told it is a pool's process, one call, then out
+        try:
+            signals.worker_process_init.send(sender=None)
+            runtime.store.release(_PROBE, "probe", "probe")
+            os.write(write, b"1" if runtime.store._run._local.poll else b"0")
+            os._exit(0)
+        except BaseException:
+            os._exit(2)
+    os.close(write)
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert done[0] != 0, "the child hung"
+    assert os.waitstatus_to_exitcode(done[1]) == 0, "the child failed"
+    answer = os.read(read, 1)
+    os.close(read)
+    return answer == b"1"
+
+
+@pytest.mark.parametrize("made_before_the_fork", [True, False], ids=["inherited", "its own"])
+def test_a_prefork_pool_process_does_not_poll_for_replies_by_default(
+    make_app: Callable[..., Celery], made_before_the_fork: bool
+) -> None:
+    assert _in_a_pool_process(make_app(), made_before_the_fork=made_before_the_fork) is False
+
+
+def test_a_prefork_pool_process_polls_for_replies_when_the_setting_says_so(
+    make_app: Callable[..., Celery],
+) -> None:
+    assert _in_a_pool_process(make_app(dedupe_busy_poll_us=50)) is True
+
+
+def test_a_process_of_no_pool_polls_for_replies_by_default(
+    make_app: Callable[..., Celery],
+) -> None:
+    app = make_app()
+    store = runtime_of(app).store
+    store.release(_PROBE, "probe", "probe")
+    assert store._run._local.poll is True
