@@ -64,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["topologies"] = topologies.run(url, rounds, calls)
         if "worker" in args.only:
             results["worker"] = worker.run(url, rounds, 200 if args.quick else 500)
+            results["worker prefork"] = worker.run_prefork(url, rounds, 500 if args.quick else 2000)
         if "derivation" in args.only:
             results["derivation"] = derivation.run()
         if "scale" in args.only:

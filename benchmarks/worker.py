@@ -1,10 +1,16 @@
-"""Worker throughput: no-op tasks per second drained by a solo-pool worker, plain vs dedup,
-and the peers' workers (celery-once, celery-singleton: their run-side lock release) when
-installed, all drained by one worker in the same interleaved rounds."""
+"""Worker throughput: no-op tasks per second drained by a solo-pool worker in this process
+and by a prefork worker of two processes, plain vs dedup, and the peers' workers
+(celery-once, celery-singleton: their run-side lock release) when installed, every variant
+drained by one worker in the same interleaved rounds."""
 
 from __future__ import annotations
 
+import os
 import random
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -16,6 +22,8 @@ import dedupe
 
 from . import _peers as peers
 from ._env import Timings, in_process_worker, make_app
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(url: str, rounds: int, tasks: int) -> Timings:
@@ -69,3 +77,56 @@ def run(url: str, rounds: int, tasks: int) -> Timings:
         client.delete(app.conf.task_default_queue)
         app.close()
     return Timings(samples)
+
+
+def run_prefork(url: str, rounds: int, tasks: int) -> Timings:
+    """Tasks per second of each variant on a ``celery worker -P prefork -c 2``, per round,
+    rounds interleaved (a new order each): from the first run's end to the last's, as the
+    worker's processes count them."""
+    os.environ["DEDUPE_BENCH_WORKER_REDIS"] = url
+    os.environ["DEDUPE_BENCH_WORKER_TASKS"] = str(tasks)
+    from . import _worker_app as bench
+
+    client = redis.Redis.from_url(url)
+    client.delete(bench.DONE, bench.QUEUE)
+    node = f"{bench.QUEUE}@{socket.gethostname()}"
+    worker = _start_prefork(node)
+    samples: dict[str, list[float]] = {name: [] for name in bench.VARIANTS}
+    order = list(bench.VARIANTS)
+    shuffle = random.Random(20261129).shuffle
+    try:
+        for round_ in range(rounds):
+            shuffle(order)
+            for name in order:
+                task = bench.VARIANTS[name]
+                bench.app.control.cancel_consumer(bench.QUEUE, destination=[node], reply=True)
+                for i in range(tasks):
+                    task.delay(round_ * tasks + i)
+                bench.app.control.add_consumer(bench.QUEUE, destination=[node], reply=True)
+                done = client.blpop([bench.DONE], timeout=300)
+                if done is None:
+                    raise RuntimeError(f"{name}: the prefork worker did not drain {tasks} tasks")
+                first, last = map(float, done[1].split())
+                samples[name].append((tasks - 1) / (last - first))
+    finally:
+        worker.terminate()
+        worker.wait(60)
+        client.delete(bench.QUEUE)
+        bench.app.close()
+    return Timings(samples)
+
+
+def _start_prefork(node: str) -> subprocess.Popen[bytes]:
+    from . import _worker_app as bench
+
+    command = [sys.executable, "-m", "celery", "-A", "benchmarks._worker_app", "worker"]
+    command += ["-P", "prefork", "-c", "2", "-n", node, "-Q", bench.QUEUE]
+    command += ["--without-mingle", "--without-gossip", "--loglevel", "WARNING"]
+    with open(os.path.join(tempfile.gettempdir(), "dedupe-bench-prefork.log"), "wb") as log:
+        worker = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log)
+    deadline = time.monotonic() + 60
+    while not bench.app.control.ping([node], timeout=0.5):
+        if worker.poll() is not None or time.monotonic() > deadline:
+            worker.kill()
+            raise RuntimeError("the prefork worker did not start")
+    return worker
