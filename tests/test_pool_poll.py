@@ -14,6 +14,8 @@ from celery import Celery, signals
 from dedupe.runs.runtime import runtime_of
 from dedupe.values.keys import CallKeys
 
+from .conftest import in_process_worker
+
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (3.12+: fork, threads)
 
 #: A key no call uses: releasing it is one script call.
@@ -64,6 +66,18 @@ def test_a_process_of_no_pool_polls_for_replies_by_default(
     make_app: Callable[..., Celery],
 ) -> None:
     app = make_app()
+    store = runtime_of(app).store
+    store.release(_PROBE, "probe", "probe")
+    assert store._run._local.poll is True
+
+
+def test_a_solo_workers_process_polls_for_replies_by_default(
+    make_app: Callable[..., Celery],
+) -> None:
+    # (Celery's solo pool sends worker_process_init too, in the worker's own process.)
+    app = make_app()
+    with in_process_worker(app, pool="solo"):
+        pass
     store = runtime_of(app).store
     store.release(_PROBE, "probe", "probe")
     assert store._run._local.poll is True

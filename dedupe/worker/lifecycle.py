@@ -22,7 +22,7 @@ from dedupe.values.config import SettingReader
 from dedupe.values.options import check_plain_task
 from dedupe.values.urls import cluster_target
 
-from .early_claim import pool_accepts_in_place
+from .early_claim import pool_accepts_in_place, sends_at_acceptance
 
 __all__ = ["on_process_init", "on_process_shutdown", "on_worker_init", "on_worker_ready"]
 
@@ -127,8 +127,10 @@ def on_process_init(**_: object) -> None:
     """``worker_process_init``: a prefork pool's process does not spin on the dedup Redis's
     replies unless ``dedupe_busy_poll_us`` is set. The pool's processes (Celery's default,
     one per CPU) keep the cores busy: a spin takes the CPU that a sibling, the pool's parent
-    or a Redis on the same host would use, and the process sleeps in the read instead."""
-    pool_process_started()
+    or a Redis on the same host would use, and the process sleeps in the read instead.
+    (Celery's solo pool sends the signal too, in the worker's own process: that one polls.)"""
+    if not sends_at_acceptance():
+        pool_process_started()
 
 
 def on_process_shutdown(**_: object) -> None:
