@@ -57,6 +57,23 @@ def make_app(url: str, **conf: Any) -> Celery:
     return app
 
 
+def worker_app(name: str, url: str, queue: str, **conf: Any) -> Celery:
+    """The installed app of a benchmark whose ``celery worker`` runs in a process of its own:
+    broker and records on the Redis ``url``, its key prefix ``name``, Celery's root logger
+    left alone (the worker's log goes where the benchmark sends it)."""
+    app = Celery(name, broker=url, set_as_current=False)
+    app.conf.update(
+        task_default_queue=queue,
+        dedupe_redis_url=url,
+        dedupe_key_prefix=name,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        **conf,
+    )
+    dedupe.install(app)
+    return app
+
+
 def in_process_worker(app: Celery, **kwargs: Any) -> Any:
     """A worker thread in this process (celery.contrib.testing)."""
     from celery.contrib.testing.worker import start_worker

@@ -7,24 +7,15 @@ from __future__ import annotations
 import os
 import time
 
-from celery import Celery
-
 import dedupe
+
+from ._env import worker_app
 
 URL = os.environ.get("DEDUPE_LINES_REDIS", "redis://127.0.0.1:6379/0")
 QUEUE = "lines"
 RUN = 0.010
 
-app = Celery("lines", broker=URL, backend=URL, set_as_current=False)
-app.conf.update(
-    task_default_queue=QUEUE,
-    dedupe_redis_url=URL,
-    dedupe_key_prefix="lines",
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-    result_expires=600,
-)
-dedupe.install(app)
+app = worker_app("lines", URL, QUEUE, result_backend=URL, result_expires=600)
 
 
 @app.task

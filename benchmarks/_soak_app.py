@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 
 import redis
-from celery import Celery
 
 import dedupe
+
+from ._env import worker_app
 
 URL = os.environ.get("DEDUPE_SOAK_REDIS", "redis://127.0.0.1:6379/0")
 QUEUE = "soak"
@@ -20,16 +21,7 @@ PREFIX = "soak"
 #: The counter of runs, in the soak's Redis.
 RUNS = "soak-runs"
 
-app = Celery("soak", broker=URL, set_as_current=False)
-app.conf.update(
-    task_default_queue=QUEUE,
-    dedupe_redis_url=URL,
-    dedupe_key_prefix=PREFIX,
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-    task_ignore_result=True,
-)
-dedupe.install(app)
+app = worker_app(PREFIX, URL, QUEUE, task_ignore_result=True)
 
 _redis = redis.Redis.from_url(URL)
 

@@ -15,24 +15,16 @@ import time
 from typing import Any
 
 import redis
-from celery import Celery
 from celery.signals import task_retry
 
 import dedupe
 
+from ._env import worker_app
+
 URL = os.environ.get("DEDUPE_TIMELINES_REDIS", "redis://127.0.0.1:6379/0")
 QUEUE = "timelines"
 
-app = Celery("timelines", broker=URL, set_as_current=False)
-app.conf.update(
-    task_default_queue=QUEUE,
-    dedupe_redis_url=URL,
-    dedupe_key_prefix="timelines",
-    broker_connection_retry_on_startup=True,
-    worker_prefetch_multiplier=1,
-    worker_hijack_root_logger=False,
-)
-dedupe.install(app)
+app = worker_app("timelines", URL, QUEUE, worker_prefetch_multiplier=1)
 
 _redis = redis.Redis.from_url(URL)
 

@@ -15,11 +15,12 @@ import time
 from typing import Any
 
 import redis
-from celery import Celery, signals
+from celery import signals
 
 import dedupe
 
 from . import _peers as peers
+from ._env import worker_app
 
 URL = os.environ.get("DEDUPE_BENCH_WORKER_REDIS", "redis://127.0.0.1:6379/0")
 TASKS = int(os.environ.get("DEDUPE_BENCH_WORKER_TASKS", "500"))
@@ -27,17 +28,8 @@ QUEUE = "bench-prefork"
 #: The list each round's first and last run's times (``"<first> <last>"``) go to.
 DONE = "bench-prefork:done"
 
-app = Celery("bench_prefork", broker=URL, set_as_current=False)
-app.conf.update(
-    task_default_queue=QUEUE,
-    dedupe_redis_url=URL,
-    dedupe_key_prefix="bench-prefork",
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-    task_ignore_result=True,
-)
+app = worker_app("bench-prefork", URL, QUEUE, task_ignore_result=True)
 peers.configure(app, URL)
-dedupe.install(app)
 
 
 @app.task(ignore_result=True)
