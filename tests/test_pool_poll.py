@@ -13,6 +13,7 @@ from celery import Celery, signals
 
 from dedupe.runs.runtime import runtime_of
 from dedupe.values.keys import CallKeys
+from dedupe.worker.early_claim import pool_accepts_in_place
 
 from .conftest import in_process_worker
 
@@ -32,6 +33,7 @@ def _in_a_pool_process(app: Celery, *, made_before_the_fork: bool = True) -> boo
     pid = os.fork()
     if pid == 0:  # the child: told it is a pool's process, one call, then out
         try:
+            pool_accepts_in_place("prefork")  # (what the worker's parent noted, inherited)
             signals.worker_process_init.send(sender=None)
             runtime.store.release(_PROBE, "probe", "probe")
             os.write(write, b"1" if runtime.store._run._local.poll else b"0")
