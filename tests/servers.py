@@ -93,7 +93,12 @@ class SentinelSet(StartedInBlock):
                     stderr=subprocess.DEVNULL,
                 )
             )
-        _wait(self._watching, "the sentinels to see the master, its replica and each other")
+        # (A sentinel learns of the replica from the master's INFO, every 10 s.)
+        _wait(
+            self._watching,
+            "the sentinels to see the master, its replica and each other",
+            timeout=40.0,
+        )
 
     def master_port(self) -> int:
         """The master's port, as the sentinels name it."""

@@ -58,7 +58,11 @@ class StartedInBlock:
         raise NotImplementedError
 
     def __enter__(self: _Started) -> _Started:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()  # (what started before the failure: ``with`` calls no __exit__)
+            raise
         return self
 
     def __exit__(
