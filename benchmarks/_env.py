@@ -6,9 +6,11 @@ import contextlib
 import json
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -20,6 +22,9 @@ from celery import Celery
 
 import dedupe
 from dedupe.demo.server import RedisServer
+
+#: The repository: where a benchmark's subprocesses run, with it on their path.
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def commandstats(client: Any) -> dict[str, tuple[int, int]]:
@@ -72,6 +77,38 @@ def worker_app(name: str, url: str, queue: str, **conf: Any) -> Celery:
     )
     dedupe.install(app)
     return app
+
+
+def prefork_worker(
+    app: Celery, module: str, name: str, queue: str, concurrency: int
+) -> subprocess.Popen[bytes]:
+    """A real ``celery worker -P prefork`` of ``app`` (defined in ``module``, its settings
+    read from the environment this process set), named ``name`` and consuming ``queue``,
+    ready when it answers a ping. Its log: ``dedupe-<name>-worker.log`` in the temporary
+    folder."""
+    log = Path(tempfile.gettempdir()) / f"dedupe-{name}-worker.log"
+    command = [sys.executable, "-m", "celery", "-A", module, "worker", "-P", "prefork"]
+    command += ["-c", str(concurrency), "-n", f"{name}@%h", "-Q", queue]
+    command += ["--without-mingle", "--without-gossip", "--loglevel", "WARNING"]
+    with log.open("wb") as out:
+        worker = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=out)
+    node = f"{name}@{socket.gethostname()}"
+    deadline = time.monotonic() + 60
+    while not app.control.ping([node], timeout=0.5):
+        if worker.poll() is not None or time.monotonic() > deadline:
+            worker.kill()
+            raise RuntimeError(f"the worker {node} did not start (its log: {log})")
+    return worker
+
+
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    """Stop a worker :func:`prefork_worker` started: warm, else killed after 30 s."""
+    worker.terminate()
+    try:
+        worker.wait(30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
 
 
 def in_process_worker(app: Celery, **kwargs: Any) -> Any:
@@ -138,7 +175,7 @@ def interleaved(
 def samples_of_script(script: str, *args: str) -> dict[str, list[float]]:
     """Run ``script`` (Python source) in a process of its own, from the repository root and
     with it on the path, with ``args``; the samples it printed as JSON on its last line."""
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(ROOT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), *args],

@@ -12,40 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import redis
 
-from ._env import redis_url
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def start_worker(url: str, concurrency: int, queue: str) -> subprocess.Popen[bytes]:
-    """A real prefork worker of the lines app on ``queue``, ready when it answers a ping."""
-    from . import _lines_app
-
-    command = [sys.executable, "-m", "celery", "-A", "benchmarks._lines_app", "worker"]
-    command += ["-P", "prefork", "-c", str(concurrency), "-n", f"{queue}@%h"]
-    command += ["-Q", queue, "--without-mingle", "--without-gossip"]
-    command += ["--loglevel", "WARNING"]
-    env = {**os.environ, "DEDUPE_LINES_REDIS": url}
-    with (Path(tempfile.gettempdir()) / f"dedupe-{queue}-worker.log").open("wb") as log:
-        worker = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=log)
-    deadline = time.monotonic() + 60
-    while not _lines_app.app.control.ping([f"{queue}@{socket.gethostname()}"], timeout=0.5):
-        if worker.poll() is not None or time.monotonic() > deadline:
-            worker.kill()
-            raise RuntimeError("the worker did not start")
-    return worker
+from ._env import prefork_worker, redis_url, stop_worker
 
 
 def _stats(client: redis.Redis) -> dict[str, Any]:
@@ -133,8 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         client = redis.Redis.from_url(url)
         # The runs back to back: a worker of one process; the limited calls: of several.
-        serial = start_worker(url, 1, "serial")
-        worker = start_worker(url, options.concurrency, _lines_app.QUEUE)
+        app, module = _lines_app.app, "benchmarks._lines_app"
+        serial = prefork_worker(app, module, "serial", "serial", 1)
+        worker = prefork_worker(
+            app, module, _lines_app.QUEUE, _lines_app.QUEUE, options.concurrency
+        )
         try:
             plain: list[dict[str, float]] = []
             limited: list[dict[str, float]] = []
@@ -149,8 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 hand_offs.append(hand_off_cost(client, options.calls))
         finally:
             for started in (serial, worker):
-                started.terminate()
-                started.wait()
+                stop_worker(started)
     print(f"{options.calls} calls of one key, 10 ms runs; one prefork worker of")
     print(f"{options.concurrency} for the limited calls, of 1 for the plain ones back to back")
     two = "{:.2f}".format

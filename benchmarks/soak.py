@@ -22,9 +22,7 @@ import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -35,7 +33,8 @@ import redis
 
 from dedupe.demo.server import RedisServer
 
-ROOT = Path(__file__).resolve().parent.parent
+from ._env import ROOT, prefork_worker, stop_worker
+
 RESULTS = ROOT / "benchmarks" / "results"
 MIB = 1024 * 1024
 
@@ -120,36 +119,6 @@ def produce(
         counts[index] = made
         # Paced against the start, not the last call: a slow call does not lower the rate.
         time.sleep(max(0.0, start + made / rate - time.monotonic()))
-
-
-def start_worker(url: str, concurrency: int, log: Path) -> subprocess.Popen[bytes]:
-    """A real prefork worker of the soak app, ready when it answers a ping."""
-    from . import _soak_app as soak
-
-    command = [sys.executable, "-m", "celery", "-A", "benchmarks._soak_app", "worker"]
-    command += ["-P", "prefork", "-c", str(concurrency), "-n", "soak@%h", "-Q", soak.QUEUE]
-    command += ["--without-mingle", "--without-gossip", "--loglevel", "WARNING"]
-    env = {**os.environ, "DEDUPE_SOAK_REDIS": url}
-    with log.open("wb") as out:
-        worker = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)
-    deadline = time.monotonic() + 60
-    while not soak.app.control.ping(timeout=0.5):
-        if worker.poll() is not None or time.monotonic() > deadline:
-            worker.kill()
-            raise RuntimeError(f"the soak's worker did not start (its log: {log})")
-    return worker
-
-
-def stop_worker(worker: subprocess.Popen[bytes]) -> None:
-    worker.terminate()
-    try:
-        worker.wait(30)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait()
-
-
-# -- the samples ----------------------------------------------------------------------------
 
 
 def children(pid: int) -> list[int]:
@@ -321,8 +290,10 @@ def soak(args: argparse.Namespace, out: Path) -> list[dict[str, float]]:
     with soak_redis(args.redis) as url:
         os.environ["DEDUPE_SOAK_REDIS"] = url
         client = redis.Redis.from_url(url)
-        worker = start_worker(
-            url, args.concurrency, Path(tempfile.gettempdir()) / "dedupe-soak.log"
+        from . import _soak_app
+
+        worker = prefork_worker(
+            _soak_app.app, "benchmarks._soak_app", "soak", _soak_app.QUEUE, args.concurrency
         )
         context = multiprocessing.get_context("spawn")
         counts = context.RawArray("q", args.producers)

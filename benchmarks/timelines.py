@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +24,8 @@ from typing import Any
 
 from dedupe.demo.server import RedisServer
 
-ROOT = Path(__file__).resolve().parent.parent
+from ._env import ROOT, prefork_worker, stop_worker
+
 IMAGES = ROOT / "docs" / "images"
 DATA = Path(__file__).resolve().parent / "results" / "timelines.json"
 COMMAND = "python -m benchmarks.timelines"
@@ -100,24 +99,6 @@ MODES = [
 # -- the run ------------------------------------------------------------------------------
 
 
-def start_worker(url: str) -> subprocess.Popen[bytes]:
-    """A real prefork worker of the timelines app, ready when it answers a ping."""
-    from . import _timeline_tasks
-
-    command = [sys.executable, "-m", "celery", "-A", "benchmarks._timeline_tasks", "worker"]
-    command += ["-P", "prefork", "-c", "4", "-n", "timelines@%h", "-Q", _timeline_tasks.QUEUE]
-    command += ["--without-mingle", "--without-gossip", "--loglevel", "WARNING"]
-    env = {**os.environ, "DEDUPE_TIMELINES_REDIS": url}
-    with (Path(tempfile.gettempdir()) / "dedupe-timelines-worker.log").open("wb") as log:
-        worker = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=log)
-    deadline = time.monotonic() + 60
-    while not _timeline_tasks.app.control.ping(timeout=0.5):
-        if worker.poll() is not None or time.monotonic() > deadline:
-            worker.kill()
-            raise RuntimeError("the worker did not start")
-    return worker
-
-
 def play(mode: Mode) -> dict[str, Any]:
     """Make the mode's calls on time; wait until every task id has run. Times are seconds
     after the first call."""
@@ -156,7 +137,10 @@ def play(mode: Mode) -> dict[str, Any]:
 def record(modes: list[Mode]) -> dict[str, Any]:
     with RedisServer() as server:
         os.environ["DEDUPE_TIMELINES_REDIS"] = server.url
-        worker = start_worker(server.url)
+        from . import _timeline_tasks
+
+        app, module = _timeline_tasks.app, "benchmarks._timeline_tasks"
+        worker = prefork_worker(app, module, "timelines", _timeline_tasks.QUEUE, 4)
         try:
             recorded = {}
             for mode in modes:
@@ -164,8 +148,7 @@ def record(modes: list[Mode]) -> dict[str, Any]:
                 print(f"{mode.name}: {len(recorded[mode.name]['runs'])} runs", flush=True)
             return recorded
         finally:
-            worker.terminate()
-            worker.wait(timeout=30)
+            stop_worker(worker)
 
 
 # -- the pictures -------------------------------------------------------------------------

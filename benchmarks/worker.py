@@ -8,9 +8,6 @@ from __future__ import annotations
 import os
 import random
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from typing import Any
@@ -21,9 +18,7 @@ from celery import signals
 import dedupe
 
 from . import _peers as peers
-from ._env import Timings, in_process_worker, make_app
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from ._env import Timings, in_process_worker, make_app, prefork_worker, stop_worker
 
 
 def run(url: str, rounds: int, tasks: int) -> Timings:
@@ -90,7 +85,7 @@ def run_prefork(url: str, rounds: int, tasks: int) -> Timings:
     client = redis.Redis.from_url(url)
     client.delete(bench.DONE, bench.QUEUE)
     node = f"{bench.QUEUE}@{socket.gethostname()}"
-    worker = _start_prefork(node)
+    worker = prefork_worker(bench.app, "benchmarks._worker_app", bench.QUEUE, bench.QUEUE, 2)
     samples: dict[str, list[float]] = {name: [] for name in bench.VARIANTS}
     order = list(bench.VARIANTS)
     shuffle = random.Random(20261129).shuffle
@@ -109,24 +104,7 @@ def run_prefork(url: str, rounds: int, tasks: int) -> Timings:
                 first, last = map(float, done[1].split())
                 samples[name].append((tasks - 1) / (last - first))
     finally:
-        worker.terminate()
-        worker.wait(60)
+        stop_worker(worker)
         client.delete(bench.QUEUE)
         bench.app.close()
     return Timings(samples)
-
-
-def _start_prefork(node: str) -> subprocess.Popen[bytes]:
-    from . import _worker_app as bench
-
-    command = [sys.executable, "-m", "celery", "-A", "benchmarks._worker_app", "worker"]
-    command += ["-P", "prefork", "-c", "2", "-n", node, "-Q", bench.QUEUE]
-    command += ["--without-mingle", "--without-gossip", "--loglevel", "WARNING"]
-    with open(os.path.join(tempfile.gettempdir(), "dedupe-bench-prefork.log"), "wb") as log:
-        worker = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=log)
-    deadline = time.monotonic() + 60
-    while not bench.app.control.ping([node], timeout=0.5):
-        if worker.poll() is not None or time.monotonic() > deadline:
-            worker.kill()
-            raise RuntimeError("the prefork worker did not start")
-    return worker
