@@ -92,6 +92,8 @@ class DedupeConfig:
                 **{k: transport[k] for k in ("master_name", "sentinel_kwargs") if k in transport},
                 **options,
             }
+        # Given or not: a prefork pool's process polls only if it is given.
+        busy_poll = _setting(conf, "dedupe_busy_poll_us")
         on_error = _setting(conf, "dedupe_on_redis_error", defaults.ON_REDIS_ERROR)
         if on_error not in _ON_REDIS_ERROR:
             raise ConfigurationError(
@@ -109,8 +111,8 @@ class DedupeConfig:
                 "dedupe_default_lease", _setting(conf, "dedupe_default_lease", defaults.LEASE)
             ),
             on_redis_error=cast('Literal["enqueue", "raise"]', on_error),
-            busy_poll=_busy_poll(_setting(conf, "dedupe_busy_poll_us", defaults.BUSY_POLL_US)),
-            busy_poll_in_pool=_busy_poll(_setting(conf, "dedupe_busy_poll_us", 0)),
+            busy_poll=_busy_poll(defaults.BUSY_POLL_US if busy_poll is None else busy_poll),
+            busy_poll_in_pool=0.0 if busy_poll is None else _busy_poll(busy_poll),
             call_budget=_seconds_or_never(
                 "dedupe_call_budget", _setting(conf, "dedupe_call_budget", defaults.CALL_BUDGET)
             ),
