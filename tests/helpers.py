@@ -461,3 +461,16 @@ class RunLog:
                 if end is None or other[1] < end:
                     found.append(((task_id, start, end), other))
         return found
+
+
+def exit_code_of_child(pid: int, timeout: float = 10.0) -> int | None:
+    """The exit code of a forked child, waited for up to ``timeout`` seconds; None if it
+    hung (then it is killed, not left behind)."""
+    deadline = time.monotonic() + timeout
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        if time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.05)
+    return os.waitstatus_to_exitcode(done[1])

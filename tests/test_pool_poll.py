@@ -5,7 +5,6 @@ keep every core busy, and a spin takes a sibling's CPU (measured: docs/cost.md).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 
 import pytest
@@ -16,6 +15,7 @@ from dedupe.values.keys import CallKeys
 from dedupe.worker.early_claim import pool_accepts_in_place
 
 from .conftest import in_process_worker
+from .helpers import exit_code_of_child
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (3.12+: fork, threads)
 
@@ -41,11 +41,9 @@ def _in_a_pool_process(app: Celery, *, made_before_the_fork: bool = True) -> boo
         except BaseException:
             os._exit(2)
     os.close(write)
-    deadline = time.monotonic() + 10
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert done[0] != 0, "the child hung"
-    assert os.waitstatus_to_exitcode(done[1]) == 0, "the child failed"
+    code = exit_code_of_child(pid)
+    assert code is not None, "the child hung"
+    assert code == 0, "the child failed"
     answer = os.read(read, 1)
     os.close(read)
     return answer == b"1"

@@ -10,7 +10,6 @@ import random
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -31,7 +30,7 @@ from dedupe.values.keys import CallKeys
 from dedupe.values.record import new_nonce, pack_queued
 
 from .conftest import RedisFactory
-from .helpers import wait_for
+from .helpers import exit_code_of_child, wait_for
 
 # -- replies redis-py cannot read ---------------------------------------------------------------
 
@@ -300,14 +299,10 @@ def test_a_forked_child_calls_though_a_thread_of_its_parent_held_the_runners_loc
             os._exit(2)
     let_go.set()
     holder.join()
-    deadline = time.monotonic() + 10
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if done[0] == 0:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    code = exit_code_of_child(pid)
+    if code is None:
         pytest.fail("the child's call hung on a lock its parent's thread held at the fork")
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert code == 0
 
 
 def test_an_error_reply_raises_and_leaves_the_connection_usable(client: redis.Redis) -> None:
@@ -511,15 +506,11 @@ def test_a_child_forked_at_the_cap_calls_though_its_parents_threads_held_the_con
         os._exit(0 if answers == [b"child"] else 1)
     let_go.set()
     holder.join()
-    deadline = time.monotonic() + 10
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    code = exit_code_of_child(pid)
     client.close()
-    if done[0] == 0:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    if code is None:
         pytest.fail("the child's new thread hung on a connection its parent's thread held")
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert code == 0
 
 
 # -- polling for a reply before sleeping for it ------------------------------------------------
