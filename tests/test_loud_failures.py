@@ -152,6 +152,36 @@ def test_a_task_of_another_librarys_base_keeps_the_options_that_base_owns(
     assert queue_length(app) == 1
 
 
+def test_the_producer_guard_passes_over_a_method_another_librarys_base_names_like_an_option(
+    app: Celery, queue_length: Callable[[Celery], int]
+) -> None:
+    # dedupe.apply_async on a celery-singleton task read Singleton.on_duplicate (a method) as
+    # our on_duplicate option, and raised that it must be "return" or "raise".
+    task = app.task(
+        shared=False, name="loud.other_guarded", base=_AnotherLibrarysBase, unique_on=["x"]
+    )(_body)
+    assert dedupe.apply_async(task, (1,)).deduplicated is False
+    assert dedupe.apply_async(task, (1,)).deduplicated is True
+    assert queue_length(app) == 1
+
+
+def test_an_option_given_as_a_plain_function_is_refused_by_name(app: Celery) -> None:
+    task = app.task(shared=False, name="loud.function_option", on_duplicate=print)(_body)
+    with pytest.raises(dedupe.ConfigurationError, match="on_duplicate must be"):
+        dedupe.apply_async(task, (1,))
+
+
+def test_a_dedupe_tasks_on_duplicate_written_as_a_method_is_refused(app: Celery) -> None:
+    # On a DedupeTask every option is ours: a hook written as celery-singleton's is a mistake.
+    class Hooked(dedupe.DedupeTask):  # type: ignore[misc]
+        abstract = True
+
+        def on_duplicate(self, existing_task_id: str) -> None: ...
+
+    with pytest.raises(dedupe.ConfigurationError, match="on_duplicate must be"):
+        app.task(shared=False, name="loud.hooked", base=Hooked, unique=True)(_body).delay(1)
+
+
 def test_a_run_of_another_librarys_base_is_never_read_for_options_it_does_not_have(
     app: Celery,
 ) -> None:

@@ -17,14 +17,13 @@ from dedupe.store.commands.leases import Lease
 from dedupe.values.config import DedupeConfig
 from dedupe.values.keys import CallKeys
 from dedupe.values.latest import Latest
-from dedupe.values.options import UniqueOptions, Until, options_for, until_of
+from dedupe.values.options import GUARDS_RUNS, UniqueOptions, Until, options_for, until_of
 from dedupe.values.record import Holder
 
 from .heartbeat import Heartbeat
 
 __all__ = [
     "ANY_RUN",
-    "GUARDS_RUNS",
     "NO_RUN",
     "Run",
     "RunSpec",
@@ -40,10 +39,6 @@ NO_RUN = "-"
 #: Speaks for whatever run of the task id holds the key: only when that run is known dead,
 #: or when the key is released by a run that never claimed it.
 ANY_RUN = ""
-
-#: A task class attribute: True when its runs call the execution guard (DedupeTask's
-#: ``before_start``); other bases are claimed and released, but never kept apart.
-GUARDS_RUNS = "_dedupe_guards_runs"
 
 _ATTRIBUTE = "_dedupe_run"
 

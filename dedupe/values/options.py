@@ -24,6 +24,7 @@ from .limits import LimitHeader, Rate, check_concurrency, concurrency_of, parse_
 
 __all__ = [
     "CALL_OPTIONS",
+    "GUARDS_RUNS",
     "LIMIT_OPTIONS",
     "SEPARATE_RUN_LOCK",
     "TASK_OPTIONS",
@@ -40,6 +41,12 @@ __all__ = [
     "resolve",
     "until_of",
 ]
+
+#: A task class attribute, True on DedupeTask: its runs call the execution guard (its
+#: ``before_start``; other bases are claimed and released, but never kept apart), and every
+#: option is read off its class. Off another base, a method named like an option is that
+#: base's own (celery-singleton's ``on_duplicate``).
+GUARDS_RUNS = "_dedupe_guards_runs"
 
 #: Options a call may pass, next to Celery's own.
 CALL_OPTIONS = tuple(option.name for option in OPTIONS if option.where == "task or call")
@@ -137,12 +144,16 @@ def resolve(
     that is not registered in this process.
     """
 
+    ours = getattr(task, GUARDS_RUNS, False)
+
     def pick(name: str, default: object = None) -> object:
         if overrides and overrides.get(name) is not None:
             return overrides[name]
         # Static lookup: a function set as a task attribute (unique_key=...) must not come
         # back bound to the task instance.
         value = inspect.getattr_static(task, name, None) if task is not None else None
+        if name != "unique_key" and not ours and _a_method_of_its_class(value, name):
+            value = None
         if isinstance(value, (staticmethod, classmethod)):
             value = value.__get__(task)
         return default if value is None else value
@@ -291,6 +302,22 @@ def options_for(
     options = resolve(task, task_name, config)
     setattr(task, _CACHE_ATTRIBUTE, (config, options))
     return options
+
+
+def _a_method_of_its_class(value: object, name: str) -> bool:
+    """Is ``value`` a method of the task's class or a base, by that name? Off a DedupeTask,
+    another library's API, not our option (celery-singleton's Singleton.on_duplicate). An
+    option given as a function is a plain one, set on the task's class by ``@app.task``.
+
+    >>> class Base:
+    ...     def on_duplicate(self, task_id): ...
+    >>> _a_method_of_its_class(Base.__dict__["on_duplicate"], "on_duplicate")
+    True
+    >>> _a_method_of_its_class(print, "on_duplicate")
+    False
+    """
+    function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    return inspect.isfunction(function) and function.__qualname__.endswith(f".{name}")
 
 
 def _exclusive_only(task: AnyTask | None) -> bool:

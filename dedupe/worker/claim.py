@@ -12,11 +12,12 @@ from typing import Any
 from dedupe.errors import RedisUnavailable
 from dedupe.events import CLAIMED, UNAVAILABLE, emit
 from dedupe.runs.liveness import run_is_dead
-from dedupe.runs.run import GUARDS_RUNS, Run, RunSpec, new_token
+from dedupe.runs.run import Run, RunSpec, new_token
 from dedupe.runs.runtime import Runtime
 from dedupe.store.commands.leases import Lease
 from dedupe.store.connections import Reply
 from dedupe.surfaces import TaskSurface
+from dedupe.values.options import GUARDS_RUNS
 from dedupe.values.record import HOST, Holder, pack_running
 from dedupe.values.redelivery import horizon
 from dedupe.values.timing import milliseconds

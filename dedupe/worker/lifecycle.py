@@ -14,12 +14,12 @@ from celery import Celery
 from dedupe.errors import ConfigurationError, DedupeError, RedisUnavailable
 from dedupe.recovery.held import HeldWatch, held_requests
 from dedupe.runs.line_sweep import LineSweep
-from dedupe.runs.run import GUARDS_RUNS, acks_late_leases
+from dedupe.runs.run import acks_late_leases
 from dedupe.runs.runtime import Runtime, installed, pool_process_started
 from dedupe.store.checks import eviction_risk
 from dedupe.store.deferred import land_all
 from dedupe.values.config import SettingReader
-from dedupe.values.options import check_plain_task
+from dedupe.values.options import GUARDS_RUNS, check_plain_task
 from dedupe.values.urls import cluster_target
 
 from .early_claim import pool_accepts_in_place, sends_at_acceptance

@@ -14,14 +14,14 @@ from celery.app.task import Context
 
 from dedupe.errors import DedupeError, KeyDerivationError, RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
-from dedupe.runs.run import GUARDS_RUNS, Run, RunSpec, attach, new_token
+from dedupe.runs.run import Run, RunSpec, attach, new_token
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.store.replies import Take
 from dedupe.surfaces import AnyTask, RequestSurface, TaskSurface
 from dedupe.values.key_derivation import keys_for
 from dedupe.values.latest import Latest, unpack_arguments
 from dedupe.values.limits import LIMIT, LimitHeader
-from dedupe.values.options import limit_header, options_for
+from dedupe.values.options import GUARDS_RUNS, limit_header, options_for
 
 from . import early_claim, limited_runs
 from .claim import RunClaim, claim_run, record_ttl_ms
