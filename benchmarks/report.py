@@ -34,6 +34,13 @@ TARGETS = {
 }
 
 
+#: The worker results, each with its pool's short name (the chart's) and its table's.
+WORKERS = {
+    "worker": ("solo", "solo pool"),
+    "worker prefork": ("prefork", "prefork pool of two processes"),
+}
+
+
 def enqueue_ratios(enqueue: Timings) -> dict[str, float]:
     """Each variant's cost per call relative to plain apply_async in the same rounds."""
     return {name: enqueue.ratio(name, PLAIN) for name in enqueue.samples}
@@ -135,8 +142,8 @@ def markdown(results: dict[str, Any], command: str) -> str:
             lines.append(f"| {name} | {rabbitmq.median(name):.0f} | {ratio:.2f} | {target} |")
         lines += ["", *_celerys_path(rabbitmq, "rabbitmq celery's path accepted")]
     lines += _topologies(results.get("topologies"))
-    lines += _worker(results.get("worker"), "solo pool")
-    lines += _worker(results.get("worker prefork"), "prefork pool of two processes")
+    for kind, (_, pool) in WORKERS.items():
+        lines += _worker(results.get(kind), pool)
     derivation = results.get("derivation")
     if derivation:
         lines += ["## Key derivation", "", "| arguments | us | target |", "|---|---:|---|"]
@@ -305,7 +312,7 @@ def _chart(results: dict[str, Any]) -> None:
     enqueue = results.get("enqueue")
     if enqueue:
         bars.update(enqueue_ratios(enqueue))
-    for kind, pool in (("worker", "solo"), ("worker prefork", "prefork")):
+    for kind, (pool, _) in WORKERS.items():
         worker = results.get(kind)
         for name in worker.samples if worker else ():
             if name != "plain":
