@@ -24,6 +24,7 @@ RUNNABLE = [
     "dedupe.values.key_derivation",
     "dedupe.values.latest",
     "dedupe.values.limits",
+    "dedupe.values.options",
     "dedupe.values.packing",
     "dedupe.values.record",
     "dedupe.values.timing",
