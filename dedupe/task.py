@@ -107,7 +107,8 @@ class DedupeTask(AnyTask):
     #: countdown to the next free start. Every call is accepted.
     key_rate_limit: ClassVar[str | None] = None
 
-    #: Tells the worker that before_start calls the execution guard (run.GUARDS_RUNS).
+    #: Marks a DedupeTask (values.options.GUARDS_RUNS): before_start calls the execution guard,
+    #: and every option is read off its class.
     _dedupe_guards_runs: ClassVar[bool] = True
     #: Sends the run's claim as the worker accepts the message (a subclass of Celery's
     #: Request; a task that sets its own claims as its run starts).
