@@ -92,13 +92,18 @@ def prefork_worker(
     command += ["--without-mingle", "--without-gossip", "--loglevel", "WARNING"]
     with log.open("wb") as out:
         worker = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=out)
-    node = f"{name}@{socket.gethostname()}"
+    node = worker_node(name)
     deadline = time.monotonic() + 60
     while not app.control.ping([node], timeout=0.5):
         if worker.poll() is not None or time.monotonic() > deadline:
             worker.kill()
             raise RuntimeError(f"the worker {node} did not start (its log: {log})")
     return worker
+
+
+def worker_node(name: str) -> str:
+    """The node name of the worker :func:`prefork_worker` starts as ``name``, on this host."""
+    return f"{name}@{socket.gethostname()}"
 
 
 def stop_worker(worker: subprocess.Popen[bytes]) -> None:

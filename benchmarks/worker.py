@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import threading
 import time
 from typing import Any
@@ -18,7 +17,14 @@ from celery import signals
 import dedupe
 
 from . import _peers as peers
-from ._env import Timings, in_process_worker, make_app, prefork_worker, stop_worker
+from ._env import (
+    Timings,
+    in_process_worker,
+    make_app,
+    prefork_worker,
+    stop_worker,
+    worker_node,
+)
 
 
 def run(url: str, rounds: int, tasks: int) -> Timings:
@@ -84,7 +90,7 @@ def run_prefork(url: str, rounds: int, tasks: int) -> Timings:
 
     client = redis.Redis.from_url(url)
     client.delete(bench.DONE, bench.QUEUE)
-    node = f"{bench.QUEUE}@{socket.gethostname()}"
+    node = worker_node(bench.QUEUE)
     worker = prefork_worker(bench.app, "benchmarks._worker_app", bench.QUEUE, bench.QUEUE, 2)
     samples: dict[str, list[float]] = {name: [] for name in bench.VARIANTS}
     order = list(bench.VARIANTS)

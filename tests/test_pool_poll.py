@@ -23,20 +23,25 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (3.12+:
 _PROBE = CallKeys.of("pool-poll-probe", separate_run_lock=False)
 
 
+def _polls(app: Celery) -> bool:
+    """Does a call of ``app``'s store (made now) poll for its reply?"""
+    store = runtime_of(app).store
+    store.release(_PROBE, "probe", "probe")
+    return bool(store._run._local.poll)
+
+
 def _in_a_pool_process(app: Celery, *, made_before_the_fork: bool = True) -> bool:
     """Does a call of ``app``'s store, in a child forked as a pool's process is and told
     so as Celery tells it, poll for its reply?"""
-    runtime = runtime_of(app)
     if made_before_the_fork:  # (the pool's parent uses the store before it forks)
-        runtime.store.release(_PROBE, "probe", "probe")
+        _polls(app)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: told it is a pool's process, one call, then out
         try:
             pool_accepts_in_place("prefork")  # (what the worker's parent noted, inherited)
             signals.worker_process_init.send(sender=None)
-            runtime.store.release(_PROBE, "probe", "probe")
-            os.write(write, b"1" if runtime.store._run._local.poll else b"0")
+            os.write(write, b"1" if _polls(app) else b"0")
             os._exit(0)
         except BaseException:
             os._exit(2)
@@ -65,10 +70,7 @@ def test_a_prefork_pool_process_polls_for_replies_when_the_setting_says_so(
 def test_a_process_of_no_pool_polls_for_replies_by_default(
     make_app: Callable[..., Celery],
 ) -> None:
-    app = make_app()
-    store = runtime_of(app).store
-    store.release(_PROBE, "probe", "probe")
-    assert store._run._local.poll is True
+    assert _polls(make_app()) is True
 
 
 def test_a_solo_workers_process_polls_for_replies_by_default(
@@ -78,6 +80,4 @@ def test_a_solo_workers_process_polls_for_replies_by_default(
     app = make_app()
     with in_process_worker(app, pool="solo"):
         pass
-    store = runtime_of(app).store
-    store.release(_PROBE, "probe", "probe")
-    assert store._run._local.poll is True
+    assert _polls(app) is True
