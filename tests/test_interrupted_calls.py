@@ -1,7 +1,7 @@
 """A call interrupted while Redis decides it (Celery's soft time limit, raised by a signal
 handler wherever the task is) leaves no record without its message: whatever its first write
-did is withdrawn before the exception leaves the call. Real prefork worker, real Redis; a
-proxy holds Redis's answer until the limit has fired."""
+did is withdrawn before the exception leaves the call (a limited call's place in line too).
+Real prefork worker, real Redis; a proxy holds Redis's answer until the limit has fired."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 import dedupe
 from dedupe.producer.guard import keys_of_call
+from dedupe.values.limits import limit_keys
 
 from .conftest import RedisFactory
 from .helpers import WorkerProcess, app_with_a_store_of_its_own, producer_stub, wait_for
@@ -90,3 +92,29 @@ def test_an_interrupted_call_leaves_an_earlier_calls_record_of_its_task_id_alone
     assert (holder.task_id, holder.state) == (first.id, "queued")
     assert first.get(timeout=15) == f"{tag}-new"
     wait_for(lambda: dedupe.lookup(ok, (f"{tag}-held",)) is None, message="the held call ran")
+
+
+def test_a_limited_call_interrupted_at_its_place_in_line_leaves_the_line(
+    interrupted_worker: tuple[Any, Any, HoldingProxy], worker_app: Any, tag: str
+) -> None:
+    # Its message was never published: a place left for it would name a call that never runs
+    # (holding the calls behind it for a lease, and in the line for unique_ttl).
+    producer, _, proxy = interrupted_worker
+    limited = producer.task(
+        name=worker_app.one_at_once.name,
+        bind=True,
+        base=dedupe.DedupeTask,
+        unique_on=("tag",),
+        key_concurrency=1,
+        shared=False,
+    )(worker_app.one_at_once.run.__func__)
+    # The server knows the line's script (a call of this process's): no NOSCRIPT for the
+    # worker, whose place is taken as its command arrives.
+    assert limited.delay(f"{tag}-first", 0, 0.1).get(timeout=15) == 0
+    _, keys = keys_of_call(limited, (tag, 0, 0.1), None, None, {})
+    proxy.hold_at = (keys.call.encode(),)
+    name = worker_app.limited_call_when_its_limit_fires.name
+    assert producer.send_task(name, (tag,)).get(timeout=15) == "interrupted"
+    assert proxy.held == 1
+    line = limit_keys(keys.call)["line"]
+    assert redis.Redis.from_url(proxy.url).zscore(line, f"{tag}-interrupted") is None

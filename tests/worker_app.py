@@ -512,6 +512,19 @@ def one_at_once(self: Any, tag: str, index: int, seconds: float) -> int:
     return index
 
 
+@app.task(bind=True, soft_time_limit=INTERRUPTING_LIMIT)
+def limited_call_when_its_limit_fires(self: Any, tag: str) -> str:
+    """A call of ``one_at_once(tag)`` (task id ``f"{tag}-interrupted"``) whose place in line
+    the test's proxy answers only after the soft time limit has interrupted it: with the
+    dedup Redis apart from the broker, the place is taken in a round trip of its own, before
+    the publish."""
+    try:
+        one_at_once.apply_async((tag, 0, 0.1), task_id=f"{tag}-interrupted")
+    except SoftTimeLimitExceeded:
+        return "interrupted"
+    return "answered"
+
+
 @app.task(bind=True, base=dedupe.DedupeTask, unique_on=("tag",), key_concurrency=2)
 def two_early_acked(self: Any, tag: str, index: int, seconds: float) -> int:
     """Two runs per tag at once (acked at delivery)."""

@@ -104,8 +104,9 @@ class LinePlan:
     #: raises to refuse the publish, or returns to publish without the place.
     unavailable: Callable[[RedisUnavailable], None]
     #: absent: nothing written; sent: ticket_publish.lua was sent (the place and the message
-    #: both, or neither); placed: the place taken apart, its message not pushed yet; pushed:
-    #: the place and its message; dropped: routed nowhere, so no place either.
+    #: both, or neither); placed: the place taken apart (or asked for: its fate unknown), its
+    #: message not pushed yet; pushed: the place and its message; dropped: routed nowhere, so
+    #: no place either.
     state: Literal["absent", "sent", "placed", "pushed", "dropped"] = "absent"
     #: key_concurrency alone (hold_or_push.lua): the key's limit and a handed slot's lease,
     #: ms; 0: a place in line only (ticket_publish.lua, with key_rate_limit too).
@@ -181,9 +182,12 @@ class StartPlan:
 
 
 def _take_place(plan: LinePlan | StartPlan, ttl_ms: int) -> None:
-    """A place in line for ``plan``'s call, apart from its message: ``placed`` once taken."""
+    """A place in line for ``plan``'s call, apart from its message: ``placed`` as it is asked
+    for. A take cut short (a soft time limit while its answer is awaited) may have placed it:
+    the exception that unwinds the call leaves the line, as a failed publish does."""
+    plan.state = "placed"
     try:
         plan.store.take_ticket(plan.keys, plan.task_id, ttl_ms)
-        plan.state = "placed"
     except RedisUnavailable as exc:
+        plan.state = "absent"  # (unreachable: a leave would fail too; what it wrote lapses)
         plan.unavailable(exc)

@@ -111,8 +111,7 @@ def publish_limited(call: Call) -> DedupeResult:
     line = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
     if runtime.one_step:
         return _publish_in_line(runtime, call, header, line)
-    line.take_place_apart()
-    return _publish_with(call, header, store, task_id)
+    return _publish_with(call, header, store, task_id, place=line)
 
 
 def _publish_concurrency(
@@ -125,15 +124,14 @@ def _publish_concurrency(
     task_id = str(call.options["task_id"])
     unavailable = _on_unavailable(runtime, call.task_name, task_id, header.key)
     if delay:
-        return _publish_with(call, header, runtime.store, task_id, placed=False)
+        return _publish_with(call, header, runtime.store, task_id)
     if not runtime.one_step:
         # Its place first, for call order: it lapses a lease on if its message never comes
-        # (a publish lost or interrupted), so it never holds the line longer.
+        # (a process killed before its publish), so it never holds the line longer.
         place = LinePlan(
             lambda: runtime.store, header.keys, task_id, milliseconds(lease), unavailable
         )
-        place.take_place_apart()
-        return _publish_with(call, header, runtime.store, task_id)
+        return _publish_with(call, header, runtime.store, task_id, place=place)
     line = LinePlan(
         lambda: runtime.store,
         header.keys,
@@ -157,18 +155,21 @@ def _publish_concurrency(
 
 
 def _publish_with(
-    call: Call, header: LimitHeader, store: Store, task_id: str, *, placed: bool = True
+    call: Call, header: LimitHeader, store: Store, task_id: str, *, place: LinePlan | None = None
 ) -> DedupeResult:
-    """Publish a limited call whose place or start was taken (or could not be; ``placed``
-    False: none was asked for)."""
-    _add_header(call.options, header)
+    """Publish a limited call (its start reserved already, if it has a rate), its ``place``
+    in line taken first, apart from it (None: none to take)."""
     try:
+        if place is not None:
+            place.take_place_apart()
+        _add_header(call.options, header)
         with publishing():
             sent = call.publish(call.args, call.kwargs, call.options)
     except BaseException:
         # No message, or none known: the place goes, else it would hold the calls behind
-        # it until it lapses. (A reserved start lapses as it passes: a start lost, no more.)
-        if header.holds_slots and placed:
+        # it until it lapses (and name a call that never runs); whatever cut the take
+        # short too. (A reserved start lapses as it passes: a start lost, no more.)
+        if place is not None and place.owns_a_place_alone:
             _leave_line(store, header.keys, task_id)
         raise
     return mark_result(sent, deduplicated=False)
