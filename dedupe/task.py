@@ -285,11 +285,11 @@ class DedupeTask(AnyTask):
         except (Retry, Reject):
             raise  # (the key goes with the retry's message, or back to the queue)
         except Exception:
-            end_of_body(self, RunEnd.of_body(returned=False))
+            end_of_body(self, request, RunEnd.of_body(returned=False))
             raise
         finally:
             setattr(request, _IN_BODY, False)
-        end_of_body(self, RunEnd.of_body(returned=True))
+        end_of_body(self, request, RunEnd.of_body(returned=True))
         return value
 
 

@@ -8,6 +8,7 @@ are in the design notes: docs/design-notes.md, "dedupe.values.record").
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import socket
@@ -52,6 +53,9 @@ _PROVISIONAL_LENGTH = 2
 _NUMBERS = (int, float)
 
 
+# A call packs its owner for the record and for the confirm, a run for the claim, its
+# record and the release: the last few ids are remembered (bytes are immutable).
+@functools.lru_cache(maxsize=64)
 def pack_owner(task_id: str) -> bytes:
     """The task id as records store it and the scripts compare it.
 

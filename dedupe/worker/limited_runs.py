@@ -175,10 +175,10 @@ def _held_options(task: AnyTask, request: Context) -> str:
     return str(dumps(held))
 
 
-def wait_turn(task: AnyTask) -> None:
+def wait_turn(task: AnyTask, request: Context) -> None:
     """``before_start``: a run that must wait is held in its line (its delivery ends), or
-    sent again, same task id, for its turn (both limits, a rate)."""
-    request = task.request
+    sent again, same task id, for its turn (both limits, a rate). ``request``: the run's
+    (``task.request``)."""
     run = limited_run_of(request)
     if run is None:
         return

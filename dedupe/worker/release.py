@@ -29,13 +29,13 @@ from .run_spec import latest_mode
 __all__ = ["end_of_body", "on_postrun"]
 
 
-def end_of_body(task: AnyTask, end: RunEnd) -> None:
+def end_of_body(task: AnyTask, request: RequestSurface, end: RunEnd) -> None:
     """A DedupeTask's body returned, or raised an error that ends its run (``end``, from
-    :meth:`RunEnd.of_body`): free the key now, before Celery stores the result (a caller's
-    ``.get()`` must never return while the key still names this finished run). Not a
-    retry's, a reject's or a handed-over key: those stay for ``task_postrun``, as do runs of
-    other bases (:func:`on_postrun`)."""
-    run = run_of(task.request)
+    :meth:`RunEnd.of_body`; ``request``: the run's): free the key now, before Celery stores
+    the result (a caller's ``.get()`` must never return while the key still names this
+    finished run). Not a retry's, a reject's or a handed-over key: those stay for
+    ``task_postrun``, as do runs of other bases (:func:`on_postrun`)."""
+    run = run_of(request)
     runtime = installed(task.app)
     if (
         runtime is None
@@ -51,11 +51,19 @@ def end_of_body(task: AnyTask, end: RunEnd) -> None:
         run.lease = None
     run.released = True
     # With a result to store, the release is read before it; else later (_release).
-    wait = _stores_result(task, task.request, end)
-    _release(runtime, task, cast("str", task.request.id), run, wait=wait)  # (a run's id)
+    wait = _stores_result(task, request, end)
+    _release(runtime, task, request, cast("str", request.id), run, wait=wait)  # (a run's id)
 
 
-def _release(runtime: Runtime, task: TaskSurface, task_id: str, run: Run, *, wait: bool) -> None:
+def _release(
+    runtime: Runtime,
+    task: TaskSurface,
+    request: RequestSurface,
+    task_id: str,
+    run: Run,
+    *,
+    wait: bool,
+) -> None:
     """Free a claimed run's key: its reply read now (``wait``), or sent at once and read
     before this thread's next command to Redis (the next run's claim), by the sweeper
     within a fraction of a second, or as the pool process exits
@@ -64,9 +72,9 @@ def _release(runtime: Runtime, task: TaskSurface, task_id: str, run: Run, *, wai
     it: the reply was on its way.)"""
     keys = run.spec.keys
     try:
-        if latest_mode(task.request, run.spec):
+        if latest_mode(request, run.spec):
             # (Sent first: a release waited for lands it too, before the result and the ack.)
-            _send_end_latest(runtime, task.request, task_id, run)
+            _send_end_latest(runtime, request, task_id, run)
         if wait:
             runtime.store.release(keys, task_id, run.token)
         else:
@@ -110,9 +118,10 @@ def on_postrun(
 ) -> None:
     """``task_postrun``: release the run's key (or requeue it with its message)."""
     task = task or sender
-    run = detach(task.request)
+    request = task.request
+    run = detach(request)
     runtime = installed(task.app)
-    if runtime is not None and limited_runs.limited_run_of(task.request) is not None:
+    if runtime is not None and limited_runs.limited_run_of(request) is not None:
         limited_runs.leave(runtime, task)
     if run is None or runtime is None:
         return
@@ -130,7 +139,7 @@ def on_postrun(
         return
     rejected = RunEnd.of_state(state, retval) is RunEnd.REJECTED_TO_REQUEUE
     if run.verdict == "claimed" and not (rejected and task.acks_late):
-        _release(runtime, task, task_id, run, wait=False)
+        _release(runtime, task, request, task_id, run, wait=False)
         return
     # A run whose claim failed (Redis was unreachable) holds no run: it speaks for its
     # queued record only, never for a copy of its task id that claimed since.

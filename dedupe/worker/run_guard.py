@@ -71,7 +71,7 @@ def guard(task: AnyTask, task_id: str) -> None:
     ended = take_ended_already(request)
     if ended is not None:
         _skip_ended(task, task_id, ended)
-    limited_runs.wait_turn(task)
+    limited_runs.wait_turn(task, request)
     run = run_of(request)
     if run is not None and run.verdict == "early":
         _go_again_at_deadline(task, request, run)
