@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from kombu.exceptions import EncodeError
 
 import dedupe
 from dedupe.demo.server import RedisServer
@@ -267,6 +268,29 @@ def test_a_batch_on_rabbitmq_to_a_queue_never_declared_declares_it(
         assert count == 3
     finally:
         _delete_queue(app, fresh)
+
+
+def test_a_batch_on_rabbitmq_whose_publish_fails_midway_leaves_no_key_for_the_calls_after(
+    make_app: Callable[..., Celery], rabbitmq_url: str
+) -> None:
+    # Each call's record is written before the batch's publishes; a set is a key's argument
+    # but no JSON message's, so the second publish fails before it sends anything.
+    app = make_app(broker=rabbitmq_url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def remind(user: object) -> None: ...
+
+    queue = unique_name("midway")
+    try:
+        with pytest.raises(EncodeError):
+            remind.map_unique([(1,), ({2},), (3,)], queue=queue)
+        # The first went out with its record; the second and the third never will: a key
+        # left for them would answer calls with task ids that never run.
+        assert dedupe.lookup(remind, (1,)) is not None
+        assert dedupe.lookup(remind, ({2},)) is None
+        assert dedupe.lookup(remind, (3,)) is None
+    finally:
+        _delete_queue(app, queue)
 
 
 # -- many producers at once ---------------------------------------------------------------

@@ -228,8 +228,15 @@ def _publish_accepted(
         return
     runtime = prepared[accepted[0]].runtime
     if not runtime.one_step or any(prepared[i].path != "decide" for i in accepted):
-        for index in accepted:
-            results[index] = prepared[index].publish_with_record()
+        for position, index in enumerate(accepted):
+            try:
+                results[index] = prepared[index].publish_with_record()
+            except BaseException:
+                # The calls after it are not published: their records go too, else each
+                # answers its key's calls with a task id that never runs (provisional ttl).
+                for later in accepted[position + 1 :]:
+                    prepared[later].cancel_after_failure()
+                raise
         return
     failure = _build_messages(prepared, accepted, results)
     pushing = [i for i in accepted if prepared[i].plan.pending is not None]

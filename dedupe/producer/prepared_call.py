@@ -97,7 +97,7 @@ class PreparedCall(RecordMoves):
         except BaseException:
             # The message may not exist: free the key so the caller's retry is not refused
             # (never after publish.lua was sent: if it ran, the record has its message).
-            self._cancel_after_failure()
+            self.cancel_after_failure()
             raise
         if self.path in ("overlap", "confirm"):
             self.confirm_record()

@@ -107,11 +107,12 @@ class RecordMoves(DecidedCall):
         plan = self.plan
         if plan.state is RecordState.ABSENT:
             plan.move(RecordState.ASKED)
-        self._cancel_after_failure()
+        self.cancel_after_failure()
 
-    def _cancel_after_failure(self) -> None:
-        """:meth:`cancel_record` while an exception unwinds the call: that exception is what
-        the caller must see, whatever the cancel meets."""
+    def cancel_after_failure(self) -> None:
+        """:meth:`cancel_record` while an exception unwinds the call (or its batch, before it
+        was published): that exception is what the caller must see, whatever the cancel
+        meets."""
         try:
             self.cancel_record()
         except Exception as exc:
