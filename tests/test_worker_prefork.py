@@ -108,6 +108,16 @@ def test_exhausted_retries_free_the_key(worker_app: Any, tag: str) -> None:
     assert len(worker_app.runlog(tag).runs()) == 3
 
 
+def test_a_retry_whose_publish_fails_frees_the_key(worker_app: Any, tag: str) -> None:
+    # Celery rejects a message whose retry it could not publish (requeue=False): no run comes
+    # after this one, so its key must not be handed to one.
+    task = worker_app.retries_into_a_failed_publish
+    task.delay(tag)
+    wait_for(lambda: [r for r in worker_app.runlog(tag).runs() if r[2]], message="run ended")
+    wait_for(lambda: holder(task, tag) is None, timeout=5, message="the key freed at its end")
+    assert task.delay(tag).deduplicated is False
+
+
 def test_ignore_frees_the_key(worker_app: Any, tag: str) -> None:
     worker_app.ignore.delay(tag)
     wait_for(lambda: [r for r in worker_app.runlog(tag).runs() if r[2]], message="run ended")

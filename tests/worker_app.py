@@ -140,6 +140,14 @@ def retry_then_ok(self: Any, tag: str, times: int, countdown: float = 0.5) -> in
     return int(self.request.retries)
 
 
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+def retries_into_a_failed_publish(self: Any, tag: str) -> None:
+    """Retries with a serializer nobody registered: the retry's publish fails before it sends
+    anything, and Celery rejects the message (requeue=False): no run comes after this one."""
+    _run(self, tag)
+    raise self.retry(countdown=1, serializer="dedupe-test-unregistered")
+
+
 @app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE, max_retries=2)
 def retry_forever(self: Any, tag: str) -> None:
     _run(self, tag)
