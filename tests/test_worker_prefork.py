@@ -231,6 +231,14 @@ def test_the_main_process_frees_a_killed_childs_key_long_before_its_lease(
         result.get(timeout=10)
 
 
+def test_a_limited_message_put_back_after_its_child_died_runs_again(
+    worker_app: Any, tag: str
+) -> None:
+    # reject_on_worker_lost: Celery requeues the message and sends no task_failure. The dead
+    # run's slot (its lease 30 s) must not make the redelivery a copy of a run, dropped.
+    assert worker_app.limited_redelivered.delay(tag).get(timeout=20) == 2
+
+
 def test_the_parent_sends_key_reclaimed_for_the_key_of_a_killed_child(
     worker_app: Any, tag: str, redis_client: redis.Redis
 ) -> None:

@@ -512,6 +512,25 @@ def two_at_once(self: Any, tag: str, index: int, seconds: float) -> int:
     return index
 
 
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique_on=("tag",),
+    key_concurrency=1,
+    unique_lease=ENDING_LEASE,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def limited_redelivered(self: Any, tag: str) -> int:
+    """One run per tag at once (a 30 s slot lease); the child of its first delivery dies
+    (SIGKILL) in the run, and Celery puts the message back (reject_on_worker_lost)."""
+    delivery = int(_events.incr(f"deliveries:{tag}"))
+    _run(self, tag)
+    if delivery == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return delivery
+
+
 @app.task(bind=True, base=dedupe.DedupeTask, unique_on=("tag",), key_concurrency=1)
 def one_at_once(self: Any, tag: str, index: int, seconds: float) -> int:
     """One run per tag at once, the other calls in line (acked at delivery: a message a

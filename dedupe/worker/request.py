@@ -1,15 +1,22 @@
 """``DedupeTask``'s request class (Celery's ``Task.Request``): the run's claim sent as the
-worker accepts its message, where the same thread runs it (early_claim.py)."""
+worker accepts its message, where the same thread runs it (early_claim.py); a limited run's
+slot freed as the pool's parent learns that its child died (before Celery may put the
+message back)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+from billiard.einfo import ExceptionInfo
+from billiard.exceptions import WorkerLostError
 from celery.worker.request import Request
+
+from dedupe.values.limits import LimitHeader
 
 from . import early_claim
 from .early_claim import drop_unread, send_claim
+from .limited_runs import free_dead_slots
 
 __all__ = ["ClaimingRequest"]
 
@@ -30,3 +37,21 @@ class ClaimingRequest(Request):
             if unread is not None:
                 drop_unread(self.task, unread, consumed=self.acknowledged)
             raise
+
+    def on_failure(
+        self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        # A child lost in a limited run: its slot goes now. Celery may put the message back
+        # next (reject_on_worker_lost), sending no task_failure, and the redelivery would
+        # meet the dead run's slot and be dropped as a copy of a live run.
+        if _lost_child(exc_info):
+            limit = LimitHeader.read(self.request_dict)
+            if limit is not None:
+                free_dead_slots(self.task, self.id, limit)
+        super().on_failure(exc_info, send_failed_event, return_ok)
+
+
+def _lost_child(exc_info: ExceptionInfo) -> bool:
+    # (Its exception is wrapped for pickling; its type is the exception's own.)
+    kind: object = getattr(exc_info, "type", None)
+    return isinstance(kind, type) and issubclass(kind, WorkerLostError)
