@@ -108,3 +108,24 @@ def test_a_revoked_message_leaves_a_newer_call_holding_its_key_and_says_nothing(
     assert (holder.task_id, holder.state) == (newer.id, "queued")
     lines = [line for line in worker.tail().splitlines() if f"[{first.id}]" in line]
     assert not [line for line in lines if "freed" in line]
+
+
+def test_a_message_revoked_while_it_waits_for_its_eta_frees_its_key_at_once(
+    one_child: tuple[Any, WorkerProcess], worker_app: Any, tag: str
+) -> None:
+    # A countdown's message waits in the worker's timer, not among its reserved requests;
+    # Celery drops it only when its eta comes (ten minutes here).
+    ok, worker = one_child
+    first = ok.apply_async((tag,), countdown=600)
+    assert first.deduplicated is False
+    wait_for(lambda: f"[{first.id}] received" in worker.tail(), message="the message received")
+
+    ok.app.control.revoke(first.id)
+    wait_for(
+        lambda: dedupe.lookup(ok, (tag,)) is None,
+        timeout=AT_ONCE,
+        message=f"the key of the revoked {first.id} freed",
+    )
+    again = ok.delay(tag)
+    assert again.deduplicated is False
+    assert again.get(timeout=10) == tag

@@ -403,11 +403,14 @@ def _followed(handle: Callable[..., Any]) -> Callable[..., Any]:
 
 def _waiting_revoked(task_ids: set[str]) -> list[Any]:
     """The requests of ``task_ids`` that the worker holds, revoked, and will drop unrun: not
-    running, and not given to the pool yet (there, a revoke without terminate stops nothing)."""
+    running, and not given to the pool yet (there, a revoke without terminate stops nothing).
+    Those that wait for their eta too, where Celery keeps them apart (``scheduled_requests``;
+    an older Celery's are found as their eta comes, and freed then)."""
     running = worker_state.active_requests
+    scheduled = getattr(worker_state, "scheduled_requests", ())
     return [
         request
-        for request in list(worker_state.reserved_requests)
+        for request in [*worker_state.reserved_requests, *scheduled]
         if request.id in task_ids
         and request.id in worker_state.revoked
         and request not in running
