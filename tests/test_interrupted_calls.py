@@ -118,3 +118,20 @@ def test_a_limited_call_interrupted_at_its_place_in_line_leaves_the_line(
     assert proxy.held == 1
     line = limit_keys(keys.call)["line"]
     assert redis.Redis.from_url(proxy.url).zscore(line, f"{tag}-interrupted") is None
+
+
+def test_a_run_whose_claim_its_soft_time_limit_interrupts_leaves_its_key_free(
+    interrupted_worker: tuple[Any, Any, HoldingProxy], worker_app: Any, tag: str
+) -> None:
+    # The claim landed (Redis ran it at once) but its run never learnt so: no run to release
+    # it at the end, and a running record would outlive the run by its lease (30 s here).
+    producer, ok, proxy = interrupted_worker
+    # The server knows the claim's script (a run of the worker's): no NOSCRIPT for the claim,
+    # which runs as it arrives.
+    assert ok.delay(f"{tag}-first").get(timeout=10) == f"{tag}-first"
+    task = producer_stub(producer, worker_app.claimed_when_its_limit_fires)
+    _, keys = keys_of_call(task, (tag,), None, None, {})
+    proxy.hold_at = (keys.call.encode(),)
+    assert task.delay(tag).get(timeout=15) == tag
+    assert proxy.held == 1
+    wait_for(lambda: dedupe.lookup(task, (tag,)) is None, timeout=5, message="the key freed")

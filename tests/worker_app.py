@@ -539,6 +539,19 @@ def one_at_once(self: Any, tag: str, index: int, seconds: float) -> int:
     return index
 
 
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    unique_lease=ENDING_LEASE,
+    soft_time_limit=INTERRUPTING_LIMIT,
+)
+def claimed_when_its_limit_fires(self: Any, tag: str) -> str:
+    """A run whose claim the test's proxy answers only after the soft time limit fired, in
+    ``task_prerun``: Celery logs the handler's exception and runs the body all the same."""
+    return tag
+
+
 @app.task(bind=True, soft_time_limit=INTERRUPTING_LIMIT)
 def limited_call_when_its_limit_fires(self: Any, tag: str) -> str:
     """A call of ``one_at_once(tag)`` (task id ``f"{tag}-interrupted"``) whose place in line

@@ -93,7 +93,29 @@ def claim_run(runtime: Runtime, task: TaskSurface, claim: RunClaim) -> Run:
         action = "runs unguarded"
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
         return Run(spec, claim.token, "error")
+    except BaseException:
+        # Cut short while its answer was awaited (a soft time limit, raised in task_prerun:
+        # Celery logs it and runs the body, with no run to free the key at its end).
+        _withdraw(runtime, task, claim)
+        raise
     return _claimed(runtime, task, claim, holder)
+
+
+def _withdraw(runtime: Runtime, task: TaskSurface, claim: RunClaim) -> None:
+    """Release what an interrupted claim wrote, if it landed: its own run token's record
+    only, never another run's (the run goes on unguarded, as when Redis is unreachable)."""
+    keys = claim.spec.keys
+    try:
+        runtime.store.release(keys, claim.task_id, claim.token)
+    except Exception as exc:  # (the exception that interrupted it is the one to raise)
+        logger.warning(
+            "%s[%s] was interrupted as it claimed %s, and its claim was not withdrawn (its "
+            "lease frees it): %r",
+            task.name,
+            claim.task_id,
+            keys.run,
+            exc,
+        )
 
 
 def _own_dead_run(holder: Holder, task_id: str) -> bool:
