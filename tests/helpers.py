@@ -162,6 +162,21 @@ def producer_stub(producer: Any, worker_task: Any, **options: Any) -> Any:
     return declare(worker_task.run.__func__)
 
 
+def limited_stub(producer: Any, worker_app: Any) -> Any:
+    """worker_app's ``one_at_once`` (``key_concurrency=1`` per tag), as ``producer`` calls it."""
+    import dedupe
+
+    declare = producer.task(
+        name=worker_app.one_at_once.name,
+        bind=True,
+        base=dedupe.DedupeTask,
+        unique_on=("tag",),
+        key_concurrency=1,
+        shared=False,
+    )
+    return declare(worker_app.one_at_once.run.__func__)
+
+
 def fail_on_keys_left(
     client: redis.Redis, prefix: str, within: float, *, shared: bool = False
 ) -> None:

@@ -12,10 +12,8 @@ from typing import Any
 import pytest
 import redis
 
-import dedupe
-
 from .conftest import RedisFactory
-from .helpers import WorkerProcess, app_with_a_store_of_its_own, wait_for
+from .helpers import WorkerProcess, app_with_a_store_of_its_own, limited_stub, wait_for
 from .test_key_concurrency import most_at_once
 
 pytestmark = pytest.mark.slow
@@ -33,7 +31,7 @@ def test_no_call_starts_beside_a_live_run_whose_slot_a_restart_lost(
     with app_with_a_store_of_its_own(
         worker_app, worker_app.BROKER, queue, store, dedupe_default_lease=LEASE
     ) as producer:
-        one_at_once = limited_task(producer, worker_app)
+        one_at_once = limited_stub(producer, worker_app)
         env = {
             "DEDUPE_TEST_QUEUE": queue,
             "DEDUPE_TEST_STORE": store.url,
@@ -63,22 +61,6 @@ def test_no_call_starts_beside_a_live_run_whose_slot_a_restart_lost(
 
 #: The lease of the backstop tests: a waiting call's copy in the broker is due this long on.
 BACKSTOP_LEASE = 3.0
-
-
-def limited_task(producer: Any, worker_app: Any) -> Any:
-    """worker_app's one_at_once, as the producer ``producer`` calls it."""
-
-    @producer.task(
-        name=worker_app.one_at_once.name,
-        bind=True,
-        base=dedupe.DedupeTask,
-        unique_on=("tag",),
-        key_concurrency=1,
-        shared=False,
-    )
-    def one_at_once(self: Any, tag: str, index: int, seconds: float) -> int: ...
-
-    return one_at_once
 
 
 def copy_dropped(worker: WorkerProcess, task_id: str, lease: float = BACKSTOP_LEASE) -> None:
@@ -113,7 +95,7 @@ def backstopped(
         worker = WorkerProcess(producer, backstop_env(queue, store))
         worker.start()
         try:
-            yield store, limited_task(producer, worker_app), worker
+            yield store, limited_stub(producer, worker_app), worker
         finally:
             worker.stop()
 

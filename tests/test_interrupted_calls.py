@@ -16,7 +16,13 @@ from dedupe.producer.guard import keys_of_call
 from dedupe.values.limits import limit_keys
 
 from .conftest import RedisFactory
-from .helpers import WorkerProcess, app_with_a_store_of_its_own, producer_stub, wait_for
+from .helpers import (
+    WorkerProcess,
+    app_with_a_store_of_its_own,
+    limited_stub,
+    producer_stub,
+    wait_for,
+)
 from .proxies import HoldingProxy
 
 pytestmark = pytest.mark.slow
@@ -100,14 +106,7 @@ def test_a_limited_call_interrupted_at_its_place_in_line_leaves_the_line(
     # Its message was never published: a place left for it would name a call that never runs
     # (holding the calls behind it for a lease, and in the line for unique_ttl).
     producer, _, proxy = interrupted_worker
-    limited = producer.task(
-        name=worker_app.one_at_once.name,
-        bind=True,
-        base=dedupe.DedupeTask,
-        unique_on=("tag",),
-        key_concurrency=1,
-        shared=False,
-    )(worker_app.one_at_once.run.__func__)
+    limited = limited_stub(producer, worker_app)
     # The server knows the line's script (a call of this process's): no NOSCRIPT for the
     # worker, whose place is taken as its command arrives.
     assert limited.delay(f"{tag}-first", 0, 0.1).get(timeout=15) == 0
