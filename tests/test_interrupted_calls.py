@@ -122,8 +122,9 @@ def test_a_limited_call_interrupted_at_its_place_in_line_leaves_the_line(
 def test_a_run_whose_claim_its_soft_time_limit_interrupts_leaves_its_key_free(
     interrupted_worker: tuple[Any, Any, HoldingProxy], worker_app: Any, tag: str
 ) -> None:
-    # The claim landed (Redis ran it at once) but its run never learnt so: no run to release
-    # it at the end, and a running record would outlive the run by its lease (30 s here).
+    # The claim landed (Redis ran it at once), its answer never read: the key stays held
+    # while the run goes on (no second run may start beside it), and is freed at its end,
+    # not a lease (30 s here) later.
     producer, ok, proxy = interrupted_worker
     # The server knows the claim's script (a run of the worker's): no NOSCRIPT for the claim,
     # which runs as it arrives.
@@ -131,6 +132,11 @@ def test_a_run_whose_claim_its_soft_time_limit_interrupts_leaves_its_key_free(
     task = producer_stub(producer, worker_app.claimed_when_its_limit_fires)
     _, keys = keys_of_call(task, (tag,), None, None, {})
     proxy.hold_at = (keys.call.encode(),)
-    assert task.delay(tag).get(timeout=15) == tag
+    result = task.delay(tag)
+    wait_for(lambda: worker_app.runlog(tag).runs(), message="the run started")
+    holder = dedupe.lookup(task, (tag,))
+    assert holder is not None
+    assert holder.task_id == result.id
+    assert result.get(timeout=15) == tag
     assert proxy.held == 1
     wait_for(lambda: dedupe.lookup(task, (tag,)) is None, timeout=5, message="the key freed")

@@ -410,9 +410,20 @@ def _waiting_revoked(task_ids: set[str]) -> list[Any]:
     scheduled = getattr(worker_state, "scheduled_requests", ())
     return [
         request
-        for request in [*worker_state.reserved_requests, *scheduled]
+        for request in [*_snapshot(worker_state.reserved_requests), *_snapshot(scheduled)]
         if request.id in task_ids
         and request.id in worker_state.revoked
         and request not in running
         and request._apply_result is None
     ]
+
+
+def _snapshot(requests: Iterable[Any]) -> list[Any]:
+    # (A set another thread adds to meanwhile, an eta come due under a threaded timer,
+    # raises as it is read: read it again.)
+    for _ in range(3):
+        try:
+            return list(requests)
+        except RuntimeError:
+            continue
+    return []

@@ -93,29 +93,20 @@ def claim_run(runtime: Runtime, task: TaskSurface, claim: RunClaim) -> Run:
         action = "runs unguarded"
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=action, error=exc.cause)
         return Run(spec, claim.token, "error")
-    except BaseException:
-        # Cut short while its answer was awaited (a soft time limit, raised in task_prerun:
-        # Celery logs it and runs the body, with no run to free the key at its end).
-        _withdraw(runtime, task, claim)
-        raise
-    return _claimed(runtime, task, claim, holder)
-
-
-def _withdraw(runtime: Runtime, task: TaskSurface, claim: RunClaim) -> None:
-    """Release what an interrupted claim wrote, if it landed: its own run token's record
-    only, never another run's (the run goes on unguarded, as when Redis is unreachable)."""
-    keys = claim.spec.keys
-    try:
-        runtime.store.release(keys, claim.task_id, claim.token)
-    except Exception as exc:  # (the exception that interrupted it is the one to raise)
+    except Exception as exc:
+        # Cut short while its answer was awaited (a soft time limit, in task_prerun: Celery
+        # runs the body all the same). Its fate unknown, as when Redis does not answer: the
+        # run goes on unguarded, holding what the claim wrote if it landed, and its end
+        # frees that and the message's queued record.
         logger.warning(
-            "%s[%s] was interrupted as it claimed %s, and its claim was not withdrawn (its "
-            "lease frees it): %r",
+            "%s[%s] was interrupted as it claimed %s (%r): it runs unguarded",
             task.name,
-            claim.task_id,
-            keys.run,
+            task_id,
+            spec.keys.run,
             exc,
         )
+        return Run(spec, claim.token, "error")
+    return _claimed(runtime, task, claim, holder)
 
 
 def _own_dead_run(holder: Holder, task_id: str) -> bool:
