@@ -13,6 +13,7 @@ import redis
 
 import dedupe
 from dedupe.producer.guard import keys_of_call
+from dedupe.values.keys import CallKeys
 from dedupe.values.limits import limit_keys
 
 from .conftest import RedisFactory
@@ -50,12 +51,19 @@ def interrupted_worker(
             proxy.close()
 
 
+def _hold_the_answer_to(proxy: HoldingProxy, task: Any, args: tuple[Any, ...]) -> CallKeys:
+    """Have ``proxy`` hold Redis's answer to the next command naming the key of ``task(*args)``
+    (that call's keys)."""
+    _, keys = keys_of_call(task, args, None, None, {})
+    proxy.hold_at = (keys.call.encode(),)
+    return keys
+
+
 def _interrupted(
     producer: Any, ok: Any, proxy: HoldingProxy, worker_app: Any, tag: str, before: str, **more: Any
 ) -> None:
     """Run ``accepted_when_its_limit_fires`` with Redis's answer to its call held."""
-    _, keys = keys_of_call(ok, (f"{tag}-new",), None, None, {})
-    proxy.hold_at = (keys.call.encode(),)
+    _hold_the_answer_to(proxy, ok, (f"{tag}-new",))
     name = worker_app.accepted_when_its_limit_fires.name
     outcome = producer.send_task(name, (tag, before), more)
     assert outcome.get(timeout=15) == "interrupted"
@@ -110,8 +118,7 @@ def test_a_limited_call_interrupted_at_its_place_in_line_leaves_the_line(
     # The server knows the line's script (a call of this process's): no NOSCRIPT for the
     # worker, whose place is taken as its command arrives.
     assert limited.delay(f"{tag}-first", 0, 0.1).get(timeout=15) == 0
-    _, keys = keys_of_call(limited, (tag, 0, 0.1), None, None, {})
-    proxy.hold_at = (keys.call.encode(),)
+    keys = _hold_the_answer_to(proxy, limited, (tag, 0, 0.1))
     name = worker_app.limited_call_when_its_limit_fires.name
     assert producer.send_task(name, (tag,)).get(timeout=15) == "interrupted"
     assert proxy.held == 1
@@ -130,8 +137,7 @@ def test_a_run_whose_claim_its_soft_time_limit_interrupts_leaves_its_key_free(
     # which runs as it arrives.
     assert ok.delay(f"{tag}-first").get(timeout=10) == f"{tag}-first"
     task = producer_stub(producer, worker_app.claimed_when_its_limit_fires)
-    _, keys = keys_of_call(task, (tag,), None, None, {})
-    proxy.hold_at = (keys.call.encode(),)
+    _hold_the_answer_to(proxy, task, (tag,))
     result = task.delay(tag)
     wait_for(lambda: worker_app.runlog(tag).runs(), message="the run started")
     holder = dedupe.lookup(task, (tag,))
