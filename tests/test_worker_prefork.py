@@ -118,6 +118,16 @@ def test_a_retry_whose_publish_fails_frees_the_key(worker_app: Any, tag: str) ->
     assert task.delay(tag).deduplicated is False
 
 
+def test_a_replacement_whose_publish_fails_frees_the_key(worker_app: Any, tag: str) -> None:
+    # The replacement would have taken the key over at the run's end; it was never
+    # published, so the run's end frees the key instead.
+    task = worker_app.replaces_into_a_failed_publish
+    task.delay(tag)
+    wait_for(lambda: [r for r in worker_app.runlog(tag).runs() if r[2]], message="run ended")
+    wait_for(lambda: holder(task, tag) is None, timeout=5, message="the key freed at its end")
+    assert task.delay(tag).deduplicated is False
+
+
 def test_ignore_frees_the_key(worker_app: Any, tag: str) -> None:
     worker_app.ignore.delay(tag)
     wait_for(lambda: [r for r in worker_app.runlog(tag).runs() if r[2]], message="run ended")

@@ -148,6 +148,14 @@ def retries_into_a_failed_publish(self: Any, tag: str) -> None:
     raise self.retry(countdown=1, serializer="dedupe-test-unregistered")
 
 
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+def replaces_into_a_failed_publish(self: Any, tag: str) -> None:
+    """Replaced by the same call, published with a serializer nobody registered: the
+    replacement never exists, and the body fails with the publish's error."""
+    _run(self, tag)
+    raise self.replace(self.si(tag).set(serializer="dedupe-test-unregistered"))
+
+
 @app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE, max_retries=2)
 def retry_forever(self: Any, tag: str) -> None:
     _run(self, tag)

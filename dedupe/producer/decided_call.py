@@ -15,6 +15,7 @@ from typing import Any, Literal
 from dedupe.brokers.plans import PushPlan
 from dedupe.errors import AlreadyQueued, ArgumentsTooLarge, ConfigurationError, RedisUnavailable
 from dedupe.events import DEDUPLICATED, UNAVAILABLE, emit
+from dedupe.runs.run import Run
 from dedupe.runs.runtime import Runtime, runtime_of
 from dedupe.store.store import Store
 from dedupe.values import defaults
@@ -119,6 +120,9 @@ class DecidedCall:
         config = runtime.config
         self._continuation: tuple[Continuation, float, float | None] | None = None
         self._token: str | None = None
+        #: The run whose key this continuation takes at the run's end, and the handover the
+        #: run had before (a retry(throw=False) may have made one already).
+        self._handed_at_end: tuple[Run, tuple[float, float | None] | None] | None = None
         self.on_duplicate = unique.on_duplicate
         task_id: Any = options.get("task_id")
         continuation = None
@@ -253,8 +257,20 @@ class DecidedCall:
         if self._continuation is not None:
             continuation, ttl, eta = self._continuation
             self._continuation = None  # (once: the run's lease is given up here)
+            run = continuation.run
+            before = run.handover if run is not None else None
             self._token = hand_over_token(self.runtime, continuation, self.keys, ttl, eta)
+            if run is not None and run.handover is not before:
+                self._handed_at_end = (run, before)
         return self._token
+
+    def take_back_hand_over(self) -> None:
+        """The continuation was not published: its run keeps the key it was to hand over at
+        its end, and frees it then (a handover would leave it queued for no message)."""
+        if self._handed_at_end is not None:
+            run, before = self._handed_at_end
+            run.handover = before
+            self._handed_at_end = None
 
     def requeue_arguments(self, token: str) -> tuple[CallKeys, str, str, bytes, int]:
         """The arguments of a continuation's requeue (to a provisional record), speaking for

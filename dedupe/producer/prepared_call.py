@@ -212,7 +212,11 @@ class PreparedCall(RecordMoves):
         with producer_block(call) as producer:
             call.options["producer"] = producer
             with self.within_budget(producer):
-                return self.publish()
+                try:
+                    return self.publish()
+                except BaseException:
+                    self.take_back_hand_over()
+                    raise
 
 
 def forget_result(app: Celery, task_id: str) -> None:

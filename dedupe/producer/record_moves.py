@@ -113,6 +113,7 @@ class RecordMoves(DecidedCall):
         """:meth:`cancel_record` while an exception unwinds the call (or its batch, before it
         was published): that exception is what the caller must see, whatever the cancel
         meets."""
+        self.take_back_hand_over()
         try:
             self.cancel_record()
         except Exception as exc:
