@@ -9,9 +9,11 @@ writes a provisional record before the publish. A call refused at the push unsub
 the result Celery subscribed to for it.
 
 On any broker, a provisional record's verdict can be read at the push
-(:func:`deciding_at_push`): ``enqueue`` is sent before Celery builds the message and its
+(:func:`publishing_at_push`): ``enqueue`` is sent before Celery builds the message and its
 answer read only as the message is about to leave, so Redis decides while Celery and kombu
-do their CPU work.
+do their CPU work. The same seam notes when the transport has taken the message: an
+exception after that (Celery's own steps after the publish, an interruption) confirms the
+record beside the message instead of withdrawing it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from celery import Celery
 
 from dedupe.brokers.declarations import declaring_once
-from dedupe.brokers.plans import Refused
+from dedupe.brokers.plans import PushPlan, Refused
 from dedupe.brokers.shadowing import shadowing
 from dedupe.errors import RedisUnavailable
 from dedupe.events import ACCEPTED, emit
@@ -44,7 +46,7 @@ from .publish_signals import end_refused, forget_begun
 from .record_moves import RecordMoves
 from .result import DedupeResult, mark_result
 
-__all__ = ["PendingDecision", "PreparedCall", "deciding_at_push", "forget_result"]
+__all__ = ["PendingDecision", "PreparedCall", "forget_result", "publishing_at_push"]
 
 logger = logging.getLogger("dedupe.producer")
 
@@ -179,9 +181,7 @@ class PreparedCall(RecordMoves):
     ) -> ContextManager[None]:
         if self.path == "one-step" or self.path == "decide":
             return self.runtime.broker.pushing_through(producer, {self.task_id: self.plan})
-        if decision is not None:
-            return deciding_at_push(producer, decision)
-        return contextlib.nullcontext()
+        return publishing_at_push(producer, self.plan, decision)
 
     def _decided(self, decision: PendingDecision | None, *, published: bool = True) -> None:
         """Settle the overlap path's decision after the publish (or, ``published=False``,
@@ -265,16 +265,26 @@ class PendingDecision:
         return self.holder
 
 
-def deciding_at_push(producer: ProducerSurface, decision: PendingDecision) -> ContextManager[None]:
-    """Read ``decision`` at the push of the publish made in the block, on any transport: a
-    duplicate unwinds as :class:`Refused` before the message reaches the broker."""
+def publishing_at_push(
+    producer: ProducerSurface, plan: PushPlan, decision: PendingDecision | None
+) -> ContextManager[None]:
+    """The publish made in the block, on any transport: ``decision`` (if any) read at its push,
+    a duplicate unwinding as :class:`Refused` before the message reaches the broker; once the
+    transport has the message, the provisional record awaits its confirm (``plan``)."""
     # The transport's, confirm mode included.
     transport_publish: Callable[..., object] = producer.channel.basic_publish
 
     def basic_publish(message: object, *args: object, **kwargs: object) -> object:
-        holder = decision.decide()
-        if holder is not None:
-            raise Refused(holder)
-        return transport_publish(message, *args, **kwargs)
+        if decision is not None:
+            holder = decision.decide()
+            if holder is not None:
+                raise Refused(holder)
+        sent = transport_publish(message, *args, **kwargs)
+        # (Celery's task-sent event, if any, follows on this channel: the task's came first.)
+        if plan.state is RecordState.ABSENT and decision is not None and decision.read:
+            plan.move(RecordState.PROVISIONAL)
+        if plan.state is RecordState.PROVISIONAL:
+            plan.move(RecordState.AWAITING_CONFIRM)
+        return sent
 
     return shadowing(producer.channel, basic_publish=basic_publish)

@@ -24,7 +24,6 @@ _CANCELLABLE = frozenset(
     {
         RecordState.PROVISIONAL,
         RecordState.ASKED,
-        RecordState.AWAITING_CONFIRM,
         RecordState.UNROUTED,
     }
 )
@@ -113,6 +112,10 @@ class RecordMoves(DecidedCall):
         """:meth:`cancel_record` while an exception unwinds the call (or its batch, before it
         was published): that exception is what the caller must see, whatever the cancel
         meets."""
+        if self.plan.state is RecordState.AWAITING_CONFIRM:
+            # The transport has the message (what raised came after it): its record stays.
+            self.confirm_after_failure()
+            return
         self.take_back_hand_over()
         try:
             self.cancel_record()
@@ -120,6 +123,20 @@ class RecordMoves(DecidedCall):
             logger.warning(
                 "%s[%s] failed, and its provisional record could not be withdrawn (its "
                 "provisional ttl frees it): %r",
+                self.call.task_name,
+                self.task_id,
+                exc,
+            )
+
+    def confirm_after_failure(self) -> None:
+        """:meth:`confirm_record` while an exception that came after the publish unwinds the
+        call: that exception is what the caller must see."""
+        try:
+            self.confirm_record()
+        except Exception as exc:
+            logger.warning(
+                "%s[%s] failed after its message was published, and its record could not be "
+                "confirmed (its provisional ttl frees it): %r",
                 self.call.task_name,
                 self.task_id,
                 exc,
