@@ -146,3 +146,36 @@ def test_a_call_that_gives_up_waiting_frees_its_key(make_app: Callable[..., Cele
             waiting.get(timeout=10)
         assert report.delay("mon", 4).deduplicated is False  # the call that gave up holds nothing
         first.get(timeout=10)
+
+
+def test_a_call_whose_deferral_cannot_be_sent_frees_its_key(
+    make_app: Callable[..., Celery],
+) -> None:
+    # Acked at its delivery, a message whose deferral's publish fails is gone (Celery raises,
+    # as for a retry it cannot send): the call's queued record must go with it, not answer
+    # later calls with a task id that never runs.
+    app = make_app(dedupe_deferral_cap=0.2)
+
+    # The calls publish json; the deferral, sent by the worker, takes the task's serializer,
+    # which nobody registered: its publish fails before anything is sent.
+    @app.task(
+        shared=False,
+        base=dedupe.DedupeTask,
+        unique=True,
+        unique_until="started",
+        on_running_countdown=0.1,
+        serializer="dedupe-test-unregistered",
+    )
+    def report(day: str, seconds: float) -> None:
+        time.sleep(seconds)
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        first = report.apply_async(("mon", 4), serializer="json")
+        wait_for(lambda: (h := dedupe.lookup(report, ("mon", 4))) and h.state == "running")
+        waiting = report.apply_async(("mon", 4), serializer="json")
+        assert waiting.deduplicated is False
+        with pytest.raises(Exception, match="dedupe-test-unregistered"):
+            waiting.get(timeout=10)
+        assert first.state == "STARTED" or not first.ready()  # (the holder still runs)
+        assert report.apply_async(("mon", 4), serializer="json").deduplicated is False
+        first.get(timeout=10)
