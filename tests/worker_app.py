@@ -539,6 +539,22 @@ def limited_redelivered(self: Any, tag: str) -> int:
     return delivery
 
 
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique_on=("tag",),
+    key_concurrency=1,
+    unique_lease=ENDING_LEASE,
+    acks_late=True,
+)
+def limited_cancelled(self: Any, tag: str) -> int:
+    """One run per tag at once (a 30 s slot lease); its first delivery runs for a minute,
+    long enough for its worker's cold shutdown to cancel it, and the message comes back."""
+    delivery = int(_events.incr(f"deliveries:{tag}"))
+    _run(self, tag, 60.0 if delivery == 1 else 0.0)
+    return delivery
+
+
 @app.task(bind=True, base=dedupe.DedupeTask, unique_on=("tag",), key_concurrency=1)
 def one_at_once(self: Any, tag: str, index: int, seconds: float) -> int:
     """One run per tag at once, the other calls in line (acked at delivery: a message a
