@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery.beat import ScheduleEntry, SchedulingError
+from celery.beat import BeatLazyFunc, ScheduleEntry, SchedulingError
 from celery.schedules import crontab, schedule
 
 import dedupe
 from dedupe.beat import DedupeScheduler
 from dedupe.producer.guard import keys_of_call
+from dedupe.store.store import Store
 from dedupe.values.limits import limit_keys
 
 from .conftest import RedisFactory
@@ -72,13 +73,15 @@ def beats(app: Celery, tmp_path: Path) -> Callable[..., Any]:
     """Make ``count`` schedulers for ``app`` (beat processes side by side, each with its
     own schedule file) and one entry on ``every`` they share, on a clock the test moves."""
 
-    def make(task: str, every: Any, count: int = 2, **options: Any) -> tuple[list[Any], Any]:
+    def make(
+        task: str, every: Any, count: int = 2, args: tuple[Any, ...] = (1,), **options: Any
+    ) -> tuple[list[Any], Any]:
         schedulers = [
             DedupeScheduler(app=app, schedule_filename=str(tmp_path / f"schedule-{n}"))
             for n in range(count)
         ]
         entry = ScheduleEntry(
-            name="shared", task=task, schedule=every, args=(1,), options=options, app=app
+            name="shared", task=task, schedule=every, args=args, options=options, app=app
         )
         return schedulers, entry
 
@@ -390,3 +393,64 @@ def test_every_tick_of_a_limited_task_is_sent_with_its_place_in_line(
     _, keys = keys_of_call(tasks.limited_refresh, (4,), None, app, {})
     line = redis_client.zrange(limit_keys(keys.call)["line"], 0, -1)
     assert [task_id.decode() for task_id in line] == [result.id for result in sent]
+
+
+class UnreachableOnce:
+    """An entry argument read from somewhere that fails the first time it is asked (a class
+    at module level: the schedule file pickles the entry's arguments)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def __call__(self) -> int:
+        self.asked += 1
+        if self.asked == 1:
+            raise ConnectionError("the report database is unreachable")
+        return 1
+
+
+@pytest.mark.parametrize("failure", ["the broker unreachable", "the entry's args raise"])
+def test_a_tick_whose_send_fails_is_sent_by_the_next_beat(
+    app: Celery,
+    make_app: Callable[..., Celery],
+    beats: Any,
+    queue_length: Any,
+    tmp_path: Path,
+    failure: str,
+) -> None:
+    # Plain beats side by side would each have sent the tick: the failed send's claim must
+    # not leave it sent by nobody.
+    clock = Clock()
+    every = schedule(60.0, nowfun=clock, app=app)
+    args = (BeatLazyFunc(UnreachableOnce()),) if failure == "the entry's args raise" else (1,)
+    (failing, second), entry = beats("jobs.refresh", every, args=args, unique=False)
+    failing_entry = entry
+    if failure == "the broker unreachable":
+        dead = make_app(
+            broker="redis://127.0.0.1:1/0",
+            dedupe_key_prefix=app.conf.dedupe_key_prefix,
+            task_publish_retry=False,
+            broker_connection_timeout=0.5,
+            broker_connection_max_retries=0,
+        )
+        failing = DedupeScheduler(app=dead, schedule_filename=str(tmp_path / "dead"))
+        failing_entry = ScheduleEntry(
+            name=entry.name, task=entry.task, schedule=every, args=args, options=entry.options
+        )
+    with pytest.raises(SchedulingError, match="Couldn't apply scheduled task shared"):
+        failing.apply_async(failing_entry)
+    clock.advance(20.0)  # the second beat fires later in the same minute
+    assert second.apply_async(entry) is not None
+    assert queue_length(app) == 1
+    assert second.dedupe_ticks_skipped["shared"] == 0
+
+
+def test_a_beat_gives_up_only_its_own_tick_claim(store: Store, tag: str) -> None:
+    # Its claim expired during a slow send and another beat claimed the tick: that beat may
+    # be sending it.
+    key = f"{tag}:beat:{{shared}}:1"
+    store.claim_tick(key, b"other beat", 60_000)
+    assert store.free_tick(key, b"this beat") is False
+    assert store.tick_claimant(key) == b"other beat"
+    assert store.free_tick(key, b"other beat") is True
+    assert store.tick_claimant(key) is None

@@ -30,7 +30,7 @@ from celery.exceptions import reraise
 from celery.utils.log import get_logger
 
 from dedupe.compat.celery_private import count_beat_send
-from dedupe.errors import RedisUnavailable
+from dedupe.errors import DedupeError, RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.producer.guard import Call, publish_unique, publisher_for
 from dedupe.producer.limited_publish import publish_limited
@@ -117,8 +117,10 @@ class DedupeSchedulerMixin(_SchedulerBase):
         entry = self.reserve(entry) if advance else entry
         name, task_name = str(entry.name), str(entry.task)
         task = self.app.tasks.get(task_name)
+        claimed: str | None = None
         try:
-            if not self._claim_tick(entry, name, task_name):
+            send, claimed = self._claim_tick(entry, name, task_name)
+            if not send:
                 return None
             unique, options = entry_options(entry)
             args = _evaluate_entry_args(entry.args)
@@ -141,6 +143,8 @@ class DedupeSchedulerMixin(_SchedulerBase):
                 Call(self.app, task, task_name, args, call_kwargs, options, publish)
             )
         except Exception as exc:
+            if claimed is not None:
+                self._give_up_tick(claimed, task_name)
             reraise(
                 SchedulingError,
                 SchedulingError(f"Couldn't apply scheduled task {name}: {exc}"),
@@ -161,12 +165,13 @@ class DedupeSchedulerMixin(_SchedulerBase):
             )
         return result
 
-    def _claim_tick(self, entry: Any, name: str, task_name: str) -> bool:
-        """Whether this beat sends this tick of ``entry``: it claimed it, or cannot ask."""
+    def _claim_tick(self, entry: Any, name: str, task_name: str) -> tuple[bool, str | None]:
+        """Whether this beat sends this tick of ``entry`` (it claimed it, or cannot ask), and
+        the key of its claim (None: unclaimed)."""
         runtime = installed(self.app)
         tick = tick_of(entry.schedule)
         if runtime is None or tick is None:
-            return True
+            return True, None
         store, prefix = runtime.store, runtime.config.key_prefix
         key = tick_key(prefix, name, tick.number)
         try:
@@ -183,7 +188,7 @@ class DedupeSchedulerMixin(_SchedulerBase):
             if runtime.config.on_redis_error == "raise":
                 raise
             emit(UNAVAILABLE, task_name, "", key, action="is sent unclaimed", error=exc.cause)
-            return True
+            return True, None
         if not claimed:
             self.dedupe_ticks_skipped[name] += 1
             logger.info(
@@ -192,7 +197,25 @@ class DedupeSchedulerMixin(_SchedulerBase):
                 task_name,
                 _times(self.dedupe_ticks_skipped[name]),
             )
-        return claimed
+            return False, None
+        return True, key
+
+    def _give_up_tick(self, key: str, task_name: str) -> None:
+        """Free this beat's claim of a tick it failed to send: the other beats skip a claimed
+        tick, and would leave it sent by nobody (plain beats would each have sent it)."""
+        runtime = installed(self.app)
+        if runtime is None:
+            return
+        try:
+            runtime.store.free_tick(key, self._claimant)
+        except DedupeError as exc:  # (the send's own error is the one raised)
+            logger.warning(
+                "beat: %s's tick claim %s outlives its failed send (%s): no other beat sends "
+                "that tick",
+                task_name,
+                key,
+                exc,
+            )
 
     def _count_send(self) -> None:
         count_beat_send(self)

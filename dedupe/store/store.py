@@ -107,6 +107,7 @@ class Store(
         self._leave_turn = self._register("leave_turn")
         self._hand_on = self._register("hand_on")
         self._settle = self._register("settle")
+        self._free_tick = self._register("free_tick")
 
     def _register(self, name: str) -> Script:
         script: Script = self.client.register_script(script_text(name))

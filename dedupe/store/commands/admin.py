@@ -1,5 +1,5 @@
 """The store's plain commands: a call's holder looked up or cleared (the web view, the CLI),
-a beat entry's ticks claimed, and the server's settings."""
+a beat entry's ticks claimed (and given up), and the server's settings."""
 
 from __future__ import annotations
 
@@ -7,19 +7,22 @@ from collections.abc import Mapping
 from typing import Any
 
 import redis.cluster
+from redis.commands.core import Script
 
 from dedupe.store.redis_errors import reraise_unavailable
 from dedupe.store.replies import first_holder
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import Holder
 
-from .base import StoreBase
+from .base import StoreBase, integer_reply
 
 __all__ = ["AdminCommands"]
 
 
 class AdminCommands(StoreBase):
-    """Commands of the client itself, no script: lookup, clear, ticks."""
+    """Commands of the client itself: lookup, clear, ticks; one script (free_tick.lua)."""
+
+    _free_tick: Script
 
     @property
     def server(self) -> Mapping[str, Any] | None:
@@ -55,6 +58,13 @@ class AdminCommands(StoreBase):
         with reraise_unavailable("claim_tick", key):
             claimant = self._command(lambda: self.client.get(key))
         return claimant if isinstance(claimant, bytes) else None
+
+    def free_tick(self, key: str, claimant: bytes) -> bool:
+        """Give up a tick this beat claimed (:meth:`claim_tick`) and failed to send, if the
+        claim is still its own. True if it was freed."""
+        with reraise_unavailable("free_tick", key):
+            reply = self._run(self._free_tick, [key], [claimant])
+        return integer_reply("free_tick", reply) == 1
 
     def clear(self, keys: CallKeys) -> bool:
         """Delete a call's keys whoever holds them. True if anything was deleted."""
