@@ -21,6 +21,7 @@ from dedupe.store.store import Store
 from dedupe.values.limits import limit_keys
 
 from .conftest import RedisFactory
+from .proxies import HoldingProxy
 
 
 class Clock:
@@ -454,3 +455,25 @@ def test_a_beat_gives_up_only_its_own_tick_claim(store: Store, tag: str) -> None
     assert store.tick_claimant(key) == b"other beat"
     assert store.free_tick(key, b"other beat") is True
     assert store.tick_claimant(key) is None
+
+
+def test_a_crontab_tick_whose_claim_is_answered_late_is_sent(
+    make_app: Callable[..., Celery], redis_factory: RedisFactory, tmp_path: Path, queue_length: Any
+) -> None:
+    # The claim landed, its answer came after the socket timeout: the client sent it again,
+    # and the resend met this beat's own claim.
+    proxy = HoldingProxy(redis_factory().port, hold_for=1.0)
+    try:
+        app = make_app(dedupe_redis_url=proxy.url, dedupe_redis_options={"socket_timeout": 0.5})
+        scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "s"))
+        every = crontab(minute="*/5", nowfun=Clock(), app=app)
+        entry = ScheduleEntry(
+            name="e", task="x.y", schedule=every, args=(1,), options={"unique": False}, app=app
+        )
+        proxy.hold_at = (f"{app.conf.dedupe_key_prefix}:beat:".encode(),)
+        assert scheduler.apply_async(entry) is not None
+        assert proxy.held == 1
+        assert queue_length(app) == 1
+        assert scheduler.dedupe_ticks_skipped["e"] == 0
+    finally:
+        proxy.close()

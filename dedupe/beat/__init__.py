@@ -176,14 +176,17 @@ class DedupeSchedulerMixin(_SchedulerBase):
         key = tick_key(prefix, name, tick.number)
         try:
             claimed = store.claim_tick(key, self._claimant, tick.ttl_ms)
-            # (Only an interval's slot can be this beat's own already: ask only then.)
-            if (
-                not claimed
-                and tick.following is not None
-                and store.tick_claimant(key) == self._claimant
-            ):
-                key = tick_key(prefix, name, tick.following)
-                claimed = store.claim_tick(key, self._claimant, tick.ttl_ms)
+            if not claimed and store.tick_claimant(key) == self._claimant:
+                if tick.following is None:
+                    # The claim landed but its reply came too late, and the client's resend
+                    # met it: the tick is this beat's.
+                    claimed = True
+                else:
+                    # An interval's slot is this beat's already when Celery finds the entry
+                    # due a hair inside it, an interval after the last send: that send is the
+                    # next slot's. (A resent claim lands here too: the tick is sent.)
+                    key = tick_key(prefix, name, tick.following)
+                    claimed = store.claim_tick(key, self._claimant, tick.ttl_ms)
         except RedisUnavailable as exc:
             if runtime.config.on_redis_error == "raise":
                 raise
