@@ -344,6 +344,20 @@ def test_beats_side_by_side_send_one_crontab_occurrence_once(
     assert queue_length(app) == 2
 
 
+def test_a_beat_firing_a_crontab_tick_again_does_not_send_it_again(
+    app: Celery, beats: Any, queue_length: Any
+) -> None:
+    # (A schedule reloaded with its last run reset, say: a second firing of one tick.)
+    clock = Clock()
+    (scheduler,), entry = beats(
+        "jobs.refresh", crontab(minute="*/5", nowfun=clock, app=app), count=1, unique=False
+    )
+    assert scheduler.apply_async(entry) is not None
+    clock.advance(0.4)
+    assert scheduler.apply_async(entry) is None
+    assert queue_length(app) == 1
+
+
 def test_a_tick_claim_redis_cannot_answer_sends_unclaimed_under_enqueue(
     make_app: Callable[..., Celery],
     redis_factory: RedisFactory,

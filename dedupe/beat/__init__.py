@@ -16,6 +16,7 @@ More, with examples: the docs' API reference, dedupe.beat.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import secrets
@@ -87,8 +88,10 @@ class DedupeSchedulerMixin(_SchedulerBase):
         self.dedupe_skipped: Counter[str] = Counter()
         #: Sends skipped per entry name because another beat sent that tick.
         self.dedupe_ticks_skipped: Counter[str] = Counter()
-        # Names this scheduler in its tick claims (two may share a process, or a pid).
-        self._claimant = f"{HOST}:{os.getpid()}:{secrets.token_hex(4)}".encode()
+        # Names this scheduler in its tick claims (two may share a process, or a pid); each
+        # claim adds its own number, so a claim's resend is told from an earlier send.
+        self._claimant = f"{HOST}:{os.getpid()}:{secrets.token_hex(4)}#".encode()
+        self._claims = itertools.count(1)
         super().__init__(*args, **kwargs)
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
@@ -117,7 +120,7 @@ class DedupeSchedulerMixin(_SchedulerBase):
         entry = self.reserve(entry) if advance else entry
         name, task_name = str(entry.name), str(entry.task)
         task = self.app.tasks.get(task_name)
-        claimed: str | None = None
+        claimed: tuple[str, bytes] | None = None
         try:
             send, claimed = self._claim_tick(entry, name, task_name)
             if not send:
@@ -144,7 +147,7 @@ class DedupeSchedulerMixin(_SchedulerBase):
             )
         except Exception as exc:
             if claimed is not None:
-                self._give_up_tick(claimed, task_name)
+                self._give_up_tick(*claimed, task_name)
             reraise(
                 SchedulingError,
                 SchedulingError(f"Couldn't apply scheduled task {name}: {exc}"),
@@ -165,28 +168,35 @@ class DedupeSchedulerMixin(_SchedulerBase):
             )
         return result
 
-    def _claim_tick(self, entry: Any, name: str, task_name: str) -> tuple[bool, str | None]:
+    def _claim_tick(
+        self, entry: Any, name: str, task_name: str
+    ) -> tuple[bool, tuple[str, bytes] | None]:
         """Whether this beat sends this tick of ``entry`` (it claimed it, or cannot ask), and
-        the key of its claim (None: unclaimed)."""
+        the key and value of its claim (None: unclaimed)."""
         runtime = installed(self.app)
         tick = tick_of(entry.schedule)
         if runtime is None or tick is None:
             return True, None
         store, prefix = runtime.store, runtime.config.key_prefix
         key = tick_key(prefix, name, tick.number)
+        value = self._claimant + str(next(self._claims)).encode()
         try:
-            claimed = store.claim_tick(key, self._claimant, tick.ttl_ms)
-            if not claimed and store.tick_claimant(key) == self._claimant:
-                if tick.following is None:
-                    # The claim landed but its reply came too late, and the client's resend
-                    # met it: the tick is this beat's.
-                    claimed = True
-                else:
-                    # An interval's slot is this beat's already when Celery finds the entry
-                    # due a hair inside it, an interval after the last send: that send is the
-                    # next slot's. (A resent claim lands here too: the tick is sent.)
-                    key = tick_key(prefix, name, tick.following)
-                    claimed = store.claim_tick(key, self._claimant, tick.ttl_ms)
+            claimed = store.claim_tick(key, value, tick.ttl_ms)
+            holder = None if claimed else store.tick_claimant(key)
+            if holder == value:
+                # The claim landed but its reply came too late, and the client's resend met
+                # it: the tick is this beat's.
+                claimed = True
+            elif (
+                holder is not None
+                and tick.following is not None
+                and holder.startswith(self._claimant)
+            ):
+                # An interval's slot is this beat's already when Celery finds the entry due a
+                # hair inside it, an interval after the last send: that send is the next
+                # slot's. (A crontab tick this beat sent already is not sent again.)
+                key = tick_key(prefix, name, tick.following)
+                claimed = store.claim_tick(key, value, tick.ttl_ms)
         except RedisUnavailable as exc:
             if runtime.config.on_redis_error == "raise":
                 raise
@@ -201,16 +211,16 @@ class DedupeSchedulerMixin(_SchedulerBase):
                 _times(self.dedupe_ticks_skipped[name]),
             )
             return False, None
-        return True, key
+        return True, (key, value)
 
-    def _give_up_tick(self, key: str, task_name: str) -> None:
+    def _give_up_tick(self, key: str, value: bytes, task_name: str) -> None:
         """Free this beat's claim of a tick it failed to send: the other beats skip a claimed
         tick, and would leave it sent by nobody (plain beats would each have sent it)."""
         runtime = installed(self.app)
         if runtime is None:
             return
         try:
-            runtime.store.free_tick(key, self._claimant)
+            runtime.store.free_tick(key, value)
         except DedupeError as exc:  # (the send's own error is the one raised)
             logger.warning(
                 "beat: %s's tick claim %s outlives its failed send (%s): no other beat sends "
