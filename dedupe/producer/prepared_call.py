@@ -1,19 +1,15 @@
 """A prepared call published through Celery (:class:`PreparedCall`): through the broker's
 seam with its record, deciding at the push, or plain after a first write of unknown fate.
 
-Every producer entry point hands its call to :func:`dedupe.producer.guard.publish_unique`;
-the asyncio twin in :mod:`dedupe.producer.aio` drives the same :class:`PreparedCall`. On a
-Redis broker that is the dedup store, an accepted call is one round trip that writes its
-record and pushes its message; a call that asks first, or any call on another broker,
-writes a provisional record before the publish. A call refused at the push unsubscribes
-the result Celery subscribed to for it.
+Every producer entry point (and the asyncio twin, :mod:`dedupe.producer.aio`) publishes
+through a :class:`PreparedCall`. On a Redis broker that is the dedup store, an accepted call
+is one round trip that writes its record and pushes its message; otherwise a provisional
+record is written before the publish. A call refused at the push unsubscribes its result.
 
 On any broker, a provisional record's verdict can be read at the push
-(:func:`publishing_at_push`): ``enqueue`` is sent before Celery builds the message and its
-answer read only as the message is about to leave, so Redis decides while Celery and kombu
-do their CPU work. The same seam notes when the transport has taken the message: an
-exception after that (Celery's own steps after the publish, an interruption) confirms the
-record beside the message instead of withdrawing it.
+(:func:`publishing_at_push`), so Redis decides while Celery and kombu do their CPU work. The
+same seam notes when the transport has taken the message: an exception after that (Celery's
+steps after the publish, an interruption) confirms the record instead of withdrawing it.
 """
 
 from __future__ import annotations
