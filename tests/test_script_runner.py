@@ -598,8 +598,15 @@ class _Interrupted(Exception):
     """What a signal handler raises mid-call (Celery's SoftTimeLimitExceeded, an alarm)."""
 
 
+class _Alarm:
+    #: Between the alarm's arming and the end of the calls it may cut (a handler that Python
+    #: runs a little late, after the timer was disarmed, must not cut the next round).
+    armed = False
+
+
 def _interrupt(signum: int, frame: Any) -> None:
-    raise _Interrupted
+    if _Alarm.armed:
+        raise _Interrupted
 
 
 def _caused_by_the_alarm(exc: BaseException | None) -> bool:
@@ -630,12 +637,15 @@ def _interrupted_calls(url: str, busy_poll: float) -> tuple[int, list[Any]]:
             try:
                 # From before the send to after the reply: an alarm may land in sendall,
                 # which runs the handler once the bytes are out, or between two steps.
+                _Alarm.armed = True
                 signal.setitimer(signal.ITIMER_REAL, rounds.uniform(1e-6, 2e-4))
                 store.enqueue(keys, record, 60_000, remember=True)
                 if index % 5 == 0:
                     store.send_release(keys, f"task-{index}", "")
+                _Alarm.armed = False
                 signal.setitimer(signal.ITIMER_REAL, 0)
             except Exception as exc:
+                _Alarm.armed = False
                 if not _caused_by_the_alarm(exc):
                     raise
                 interrupted += 1
