@@ -15,10 +15,13 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, signals
+from celery.bootsteps import RUN
+from celery.worker import state as worker_state
 from kombu import Queue
 
 import dedupe
+from dedupe.recovery.held import held_requests
 from dedupe.runs.reaping import Reaper
 from dedupe.runs.runtime import runtime_of
 from dedupe.values.keys import holds_keys
@@ -356,3 +359,53 @@ def test_a_key_that_is_no_utf8_under_the_prefix_does_not_stop_a_pass(
     app.control.purge()
     assert len(two_passes(app)) == 1
     assert dedupe.lookup(task, (7,)) is None
+
+
+@pytest.mark.parametrize(
+    "interval",
+    [1, 60],
+    ids=["reported while it ran", "received since its last report (kept as the shutdown began)"],
+)
+def test_a_worker_in_warm_shutdown_reports_what_it_holds_until_it_lets_go(
+    make_app: Callable[..., Celery], rabbitmq_url: str, interval: int
+) -> None:
+    # A warm shutdown closes the consumer first (Celery forgets the messages it holds and has
+    # not started) and waits for the runs after: meanwhile the worker still holds its
+    # countdown's message, unacked (RabbitMQ counts it nowhere), and another worker's pass
+    # must not free its key. (Reports come every half interval, 5 s at most.)
+    app = make_app(broker=rabbitmq_url, **{**REAPING, "dedupe_reap_interval": interval})
+    task = unique_task(app)
+
+    @app.task(shared=False)
+    def long_run(seconds: float) -> None:
+        time.sleep(seconds)
+
+    runtime = runtime_of(app)
+    written = holds_keys(app.conf.dedupe_key_prefix, "")[0]
+    with in_process_worker(app, pool="threads", concurrency=2) as worker:
+        try:
+            every = min(interval / 2, 5)
+            long_run.delay(every + 4)
+            wait_for(lambda: worker_state.active_requests, message="the long run started")
+            first = task.apply_async((7,), countdown=30)
+            wait_for(
+                lambda: any(r.id == first.id for r in held_requests(worker.consumer)),
+                message="the worker holds the message",
+            )
+            # What Celery's SIGTERM handler does: the signal, then a warm shutdown.
+            signals.worker_shutting_down.send(
+                sender=worker.hostname, sig="SIGTERM", how="Warm", exitcode=0
+            )
+            worker_state.should_stop = 0
+            wait_for(lambda: worker.consumer.blueprint.state != RUN, message="the drain began")
+            # (A report made since, its predecessor's life over: three report intervals.)
+            time.sleep(max(every, 1.5) + 0.5)
+            assert worker_state.active_requests  # (still draining)
+            assert first.id in runtime.store.held(written)
+            reaper = Reaper(runtime)
+            at = time.time() + 31  # (as if past its eta and the margin)
+            reaper.sweep(now=at)
+            assert reaper.sweep(now=at + 1.2).freed == []
+        finally:
+            worker_state.should_stop = None
+    assert dedupe.lookup(task, (7,)).task_id == first.id  # type: ignore[union-attr]

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, signals
 
 from dedupe.errors import RedisUnavailable
 from dedupe.recovery.held import held_requests
@@ -44,6 +44,10 @@ class ReaperThread:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dedupe-reaper", daemon=True)
         self.reaper = Reaper(runtime)
+        #: What the worker held when last seen running: as its consumer closes, Celery forgets
+        #: the messages it had not started (their timer entries, its reserved requests), which
+        #: stay unacked on its connection until the shutdown closes it.
+        self._kept: set[str] = set()
 
     def start(self) -> None:
         self._thread.start()
@@ -51,16 +55,26 @@ class ReaperThread:
     def stop(self) -> None:
         self._stopped.set()
 
+    def keep_held(self) -> None:
+        """Note what the worker holds now (its shutdown is beginning: ``worker_shutting_down``,
+        sent before the consumer closes), to go on reporting it until it lets go."""
+        if _running(self._consumer):
+            self._kept = self._held_ids()
+
     def _run(self) -> None:
         config = self._runtime.config
         interval = config.reap_interval
         every = min(_REPORT_CAP, interval / 2) if interval else _REPORT_CAP
         next_pass = time.monotonic() + interval
-        while not self._stopped.wait(every) and _running(self._consumer):
+        while not self._stopped.wait(every):
             try:
                 self._name_processes(every)
                 if not self._runtime.broker.lists_unacked:
                     self._report(every)
+                # A worker that stops (a warm shutdown waits for its runs) reports what it
+                # holds until it lets go, and sweeps no more.
+                if not _running(self._consumer):
+                    continue
                 # (The lock is taken, or kept, as a pass is due: its ttl spans three.)
                 if interval and time.monotonic() >= next_pass and self._sweeps(interval):
                     self.reaper.sweep()
@@ -73,9 +87,15 @@ class ReaperThread:
                 logger.warning("reaper: the pass failed: %r", exc)
 
     def _report(self, every: float) -> None:
-        ids = {request.id for request in held_requests(self._consumer, started=True)}
+        if _running(self._consumer):
+            ids = self._kept = self._held_ids()
+        else:
+            ids = self._held_ids() | self._kept
         keys = holds_keys(self._runtime.config.key_prefix, self._node)
         self._runtime.store.report_holds(keys, ids, int(3 * every * 1000))
+
+    def _held_ids(self) -> set[str]:
+        return {request.id for request in held_requests(self._consumer, started=True)}
 
     def _name_processes(self, every: float) -> None:
         pool = getattr(self._consumer, "pool", None)
@@ -106,8 +126,12 @@ def _running(consumer: object) -> bool:
 
 
 class Reap(bootsteps.StartStopStep):
-    """A consumer bootstep: runs the worker's reaper thread while the consumer runs
-    (``dedupe.install`` adds it to the app's consumer steps)."""
+    """A consumer bootstep: runs the worker's reaper thread from the consumer's start to its
+    shutdown (``dedupe.install`` adds it to the app's consumer steps).
+
+    Not to its stop: a warm shutdown stops the consumer first, then waits for the runs, its
+    connection open and the messages it holds unacked (in RabbitMQ's count of no queue).
+    Until the shutdown closes that connection, the worker reports them as it held them."""
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
@@ -120,10 +144,14 @@ class Reap(bootsteps.StartStopStep):
         node = str(getattr(parent, "hostname", None) or f"pid{os.getpid()}")
         self.thread = ReaperThread(runtime, parent, node)
         self.thread.start()
+        signals.worker_shutting_down.connect(self._shutting_down, weak=False)
 
-    def stop(self, parent: Any) -> None:
+    def _shutting_down(self, **_: object) -> None:
+        if self.thread is not None:
+            self.thread.keep_held()
+
+    def shutdown(self, parent: Any) -> None:
+        signals.worker_shutting_down.disconnect(self._shutting_down)
         if self.thread is not None:
             self.thread.stop()
             self.thread = None
-
-    shutdown = stop
