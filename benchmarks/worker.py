@@ -1,7 +1,8 @@
 """Worker throughput: no-op tasks per second drained by a solo-pool worker in this process
 and by a prefork worker of two processes, plain vs dedup, and the peers' workers
 (celery-once, celery-singleton: their run-side lock release) when installed, every variant
-drained by one worker in the same interleaved rounds."""
+drained by one worker in the same interleaved rounds. The solo worker also drains the floor
+of a guarded run: its claim's and release's Redis I/O alone (benchmarks/_floor.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ._env import (
     stop_worker,
     worker_node,
 )
+from ._floor import floor_task
 
 
 def run(url: str, rounds: int, tasks: int) -> Timings:
@@ -38,7 +40,12 @@ def run(url: str, rounds: int, tasks: int) -> Timings:
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True, ignore_result=True)
     def dedupe_noop(i: int) -> None: ...
 
-    variants = {"plain": plain_noop, "dedupe": dedupe_noop}
+    # "floor": the claim's and the release's Redis I/O alone, none of dedupe's Python (_floor).
+    variants = {
+        "plain": plain_noop,
+        "dedupe": dedupe_noop,
+        "floor": floor_task(app, url, ignore_result=True),
+    }
     variants.update(peers.tasks(app, ignore_result=True))
     client = redis.Redis.from_url(url)
     stamps: list[float] = []
