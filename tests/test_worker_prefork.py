@@ -128,6 +128,20 @@ def test_a_replacement_whose_publish_fails_frees_the_key(worker_app: Any, tag: s
     assert task.delay(tag).deduplicated is False
 
 
+def test_a_replacement_interrupted_after_its_publish_keeps_the_key(
+    worker_app: Any, tag: str
+) -> None:
+    # What raised came after the replacement's message went out: the run's end hands the key
+    # over to it, and it does not free it.
+    task = worker_app.replaced_then_interrupted
+    first = task.delay(tag)
+    assert first.get(timeout=10) == "interrupted"
+    assert holder(task, tag) is not None, "the replacement waits, and its key is free"
+    assert task.delay(tag).deduplicated is True
+    wait_for(lambda: len(worker_app.runlog(tag).runs()) == 2, message="the replacement ran")
+    wait_for(lambda: holder(task, tag) is None, timeout=5, message="the key freed at its end")
+
+
 def test_ignore_frees_the_key(worker_app: Any, tag: str) -> None:
     worker_app.ignore.delay(tag)
     wait_for(lambda: [r for r in worker_app.runlog(tag).runs() if r[2]], message="run ended")

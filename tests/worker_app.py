@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
-from celery.signals import task_postrun
+from celery.signals import after_task_publish, task_postrun
 
 import dedupe
 
@@ -154,6 +154,32 @@ def replaces_into_a_failed_publish(self: Any, tag: str) -> None:
     replacement never exists, and the body fails with the publish's error."""
     _run(self, tag)
     raise self.replace(self.si(tag).set(serializer="dedupe-test-unregistered"))
+
+
+class _Halted(BaseException):
+    """An interruption no ``except Exception`` stops, raised as Celery sends
+    ``after_task_publish``: the message it follows is out."""
+
+
+def _halt(**_: object) -> None:
+    raise _Halted
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True)
+def replaced_then_interrupted(self: Any, tag: str) -> str:
+    """The first run replaces itself with the same call, three seconds on, and is interrupted
+    once that message is out: its key is the replacement's; the replacement just runs."""
+    _run(self, tag)
+    if _events.incr(f"deliveries:{tag}") > 1:
+        return "replacement"
+    after_task_publish.connect(_halt, weak=False)
+    try:
+        self.replace(self.si(tag).set(countdown=3))
+    except _Halted:
+        return "interrupted"
+    finally:
+        after_task_publish.disconnect(_halt)
+    return "replaced"
 
 
 @app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=ENDING_LEASE, max_retries=2)

@@ -54,6 +54,9 @@ class PushPlan:
     pending: PendingPush | None = None
     #: A debounced or replacing call's: what it leaves for the holder's run as a duplicate.
     latest: LatestWrite | None = None
+    #: The transport took the message (its publish returned), whatever the record is: a
+    #: continuation's, which leaves the record to its run, has none of its own.
+    taken: bool = False
 
     @property
     def store(self) -> Store:

@@ -26,6 +26,7 @@ from dedupe.values.keys import CallKeys
 from dedupe.values.latest import LatestWrite, pack_arguments
 from dedupe.values.options import UniqueOptions, options_for, pop_call_options
 from dedupe.values.record import Holder, new_nonce, pack_provisional
+from dedupe.values.record_state import RecordState
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
 from .call import Call, CallOptions, in_canvas, new_task_id
@@ -42,6 +43,10 @@ _enable_utc = SettingReader("enable_utc")
 
 
 _always_eager = SettingReader("task_always_eager")
+
+
+#: publish.lua was sent: the message is out with its record, or (its reply lost) may be.
+_PUSHED = frozenset({RecordState.SENT, RecordState.QUEUED})
 
 
 class CallShape:
@@ -265,8 +270,12 @@ class DecidedCall:
         return self._token
 
     def take_back_hand_over(self) -> None:
-        """The continuation was not published: its run keeps the key it was to hand over at
-        its end, and frees it then (a handover would leave it queued for no message)."""
+        """The continuation failed before its message went out: its run keeps the key it was
+        to hand over at its end, and frees it then (a handover would leave it queued for no
+        message). A message that is out, or may be (publish.lua sent), takes it as planned."""
+        plan = self._plan
+        if plan is not None and (plan.taken or plan.state in _PUSHED):
+            return
         if self._handed_at_end is not None:
             run, before = self._handed_at_end
             run.handover = before

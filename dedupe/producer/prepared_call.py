@@ -207,7 +207,7 @@ class PreparedCall(RecordMoves):
         call = self.call
         with producer_block(call) as producer:
             call.options["producer"] = producer
-            with self.within_budget(producer):
+            with self.within_budget(producer), publishing_at_push(producer, self.plan, None):
                 try:
                     return self.publish()
                 except BaseException:
@@ -277,6 +277,7 @@ def publishing_at_push(
                 raise Refused(holder)
         sent = transport_publish(message, *args, **kwargs)
         # (Celery's task-sent event, if any, follows on this channel: the task's came first.)
+        plan.taken = True
         if plan.state is RecordState.ABSENT and decision is not None and decision.read:
             plan.move(RecordState.PROVISIONAL)
         if plan.state is RecordState.PROVISIONAL:
