@@ -44,6 +44,8 @@ from dedupe.values.record import HOST
 from .ticks import tick_of
 
 if TYPE_CHECKING:
+    from dedupe.store.store import Store
+
     _SchedulerBase = Scheduler
 else:
     _SchedulerBase = object
@@ -181,14 +183,10 @@ class DedupeSchedulerMixin(_SchedulerBase):
         key = tick_key(prefix, name, tick.number)
         value = self._claimant + str(next(self._claims)).encode()
         try:
-            claimed = store.claim_tick(key, value, tick.ttl_ms)
-            holder = None if claimed else store.tick_claimant(key)
-            if holder == value:
-                # The claim landed but its reply came too late, and the client's resend met
-                # it: the tick is this beat's.
-                claimed = True
-            elif (
-                holder is not None
+            claimed, holder = _claim(store, key, value, tick.ttl_ms)
+            if (
+                not claimed
+                and holder is not None
                 and tick.following is not None
                 and holder.startswith(self._claimant)
             ):
@@ -196,7 +194,7 @@ class DedupeSchedulerMixin(_SchedulerBase):
                 # hair inside it, an interval after the last send: that send is the next
                 # slot's. (A crontab tick this beat sent already is not sent again.)
                 key = tick_key(prefix, name, tick.following)
-                claimed = store.claim_tick(key, value, tick.ttl_ms)
+                claimed, _ = _claim(store, key, value, tick.ttl_ms)
         except RedisUnavailable as exc:
             if runtime.config.on_redis_error == "raise":
                 raise
@@ -250,6 +248,20 @@ def entry_options(entry: Any) -> tuple[bool, dict[str, Any]]:
         options.update(from_header)
     options["headers"] = headers
     return _truthy(options.pop("unique", True)), options
+
+
+def _claim(store: Store, key: str, value: bytes, ttl_ms: int) -> tuple[bool, bytes | None]:
+    """Claim a tick as ``value``: (claimed, who holds it when refused; None: unread).
+
+    A claim whose reply came too late, and that the client sent again, is refused by itself:
+    it is this claim's all the same. Raises RedisUnavailable when the claim cannot be sent."""
+    if store.claim_tick(key, value, ttl_ms):
+        return True, value
+    try:
+        holder = store.tick_claimant(key)
+    except RedisUnavailable:
+        return False, None  # (refused: whose it is cannot be told)
+    return holder == value, holder
 
 
 def _limited(task: Any) -> bool:

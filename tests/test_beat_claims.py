@@ -1,0 +1,98 @@
+"""A beat's claim of a tick whose answer is late or unread: a claim the client sent again
+after its reply came too late is still this beat's (its resend meets it), and a refused
+claim whose holder cannot be read is another beat's. Real Redis behind a proxy that holds
+or cuts what the test names."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.beat import ScheduleEntry
+from celery.schedules import crontab, schedule
+
+from dedupe.beat import DedupeScheduler
+from dedupe.beat.ticks import tick_of
+from dedupe.values.keys import tick_key
+
+from .conftest import RedisFactory
+from .proxies import CuttingProxy, HoldingProxy
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.at = dt.datetime(2026, 11, 24, 9, 0, 0, 100, tzinfo=dt.timezone.utc)
+
+    def __call__(self) -> dt.datetime:
+        return self.at
+
+
+class _CuttingEach(CuttingProxy):
+    """Drops every connection that writes a command holding each of ``cut_at``."""
+
+    def forward(self, sink: socket.socket, data: bytes, source: socket.socket) -> None:
+        if self.cut_at and all(part in data for part in self.cut_at):
+            self.cuts += 1
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            return
+        sink.sendall(data)
+
+
+def _entry(app: Celery, every: Any) -> Any:
+    return ScheduleEntry(
+        name="e", task="x.y", schedule=every, args=(1,), options={"unique": False}, app=app
+    )
+
+
+def test_an_interval_tick_whose_next_slot_claim_is_answered_late_is_sent(
+    make_app: Callable[..., Celery], redis_factory: RedisFactory, tmp_path: Path, queue_length: Any
+) -> None:
+    # Due again a hair inside the slot it claimed, the beat claims the next slot; that
+    # claim landed, its answer came after the socket timeout, and the resend met it.
+    proxy = HoldingProxy(redis_factory().port, hold_for=1.0)
+    try:
+        app = make_app(dedupe_redis_url=proxy.url, dedupe_redis_options={"socket_timeout": 0.5})
+        clock = _Clock()
+        scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "s"))
+        entry = _entry(app, schedule(60.0, nowfun=clock, app=app))
+        assert scheduler.apply_async(entry) is not None
+        clock.at += dt.timedelta(seconds=59.9998)  # (the same slot, a hair before its end)
+        tick = tick_of(entry.schedule)
+        assert tick is not None
+        assert tick.following is not None
+        following = tick_key(app.conf.dedupe_key_prefix, "e", tick.following)
+        proxy.hold_at = (following.encode(),)
+        assert scheduler.apply_async(entry) is not None
+        assert proxy.held == 1
+        assert queue_length(app) == 2
+    finally:
+        proxy.close()
+
+
+def test_a_refused_tick_claim_whose_holder_cannot_be_read_is_skipped(
+    make_app: Callable[..., Celery], redis_factory: RedisFactory, tmp_path: Path, queue_length: Any
+) -> None:
+    # Refused: another beat holds the tick. Whether the holder is this claim's own resend
+    # cannot be read, so the tick is left to the beat that holds it (never sent unclaimed).
+    proxy = _CuttingEach(redis_factory().port)
+    try:
+        app = make_app(dedupe_redis_url=proxy.url, dedupe_redis_options={"socket_timeout": 0.5})
+        clock = _Clock()
+        every = crontab(minute="*/5", nowfun=clock, app=app)
+        first, second = (
+            DedupeScheduler(app=app, schedule_filename=str(tmp_path / f"s{n}")) for n in (1, 2)
+        )
+        assert first.apply_async(_entry(app, every)) is not None
+        proxy.cut_at = (b"GET", f"{app.conf.dedupe_key_prefix}:beat:".encode())
+        assert second.apply_async(_entry(app, every)) is None
+        assert proxy.cuts >= 1
+        assert queue_length(app) == 1
+    finally:
+        proxy.close()
