@@ -5,9 +5,7 @@ or cuts what the test names."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,19 +28,6 @@ class _Clock:
 
     def __call__(self) -> dt.datetime:
         return self.at
-
-
-class _CuttingEach(CuttingProxy):
-    """Drops every connection that writes a command holding each of ``cut_at``."""
-
-    def forward(self, sink: socket.socket, data: bytes, source: socket.socket) -> None:
-        if self.cut_at and all(part in data for part in self.cut_at):
-            self.cuts += 1
-            for sock in (source, sink):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-            return
-        sink.sendall(data)
 
 
 def _entry(app: Celery, every: Any) -> Any:
@@ -81,7 +66,7 @@ def test_a_refused_tick_claim_whose_holder_cannot_be_read_is_skipped(
 ) -> None:
     # Refused: another beat holds the tick. Whether the holder is this claim's own resend
     # cannot be read, so the tick is left to the beat that holds it (never sent unclaimed).
-    proxy = _CuttingEach(redis_factory().port)
+    proxy = CuttingProxy(redis_factory().port, every=True)
     try:
         app = make_app(dedupe_redis_url=proxy.url, dedupe_redis_options={"socket_timeout": 0.5})
         clock = _Clock()

@@ -108,20 +108,16 @@ def test_exhausted_retries_free_the_key(worker_app: Any, tag: str) -> None:
     assert len(worker_app.runlog(tag).runs()) == 3
 
 
-def test_a_retry_whose_publish_fails_frees_the_key(worker_app: Any, tag: str) -> None:
-    # Celery rejects a message whose retry it could not publish (requeue=False): no run comes
-    # after this one, so its key must not be handed to one.
-    task = worker_app.retries_into_a_failed_publish
-    task.delay(tag)
-    wait_for(lambda: [r for r in worker_app.runlog(tag).runs() if r[2]], message="run ended")
-    wait_for(lambda: holder(task, tag) is None, timeout=5, message="the key freed at its end")
-    assert task.delay(tag).deduplicated is False
-
-
-def test_a_replacement_whose_publish_fails_frees_the_key(worker_app: Any, tag: str) -> None:
-    # The replacement would have taken the key over at the run's end; it was never
-    # published, so the run's end frees the key instead.
-    task = worker_app.replaces_into_a_failed_publish
+@pytest.mark.parametrize(
+    "name", ["retries_into_a_failed_publish", "replaces_into_a_failed_publish"]
+)
+def test_a_continuation_whose_publish_fails_frees_the_key(
+    worker_app: Any, tag: str, name: str
+) -> None:
+    # A retry (Celery rejects the message, requeue=False) or a replacement by the same call
+    # that could not be published: no run comes after this one, so its key must not be
+    # handed to one, and the run's end frees it.
+    task = getattr(worker_app, name)
     task.delay(tag)
     wait_for(lambda: [r for r in worker_app.runlog(tag).runs() if r[2]], message="run ended")
     wait_for(lambda: holder(task, tag) is None, timeout=5, message="the key freed at its end")
