@@ -409,3 +409,29 @@ def test_a_worker_in_warm_shutdown_reports_what_it_holds_until_it_lets_go(
         finally:
             worker_state.should_stop = None
     assert dedupe.lookup(task, (7,)).task_id == first.id  # type: ignore[union-attr]
+
+
+def test_a_solo_worker_busy_in_a_run_keeps_the_keys_of_what_it_has_not_read(
+    make_app: Callable[..., Celery], rabbitmq_url: str
+) -> None:
+    # The solo pool runs in the thread that reads the connection: what RabbitMQ sends under
+    # the prefetch window meanwhile waits unread, unacked, counted in no queue, and no part
+    # of Celery knows of it yet.
+    app = make_app(broker=rabbitmq_url, **REAPING)
+    task = unique_task(app)
+
+    @app.task(shared=False)
+    def long_run(seconds: float) -> None:
+        time.sleep(seconds)
+
+    with in_process_worker(app) as worker:
+        long_run.delay(6)
+        wait_for(lambda: worker_state.active_requests, message="the long run started")
+        waiting = task.delay(7)
+        time.sleep(1.5)  # (reports made since: every half interval)
+        assert not any(r.id == waiting.id for r in held_requests(worker.consumer))
+        reaper = Reaper(runtime_of(app))
+        at = time.time() + 31  # (as if past the margin)
+        reaper.sweep(now=at)
+        assert reaper.sweep(now=at + 1.2).freed == []
+        assert dedupe.lookup(task, (7,)).task_id == waiting.id  # type: ignore[union-attr]

@@ -32,7 +32,7 @@ from dedupe.values.record import Holder
 from .inventory import glob_escaped
 from .runtime import Runtime
 
-__all__ = ["Pass", "Reaper", "Suspect"]
+__all__ = ["MAY_HOLD_UNREAD", "Pass", "Reaper", "Suspect"]
 
 logger = logging.getLogger("dedupe.keys")
 
@@ -69,6 +69,10 @@ class Pass:
     #: The broker could not be asked (nothing freed).
     blind: bool = False
 
+
+#: In a worker's report of what it holds: it may hold messages it has not read (a run blocks
+#: the thread that reads its connection), which no queue counts: no pass frees a key then.
+MAY_HOLD_UNREAD = "?unread"
 
 #: Seconds at least between the pass that first found a record without a message and the
 #: one that frees it (the interval, when shorter): a worker reports what it holds this often.
@@ -129,6 +133,9 @@ class Reaper:
             if self._runtime.broker.lists_unacked
             else self.store.held(holds_keys(config.key_prefix, "")[0])
         )
+        if MAY_HOLD_UNREAD in held:
+            self._keep({})
+            return self._done(Pass(sliced, keys_read=keys_read, blind=True), began)
         unseen = {
             key: call
             for key, call in queued.items()

@@ -16,10 +16,12 @@ import time
 from typing import Any
 
 from celery import bootsteps, signals
+from celery.concurrency import solo
+from celery.worker import state as worker_state
 
 from dedupe.errors import RedisUnavailable
 from dedupe.recovery.held import held_requests
-from dedupe.runs.reaping import APART, Reaper
+from dedupe.runs.reaping import APART, MAY_HOLD_UNREAD, Reaper
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.values.keys import holds_keys, nodes_key, reaper_keys
 from dedupe.values.record import HOST
@@ -95,7 +97,13 @@ class ReaperThread:
         self._runtime.store.report_holds(keys, ids, int(3 * every * 1000))
 
     def _held_ids(self) -> set[str]:
-        return {request.id for request in held_requests(self._consumer, started=True)}
+        ids = {request.id for request in held_requests(self._consumer, started=True)}
+        # The solo pool runs in the thread that reads the connection: during a run, what the
+        # broker sends under the prefetch window waits unread, and Celery knows nothing of it.
+        pool = getattr(self._consumer, "pool", None)
+        if worker_state.active_requests and isinstance(pool, solo.TaskPool):
+            ids.add(MAY_HOLD_UNREAD)
+        return ids
 
     def _name_processes(self, every: float) -> None:
         pool = getattr(self._consumer, "pool", None)
