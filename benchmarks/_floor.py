@@ -18,14 +18,9 @@ from urllib.parse import urlsplit
 from celery import Celery, Task
 from celery.worker.request import Request
 
+from dedupe.store.resp import pack_command
+
 __all__ = ["floor_task"]
-
-
-def _command(*parts: bytes) -> bytes:
-    out = [b"*%d\r\n" % len(parts)]
-    for part in parts:
-        out.append(b"$%d\r\n%s\r\n" % (len(part), part))
-    return b"".join(out)
 
 
 class _Wire:
@@ -55,7 +50,7 @@ def floor_task(app: Celery, url: str, **options: Any) -> Any:
 
     class FloorRequest(Request):  # type: ignore[misc]
         def execute_using_pool(self, pool: Any, **kwargs: Any) -> Any:
-            wire.send(_command(b"SET", b"floor:" + self.id.encode(), b"1", b"PX", b"30000"))
+            wire.send(pack_command(b"SET", b"floor:" + self.id.encode(), b"1", b"PX", b"30000"))
             return super().execute_using_pool(pool, **kwargs)
 
     class FloorTask(Task):  # type: ignore[misc]
@@ -67,7 +62,7 @@ def floor_task(app: Celery, url: str, **options: Any) -> Any:
         def after_return(
             self, status: Any, retval: Any, task_id: str, *args: Any, **kwargs: Any
         ) -> None:
-            wire.send(_command(b"DEL", b"floor:" + task_id.encode()))
+            wire.send(pack_command(b"DEL", b"floor:" + task_id.encode()))
 
     @app.task(shared=False, base=FloorTask, **options)
     def floor_noop(x: int) -> None: ...
