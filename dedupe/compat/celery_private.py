@@ -40,6 +40,7 @@ __all__ = [
     "after_decode_errors",
     "after_revokes",
     "app_of_task",
+    "copied",
     "count_beat_send",
     "current_app",
     "current_worker_task",
@@ -419,11 +420,21 @@ def _waiting_revoked(task_ids: set[str]) -> list[Any]:
 
 
 def _snapshot(requests: Iterable[Any]) -> list[Any]:
-    # (A set another thread adds to meanwhile, an eta come due under a threaded timer,
-    # raises as it is read: read it again.)
-    for _ in range(3):
+    # (A set another thread adds to meanwhile, an eta come due under a threaded timer: one
+    # that keeps changing is left, and its revoked requests are freed as the worker meets them.)
+    try:
+        return copied(requests, tries=3)
+    except RuntimeError:
+        return []
+
+
+def copied(items: Iterable[Any], *, tries: int = 10) -> list[Any]:
+    """A list of what the worker's requests (Celery's ``worker_state`` sets, a bucket's
+    contents) hold, read from another thread than the one that changes them: copied again
+    when a change cuts the copy short, up to ``tries`` times; then RuntimeError."""
+    for _ in range(tries):
         try:
-            return list(requests)
-        except RuntimeError:
+            return list(items)
+        except RuntimeError:  # (changed during the copy by the consumer's thread)
             continue
-    return []
+    raise RuntimeError("the worker's requests kept changing while they were read")

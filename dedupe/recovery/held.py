@@ -24,6 +24,7 @@ import redis
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
+from dedupe.compat.celery_private import copied
 from dedupe.errors import RedisUnavailable
 from dedupe.events import RESTORED, emit
 from dedupe.store.commands.restorations import Restoration
@@ -63,8 +64,8 @@ def held_requests(consumer: Any, *, started: bool = False) -> list[Any]:
     Read from another thread than the consumer's: Celery's sets are copied, and a copy the
     consumer changed meanwhile is made again.
     """
-    active = set(_copied(worker_state.active_requests))
-    held = {id(r): r for r in _copied(worker_state.reserved_requests) if r not in active}
+    active = set(copied(worker_state.active_requests))
+    held = {id(r): r for r in copied(worker_state.reserved_requests) if r not in active}
     timer = getattr(consumer, "timer", None)
     for item in getattr(timer, "queue", ()) if timer is not None else ():
         entry = item[-1]
@@ -73,20 +74,11 @@ def held_requests(consumer: Any, *, started: bool = False) -> list[Any]:
             # (canceled: its connection was lost since; the broker delivers it again)
             held[id(args[0])] = args[0]
     for bucket in (getattr(consumer, "task_buckets", None) or {}).values():
-        for item in _copied(getattr(bucket, "contents", ())):
+        for item in copied(getattr(bucket, "contents", ())):
             request = item[0] if isinstance(item, tuple) and item else item  # (request, tokens)
             held[id(request)] = request
     requests = [r for r in held.values() if isinstance(r, Request) and r not in active]
     return requests + list(active) if started else requests
-
-
-def _copied(items: Iterable[Any]) -> list[Any]:
-    for _ in range(10):
-        try:
-            return list(items)
-        except RuntimeError:  # (changed during the copy by the consumer's thread)
-            continue
-    raise RuntimeError("the worker's requests kept changing while they were read")
 
 
 def held_message(request: Any, now: float, enable_utc: bool) -> HeldMessage | None:
