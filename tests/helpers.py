@@ -42,6 +42,15 @@ ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 LOGDIR = Path(os.environ.get("DEDUPE_TEST_LOGDIR", "/tmp"))
 
+#: A broker that refuses connections (nothing listens on port 1), and the settings that make
+#: every publish to it fail at once: ``make_app(broker=UNREACHABLE, **FAILS_AT_ONCE)``.
+UNREACHABLE = "redis://127.0.0.1:1/0"
+FAILS_AT_ONCE = {
+    "task_publish_retry": False,
+    "broker_connection_timeout": 0.5,
+    "broker_connection_max_retries": 0,
+}
+
 
 def require(condition: bool, reason: str) -> None:
     """Skip when a server the test needs is missing; under CI=true, fail instead."""

@@ -21,6 +21,7 @@ from dedupe.store.store import Store
 from dedupe.values.limits import limit_keys
 
 from .conftest import RedisFactory
+from .helpers import FAILS_AT_ONCE, UNREACHABLE
 from .proxies import HoldingProxy
 
 
@@ -442,11 +443,7 @@ def test_a_tick_whose_send_fails_is_sent_by_the_next_beat(
     failing_entry = entry
     if failure == "the broker unreachable":
         dead = make_app(
-            broker="redis://127.0.0.1:1/0",
-            dedupe_key_prefix=app.conf.dedupe_key_prefix,
-            task_publish_retry=False,
-            broker_connection_timeout=0.5,
-            broker_connection_max_retries=0,
+            broker=UNREACHABLE, dedupe_key_prefix=app.conf.dedupe_key_prefix, **FAILS_AT_ONCE
         )
         failing = DedupeScheduler(app=dead, schedule_filename=str(tmp_path / "dead"))
         failing_entry = ScheduleEntry(

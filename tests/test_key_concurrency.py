@@ -25,7 +25,7 @@ from dedupe.values.config import DedupeConfig
 from dedupe.values.limits import come_back, limit_keys
 from dedupe.values.options import resolve
 
-from .helpers import WorkerProcess, keys_with_prefix, wait_for
+from .helpers import FAILS_AT_ONCE, UNREACHABLE, WorkerProcess, keys_with_prefix, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -347,12 +347,7 @@ def test_a_call_of_a_limited_task_with_an_option_of_dedup_is_refused(
 def test_a_call_whose_publish_fails_leaves_no_place_in_line(
     make_app: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
-    app = make_app(
-        broker="redis://127.0.0.1:1/0",  # (refuses connections: every publish fails)
-        task_publish_retry=False,
-        broker_connection_timeout=0.5,
-        broker_connection_max_retries=0,
-    )
+    app = make_app(broker=UNREACHABLE, **FAILS_AT_ONCE)
 
     @app.task(shared=False, base=dedupe.DedupeTask, key_concurrency=1, unique_on=("x",))
     def job(x: int) -> None: ...

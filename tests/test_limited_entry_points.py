@@ -21,7 +21,7 @@ import dedupe
 from dedupe.producer.guard import keys_of_call
 from dedupe.values.limits import limit_keys
 
-from .helpers import WorkerProcess, keys_with_prefix
+from .helpers import FAILS_AT_ONCE, UNREACHABLE, WorkerProcess, keys_with_prefix
 from .test_key_concurrency import most_at_once
 
 pytestmark = [pytest.mark.slow]
@@ -107,12 +107,7 @@ def _seconds_to(eta: str | None, since: float) -> float:
 def test_a_limited_batch_call_whose_publish_fails_leaves_no_place_in_line(
     make_app: Callable[..., Celery], redis_client: redis.Redis
 ) -> None:
-    app = make_app(
-        broker="redis://127.0.0.1:1/0",  # (refuses connections: every publish fails)
-        task_publish_retry=False,
-        broker_connection_timeout=0.5,
-        broker_connection_max_retries=0,
-    )
+    app = make_app(broker=UNREACHABLE, **FAILS_AT_ONCE)
 
     @app.task(shared=False, base=dedupe.DedupeTask, key_concurrency=1, unique_on=("x",))
     def job(x: int) -> None: ...

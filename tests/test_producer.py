@@ -26,7 +26,7 @@ from dedupe.values.header import HEADER, KeyHeader
 from dedupe.values.record import pack_owner
 
 from .conftest import RedisFactory
-from .helpers import OLD_RESULT_CONSUMER, keys_with_prefix, wait_for
+from .helpers import FAILS_AT_ONCE, OLD_RESULT_CONSUMER, UNREACHABLE, keys_with_prefix, wait_for
 
 QueueLength = Callable[[Celery], int]
 
@@ -57,18 +57,13 @@ def stoppable_redis(redis_factory: RedisFactory) -> RedisServer:
     return redis_factory()
 
 
-@pytest.fixture(params=["redis://127.0.0.1:1/0", "amqp://guest:guest@127.0.0.1:1//"])
+@pytest.fixture(params=[UNREACHABLE, "amqp://guest:guest@127.0.0.1:1//"])
 def unreachable_broker(
     make_app: Callable[..., Celery], request: pytest.FixtureRequest
 ) -> tuple[Celery, Any]:
     """An app whose broker refuses connections (and a unique task of it): every publish fails.
     A Redis broker and an AMQP one: nothing needs to listen on port 1."""
-    app = make_app(
-        broker=request.param,
-        task_publish_retry=False,
-        broker_connection_timeout=0.5,
-        broker_connection_max_retries=0,
-    )
+    app = make_app(broker=request.param, **FAILS_AT_ONCE)
 
     @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
     def job(x: int) -> None: ...
@@ -824,11 +819,7 @@ def test_a_held_call_whose_publish_fails_warns_of_no_second_message(
     # logged that warning for calls that raised and never ran).
     holder_app = make_app(broker=None)
     dead = make_app(
-        broker="redis://127.0.0.1:1/0",
-        dedupe_key_prefix=holder_app.conf.dedupe_key_prefix,
-        task_publish_retry=False,
-        broker_connection_timeout=0.5,
-        broker_connection_max_retries=0,
+        broker=UNREACHABLE, dedupe_key_prefix=holder_app.conf.dedupe_key_prefix, **FAILS_AT_ONCE
     )
     jobs = []
     for app in (holder_app, dead):

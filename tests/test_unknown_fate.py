@@ -23,7 +23,7 @@ import dedupe
 from dedupe.demo.server import RedisServer
 
 from .conftest import RedisFactory, in_process_worker
-from .helpers import keys_with_prefix, wait_for
+from .helpers import FAILS_AT_ONCE, UNREACHABLE, keys_with_prefix, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -123,11 +123,9 @@ def test_an_enqueue_anyway_call_whose_publish_fails_too_leaves_no_key(
     app, job = _app(
         make_app,
         freezable,
-        broker="redis://127.0.0.1:1/0",
+        broker=UNREACHABLE,
         dedupe_on_redis_error="enqueue",
-        task_publish_retry=False,
-        broker_connection_timeout=0.5,
-        broker_connection_max_retries=0,
+        **FAILS_AT_ONCE,
     )
     with pytest.raises(OperationalError):
         job.delay(0)  # connects and loads the scripts; its publish fails and cancels
