@@ -15,8 +15,6 @@ they share.
 
 from __future__ import annotations
 
-from importlib import resources
-
 import redis.cluster
 from redis.commands.core import Script
 
@@ -33,15 +31,9 @@ from .commands.reaping import ReapingCommands
 from .commands.recovery import RecoveryCommands
 from .commands.runs import RunCommands
 from .green_pool import script_runner
+from .script_source import script_text
 
-__all__ = ["Store", "script_text"]
-
-
-def script_text(name: str) -> str:
-    """A script's source: the shared prelude, then the script."""
-    package = resources.files("dedupe.store") / "lua"
-    prelude = (package / "_prelude.lua").read_text(encoding="utf-8")
-    return prelude + "\n" + (package / f"{name}.lua").read_text(encoding="utf-8")
+__all__ = ["Store"]
 
 
 class Store(
