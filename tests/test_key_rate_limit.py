@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
 import pytest
 import redis
+from celery import Celery
+from kombu.exceptions import OperationalError
 
 import dedupe
 from dedupe.producer.guard import keys_of_call
@@ -22,7 +24,7 @@ from dedupe.values.config import DedupeConfig
 from dedupe.values.limits import LIMIT, LimitHeader, Rate, limit_keys
 from dedupe.values.options import resolve
 
-from .helpers import WorkerProcess
+from .helpers import FAILS_AT_ONCE, UNREACHABLE, WorkerProcess, keys_with_prefix
 
 pytestmark = [pytest.mark.slow]
 
@@ -140,6 +142,22 @@ def test_an_invalid_rate_limit_is_refused_naming_the_task_and_the_fix(
     with pytest.raises(dedupe.ConfigurationError, match=r"task 'proj\.bad'") as caught:
         resolve(None, "proj.bad", _CONFIG, options)
     assert says in str(caught.value)
+
+
+@pytest.mark.parametrize("limits", [{}, {"key_concurrency": 1}], ids=["rate", "both"])
+def test_a_call_whose_publish_fails_gives_its_start_back(
+    make_app: Callable[..., Celery], redis_client: redis.Redis, limits: dict[str, int]
+) -> None:
+    # Its start would otherwise stay reserved in the key's plan for a period, for a
+    # message that never exists: the next call would wait a period for nothing.
+    app = make_app(broker=UNREACHABLE, **FAILS_AT_ONCE)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, key_rate_limit="1/m", **limits)
+    def job(x: int) -> None: ...
+
+    with pytest.raises(OperationalError):
+        job.delay(1)
+    assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
 
 
 def test_a_run_that_finds_the_period_full_waits_for_the_next_free_start(

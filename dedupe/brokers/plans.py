@@ -3,6 +3,7 @@ publish seam carries out (:meth:`dedupe.brokers.broker.Broker.pushing_through`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -18,6 +19,8 @@ from dedupe.values.record import Holder, pack_provisional, pack_queued
 from dedupe.values.record_state import RecordState
 
 __all__ = ["LinePlan", "PushPlan", "Refused", "StartPlan"]
+
+logger = logging.getLogger("dedupe.producer")
 
 
 class Refused(Exception):
@@ -154,8 +157,11 @@ class StartPlan:
     unavailable: Callable[[RedisUnavailable], None]
     #: Both limits: how long its place in line waits (None: no place, a rate alone).
     place: PlaceWait | None = None
-    #: As :class:`LinePlan`'s (a start alone is never "placed": a reserved start lapses).
+    #: As :class:`LinePlan`'s (a start alone is never "placed").
     state: Literal["absent", "sent", "placed", "pushed", "dropped"] = "absent"
+    #: A start was asked for apart from the message (:meth:`reserve_apart`): it is in the
+    #: plan until the message's run starts, or :meth:`give_back` takes it out.
+    reserved: bool = False
 
     @property
     def store(self) -> Store:
@@ -171,17 +177,37 @@ class StartPlan:
         its own, before the message goes out; returns the message's delay, ms: its start's,
         where that is later than the call's own. Redis unreachable is :attr:`unavailable`'s
         to judge (the call's own delay stands)."""
+        # (Asked, it may be reserved: a take cut short by a signal handler's exception too.)
+        self.reserved = True
         try:
             wait_ms = self.store.next_start(
                 self.keys, self.task_id, self.count, self.period_ms, earliest_ms=self.earliest_ms
             )
         except RedisUnavailable as exc:
+            self.reserved = False  # (unreachable: nothing to give back; what it wrote lapses)
             self.unavailable(exc)
             wait_ms = 0
         delay_ms = wait_ms if wait_ms > max(self.earliest_ms, 1) else self.earliest_ms
         if self.place is not None:
             _take_place(self, self.place.ms_after(delay_ms))
         return delay_ms
+
+    def give_back(self) -> None:
+        """The call's publish failed, or was cut short: its start reserved apart goes back to
+        the plan, where it would have stayed a period for a message that never existed (the
+        next call waiting for nothing). A message whose fate is unknown loses nothing: each
+        run checks the starts made as it starts, so the limit holds there."""
+        if not self.reserved:
+            return
+        self.reserved = False
+        try:
+            self.store.give_back_start(self.keys, self.task_id)
+        except RedisUnavailable as exc:
+            logger.warning(
+                "%s keeps its reserved start until it lapses a period on: %s",
+                self.task_id,
+                exc.cause,
+            )
 
 
 def _take_place(plan: LinePlan | StartPlan, ttl_ms: int) -> None:

@@ -30,7 +30,7 @@ from dedupe.values.header import publishing
 from dedupe.values.key_derivation import keys_for
 from dedupe.values.keys import limited_names_key
 from dedupe.values.limits import LIMIT, LimitHeader
-from dedupe.values.options import limit_header, options_for, pop_call_options
+from dedupe.values.options import UniqueOptions, limit_header, options_for, pop_call_options
 from dedupe.values.timing import delay_seconds, milliseconds, seconds_to_expiry
 
 from .call import Call, CallOptions, new_task_id, producer_block
@@ -77,8 +77,6 @@ def publish_limited(call: Call) -> DedupeResult:
     )
     rate = unique.rate
     header = limit_header(unique, keys.call, call.task_name, call.args, call.kwargs)
-    store = runtime.store
-    unavailable = _on_unavailable(runtime, call.task_name, task_id, keys.call)
     earliest_ms = milliseconds(delay) if delay else 0
     if rate is not None:
         # (Protocol 2: the eta a script writes is a header's, outside the message body.)
@@ -90,7 +88,7 @@ def publish_limited(call: Call) -> DedupeResult:
             rate.count,
             milliseconds(rate.period),
             earliest_ms,
-            unavailable,
+            _on_unavailable(runtime, call.task_name, task_id, keys.call),
             # With both limits, the place goes with the start in one step; else after it.
             # (A lease past its start: a place whose message is lost never holds the line
             # longer; a message later than that takes a place at the back as it comes.)
@@ -98,16 +96,37 @@ def publish_limited(call: Call) -> DedupeResult:
         )
         if in_one_step:
             return _publish_in_line(runtime, call, header, start)
-        # The start first: its countdown is in the message, and a place waits as long.
-        delay_ms = start.reserve_apart()
-        if delay_ms != earliest_ms:
-            options.pop("eta", None)
-            options["countdown"] = delay = delay_ms / 1000
+        try:
+            # The start first: its countdown is in the message, and a place waits as long.
+            delay_ms = start.reserve_apart()
+            if delay_ms != earliest_ms:
+                options.pop("eta", None)
+                options["countdown"] = delay = delay_ms / 1000
+            return _publish_apart(runtime, call, header, unique, now, delay)
+        except BaseException:
+            start.give_back()
+            raise
+    return _publish_apart(runtime, call, header, unique, now, delay)
+
+
+def _publish_apart(
+    runtime: Runtime,
+    call: Call,
+    header: LimitHeader,
+    unique: UniqueOptions,
+    now: float,
+    delay: float,
+) -> DedupeResult:
+    """Publish a limited call whose start, if it has a rate, is reserved already: its place in
+    line taken with its message in one step where the broker allows, else apart from it."""
+    task_id = str(call.options["task_id"])
+    store = runtime.store
     if not header.holds_slots:
         return _publish_with(call, header, store, task_id)
     if header.kind == "concurrency":
         return _publish_concurrency(runtime, call, header, unique.ttl, unique.lease, delay)
     place_ms = _place_wait(call, unique.lease, now).ms_after(milliseconds(delay) if delay else 0)
+    unavailable = _on_unavailable(runtime, call.task_name, task_id, header.key)
     line = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
     if runtime.one_step:
         return _publish_in_line(runtime, call, header, line)
@@ -168,7 +187,7 @@ def _publish_with(
     except BaseException:
         # No message, or none known: the place goes, else it would hold the calls behind
         # it until it lapses (and name a call that never runs); whatever cut the take
-        # short too. (A reserved start lapses as it passes: a start lost, no more.)
+        # short too. (A start reserved apart goes back in publish_limited.)
         if place is not None and place.owns_a_place_alone:
             _leave_line(store, header.keys, task_id)
         raise

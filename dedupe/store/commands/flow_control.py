@@ -120,6 +120,12 @@ class FlowControlCommands(StoreBase):
             reply = self._run(self._leave_line, [keys["line"], keys["due"], keys["seq"]], [task_id])
         return integer_reply("leave_line", reply) == 1
 
+    def give_back_start(self, keys: Mapping[str, str], task_id: str) -> bool:
+        """A call of a rate-limited key whose publish failed gives its reserved start back to
+        the key's plan (ZREM), for the next call. True if it had one."""
+        with reraise_unavailable("give_back_start", keys["plan"]):
+            return bool(self._command(lambda: self.client.zrem(keys["plan"], task_id)))
+
     def free_slots_of(self, keys: Mapping[str, str], task_id: str) -> int:
         """Free every slot a task id holds (free_slots_of.lua): its run's child is dead."""
         with reraise_unavailable("free_slots_of", keys["slots"]):
