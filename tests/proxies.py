@@ -61,19 +61,23 @@ class RedisProxy:
 class CuttingProxy(RedisProxy):
     """Drops a client's connection, unsent, when it writes a command holding each of
     ``cut_at`` (once; each time with ``every``): the server never sees that command, and the
-    client's next read finds the connection closed."""
+    client's next read finds the connection closed. With ``delivered``, the server gets that
+    write before the cut: its fate is the server's, and the client never hears it."""
 
-    def __init__(self, target_port: int, *, every: bool = False) -> None:
+    def __init__(self, target_port: int, *, every: bool = False, delivered: bool = False) -> None:
         super().__init__(target_port)
         self.cut_at: tuple[bytes, ...] = ()
         self.cuts = 0
         self.every = every
+        self.delivered = delivered
 
     def forward(self, sink: socket.socket, data: bytes, source: socket.socket) -> None:
         if self.cut_at and all(part in data for part in self.cut_at):
             if not self.every:
                 self.cut_at = ()
             self.cuts += 1
+            if self.delivered:
+                sink.sendall(data)
             for sock in (source, sink):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)

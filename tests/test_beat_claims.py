@@ -1,7 +1,8 @@
 """A beat's claim of a tick whose answer is late or unread: a claim the client sent again
 after its reply came too late is still this beat's (its resend meets it), and a refused
-claim whose holder cannot be read is another beat's. Real Redis behind a proxy that holds
-or cuts what the test names."""
+claim whose holder cannot be read is another beat's; the claim of a tick whose send failed
+once its message was out stays. Real Redis and RabbitMQ behind a proxy that holds or cuts
+what the test names."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import Celery
-from celery.beat import ScheduleEntry
+from celery.beat import ScheduleEntry, SchedulingError
 from celery.schedules import crontab, schedule
 
 from dedupe.beat import DedupeScheduler
@@ -78,6 +80,37 @@ def test_a_refused_tick_claim_whose_holder_cannot_be_read_is_skipped(
         proxy.cut_at = (b"GET", f"{app.conf.dedupe_key_prefix}:beat:".encode())
         assert second.apply_async(_entry(app, every)) is None
         assert proxy.cuts >= 1
+        assert queue_length(app) == 1
+    finally:
+        proxy.close()
+
+
+#: The start of an AMQP Basic.Publish method frame's payload (class 60, method 40).
+BASIC_PUBLISH = b"\x00<\x00("
+
+
+def test_a_tick_whose_send_fails_after_its_message_went_out_keeps_its_claim(
+    make_app: Callable[..., Celery], rabbitmq_url: str, tmp_path: Path, queue_length: Any
+) -> None:
+    # RabbitMQ gets the message, and the connection dies before its confirm comes back: the
+    # send raises, but the tick is out. Freed, its claim would let another beat send it again.
+    proxy = CuttingProxy(5672, delivered=True)
+    try:
+        app = make_app(
+            broker=f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
+            broker_transport_options={"confirm_publish": True},
+            task_publish_retry=False,
+        )
+        clock = _Clock()
+        every = crontab(minute="*/5", nowfun=clock, app=app)
+        first, second = (
+            DedupeScheduler(app=app, schedule_filename=str(tmp_path / f"s{n}")) for n in (1, 2)
+        )
+        proxy.cut_at = (BASIC_PUBLISH, app.conf.task_default_queue.encode())
+        with pytest.raises(SchedulingError):
+            first.apply_async(_entry(app, every))
+        assert proxy.cuts == 1
+        assert second.apply_async(_entry(app, every)) is None
         assert queue_length(app) == 1
     finally:
         proxy.close()

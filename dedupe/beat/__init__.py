@@ -30,9 +30,11 @@ from celery.beat import PersistentScheduler, Scheduler, SchedulingError
 from celery.exceptions import reraise
 from celery.utils.log import get_logger
 
+from dedupe.brokers.publish_watch import PublishWatch
 from dedupe.compat.celery_private import count_beat_send
 from dedupe.errors import DedupeError, RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
+from dedupe.producer.broker_budget import within_budget
 from dedupe.producer.guard import Call, publish_unique, publisher_for
 from dedupe.producer.limited_publish import publish_limited
 from dedupe.runs.runtime import installed
@@ -123,6 +125,7 @@ class DedupeSchedulerMixin(_SchedulerBase):
         name, task_name = str(entry.name), str(entry.task)
         task = self.app.tasks.get(task_name)
         claimed: tuple[str, bytes] | None = None
+        watch: PublishWatch | None = None
         try:
             send, claimed = self._claim_tick(entry, name, task_name)
             if not send:
@@ -130,26 +133,26 @@ class DedupeSchedulerMixin(_SchedulerBase):
             unique, options = entry_options(entry)
             args = _evaluate_entry_args(entry.args)
             call_kwargs = _evaluate_entry_kwargs(entry.kwargs)
-            options["producer"] = producer
-            publish = publisher_for(task, task_name, self.app, send_task=self.send_task)
-            if _limited(task):
-                # Every tick is accepted and waits its turn (key_concurrency, key_rate_limit).
-                pop_call_options(options)
-                return publish_limited(
-                    Call(self.app, task, task_name, args, call_kwargs, options, publish)
-                )
-            if not unique:
-                pop_call_options(options)
-                return publish(args, call_kwargs, options)
-            # A skipped send is logged and counted below, never raised at the scheduler
-            # (a task declared on_duplicate="raise" would make every skip an error).
-            options["on_duplicate"] = "return"
-            result = publish_unique(
-                Call(self.app, task, task_name, args, call_kwargs, options, publish)
-            )
+            with self.app.producer_or_acquire(producer) as producer:
+                options["producer"] = producer
+                # Connected first as the publish would connect: the watch asks for the channel.
+                with (
+                    within_budget(producer, self.app, 0.0, None, [options]),
+                    PublishWatch(producer) as watch,
+                ):
+                    result = self._send(task, task_name, args, call_kwargs, options, unique)
         except Exception as exc:
             if claimed is not None:
-                self._give_up_tick(*claimed, task_name)
+                if watch is not None and watch.reached:
+                    # Its message may be out: a second beat's send would be a second message.
+                    logger.warning(
+                        "beat: %s's send failed once the broker had its message: its tick "
+                        "claim %s stays, and no other beat sends that tick",
+                        task_name,
+                        claimed[0],
+                    )
+                else:
+                    self._give_up_tick(*claimed, task_name)
             reraise(
                 SchedulingError,
                 SchedulingError(f"Couldn't apply scheduled task {name}: {exc}"),
@@ -169,6 +172,32 @@ class DedupeSchedulerMixin(_SchedulerBase):
                 _times(self.dedupe_skipped[name]),
             )
         return result
+
+    def _send(
+        self,
+        task: Any,
+        task_name: str,
+        args: Any,
+        call_kwargs: Any,
+        options: dict[str, Any],
+        unique: bool,
+    ) -> Any:
+        """Publish a tick's call: a limited task's waits its turn, a unique one's is skipped
+        while its key is held, any other is sent as Celery sends it."""
+        publish = publisher_for(task, task_name, self.app, send_task=self.send_task)
+        if _limited(task):
+            # Every tick is accepted and waits its turn (key_concurrency, key_rate_limit).
+            pop_call_options(options)
+            return publish_limited(
+                Call(self.app, task, task_name, args, call_kwargs, options, publish)
+            )
+        if not unique:
+            pop_call_options(options)
+            return publish(args, call_kwargs, options)
+        # A skipped send is logged and counted below, never raised at the scheduler (a task
+        # declared on_duplicate="raise" would make every skip an error).
+        options["on_duplicate"] = "return"
+        return publish_unique(Call(self.app, task, task_name, args, call_kwargs, options, publish))
 
     def _claim_tick(
         self, entry: Any, name: str, task_name: str
