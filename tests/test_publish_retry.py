@@ -1,16 +1,26 @@
 """A publish whose connection dies under its first try (kombu declares the queue's exchange
 on a connection's first publish, and tries that again on a new connection) is still decided
-at its push: a duplicate is refused, and no second message goes out. In-process, RabbitMQ
-behind a proxy that cuts the connection as it declares the exchange."""
+at its push: a duplicate is refused, and no second message goes out. A publish whose
+publisher confirm never comes back keeps its record (its message may be queued); one the
+broker refuses (a Nack) frees its key. In-process, RabbitMQ, behind a proxy that cuts the
+connection where the test says."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+import redis
+from amqp.exceptions import MessageNacked
 from celery import Celery
+from kombu import Exchange, Queue
+from kombu.exceptions import OperationalError
 
 import dedupe
+from dedupe.producer.guard import keys_of_call
+from dedupe.values.defaults import PROVISIONAL_TTL
 
 from .proxies import CuttingProxy
 
@@ -69,3 +79,58 @@ def test_an_accepted_call_whose_publish_is_retried_on_a_new_connection_keeps_its
         assert queue_length(app) == 1
     finally:
         proxy.close()
+
+
+def test_an_accepted_call_whose_confirm_never_comes_back_leaves_its_record_provisional(
+    make_app: Callable[..., Celery],
+    rabbitmq_url: str,
+    queue_length: Callable[[Celery], int],
+    redis_client: redis.Redis,
+) -> None:
+    # RabbitMQ gets the message and the connection dies before its publisher confirm comes
+    # back: the call raises, and its message may be queued (here it is) or lost. Its key
+    # says so for the provisional ttl, as a publish that hangs leaves it: not for unique_ttl.
+    proxy = CuttingProxy(RABBITMQ_PORT, delivered=True)
+    try:
+        app = make_app(
+            broker=f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
+            broker_transport_options={"confirm_publish": True},
+            task_publish_retry=False,
+        )
+        job = _job(app)
+        proxy.cut_at = (BASIC_PUBLISH, app.conf.task_default_queue.encode())
+        with pytest.raises(Exception, match=r"(?i)connection|socket|closed|eof"):
+            job.delay(1)
+        assert proxy.cuts == 1
+        assert queue_length(app) == 1
+        _, keys = keys_of_call(job, (1,), None, app, {})
+        assert 0 < redis_client.pttl(keys.call) <= PROVISIONAL_TTL * 1000
+        assert job.delay(1).deduplicated is True
+        assert queue_length(app) == 1
+    finally:
+        proxy.close()
+
+
+def test_an_accepted_call_the_broker_refuses_under_publisher_confirms_frees_its_key(
+    make_app: Callable[..., Celery],
+    rabbitmq_url: str,
+    queue_length: Callable[[Celery], int],
+    redis_client: redis.Redis,
+) -> None:
+    # A full queue that rejects publishes: the broker answers the message with a Nack.
+    queue = f"full-{uuid.uuid4().hex[:8]}"
+    arguments = {"x-max-length": 1, "x-overflow": "reject-publish"}
+    app = make_app(
+        broker=rabbitmq_url,
+        task_publish_retry=False,
+        task_default_queue=queue,
+        task_queues=[Queue(queue, Exchange(queue), queue, queue_arguments=arguments)],
+    )
+    job = _job(app)
+    assert job.delay(1).deduplicated is False
+    with pytest.raises(OperationalError) as refused:  # (kombu's, raised from the Nack)
+        job.delay(2)
+    assert isinstance(refused.value.__cause__ or refused.value.__context__, MessageNacked)
+    assert queue_length(app) == 1
+    _, keys = keys_of_call(job, (2,), None, app, {})
+    assert redis_client.exists(keys.call) == 0

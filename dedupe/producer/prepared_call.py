@@ -24,6 +24,7 @@ from celery import Celery
 
 from dedupe.brokers.declarations import declaring_once
 from dedupe.brokers.plans import PushPlan, Refused
+from dedupe.brokers.publisher_confirms import is_confirming, telling_the_confirm
 from dedupe.brokers.shadowing import shadowing
 from dedupe.errors import RedisUnavailable
 from dedupe.events import ACCEPTED, emit
@@ -266,22 +267,43 @@ def publishing_at_push(
 ) -> ContextManager[None]:
     """The publish made in the block, on any transport: ``decision`` (if any) read at its push,
     a duplicate unwinding as :class:`Refused` before the message reaches the broker; once the
-    transport has the message, the provisional record awaits its confirm (``plan``)."""
+    transport has the message, the provisional record awaits its confirm (``plan``). Under
+    publisher confirms: a Nack gives the record up, and a wait for the broker's answer cut
+    short (the message queued or lost) leaves it provisional."""
+    channel = producer.channel
     # The transport's, confirm mode included.
-    transport_publish: Callable[..., object] = producer.channel.basic_publish
+    transport_publish: Callable[..., object] = channel.basic_publish
+
+    def out() -> None:
+        plan.taken = True
+        if plan.state is RecordState.ABSENT and decision is not None and decision.read:
+            plan.move(RecordState.PROVISIONAL)
+        if plan.state is RecordState.PROVISIONAL:
+            plan.move(RecordState.AWAITING_CONFIRM)
+
+    def refused() -> None:
+        plan.taken = False
+        if plan.state is RecordState.AWAITING_CONFIRM:
+            plan.move(RecordState.UNROUTED)
+
+    def unanswered() -> None:
+        # Queued or lost: the provisional record stays as it is, for its short ttl (a
+        # publish that hangs leaves the same), neither confirmed nor cancelled.
+        if plan.state is RecordState.AWAITING_CONFIRM:
+            plan.move(RecordState.UNKNOWN)
 
     def basic_publish(message: object, *args: object, **kwargs: object) -> object:
         if decision is not None:
             holder = decision.decide()
             if holder is not None:
                 raise Refused(holder)
-        sent = transport_publish(message, *args, **kwargs)
+        if is_confirming(transport_publish):
+            with telling_the_confirm(channel, out, refused, unanswered):
+                sent = transport_publish(message, *args, **kwargs)
+        else:
+            sent = transport_publish(message, *args, **kwargs)
         # (Celery's task-sent event, if any, follows on this channel: the task's came first.)
-        plan.taken = True
-        if plan.state is RecordState.ABSENT and decision is not None and decision.read:
-            plan.move(RecordState.PROVISIONAL)
-        if plan.state is RecordState.PROVISIONAL:
-            plan.move(RecordState.AWAITING_CONFIRM)
+        out()
         return sent
 
-    return shadowing(producer.channel, basic_publish=basic_publish)
+    return shadowing(channel, basic_publish=basic_publish)

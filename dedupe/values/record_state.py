@@ -5,11 +5,11 @@ absent            nothing of this call's (no write yet, or the key left to its h
 provisional       its provisional record, no message yet
 asked             its first write was sent, Redis's answer never read (an exception came
                   between): perhaps its provisional record, these very bytes; withdraw them
-unknown           a write failed as unavailable: perhaps provisional; nothing more is written
+unknown           a write failed, or RabbitMQ's confirm never came: perhaps provisional; final
 sent              publish.lua was sent: the record and the message, or neither; never cancelled
 queued            its queued record beside its message (pushed, confirmed or written after)
 awaiting_confirm  the message is out beside the provisional record: confirm it
-unrouted          kombu routed the message nowhere, the provisional record stays: cancel it
+unrouted          routed nowhere (kombu) or refused (a Nack); the provisional record stays: cancel
 dropped           kombu routed the message nowhere, nothing was written: nothing to do
 ================  =============================================================================
 """
@@ -85,7 +85,9 @@ _MOVES: dict[RecordState, frozenset[RecordState]] = {
     RecordState.UNKNOWN: frozenset(),
     RecordState.SENT: frozenset({RecordState.QUEUED}),
     RecordState.QUEUED: frozenset(),
-    RecordState.AWAITING_CONFIRM: frozenset({RecordState.QUEUED, RecordState.ABSENT}),
+    RecordState.AWAITING_CONFIRM: frozenset(
+        {RecordState.QUEUED, RecordState.ABSENT, RecordState.UNROUTED, RecordState.UNKNOWN}
+    ),
     RecordState.UNROUTED: frozenset({RecordState.ABSENT}),
     RecordState.DROPPED: frozenset(),
 }
