@@ -18,9 +18,11 @@ from .shadowing import shadowing
 __all__ = ["is_confirming", "telling_the_confirm"]
 
 
-def is_confirming(transport_publish: Callable[..., object]) -> bool:
-    """Is ``transport_publish`` (a channel's ``basic_publish``) py-amqp's confirming one?"""
-    return getattr(transport_publish, "__name__", "") == "basic_publish_confirm"
+def is_confirming(channel: ChannelSurface) -> bool:
+    """Does ``channel`` publish under confirms? (py-amqp's, of a connection made with
+    ``confirm_publish``: its ``basic_publish`` is then the confirming one, whatever stands
+    in for it.)"""
+    return bool(getattr(getattr(channel, "connection", None), "confirm_publish", False))
 
 
 def telling_the_confirm(

@@ -273,6 +273,7 @@ def publishing_at_push(
     channel = producer.channel
     # The transport's, confirm mode included.
     transport_publish: Callable[..., object] = channel.basic_publish
+    confirming = is_confirming(channel)
 
     def out() -> None:
         plan.taken = True
@@ -297,7 +298,7 @@ def publishing_at_push(
             holder = decision.decide()
             if holder is not None:
                 raise Refused(holder)
-        if is_confirming(transport_publish):
+        if confirming:
             with telling_the_confirm(channel, out, refused, unanswered):
                 sent = transport_publish(message, *args, **kwargs)
         else:
