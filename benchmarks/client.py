@@ -26,8 +26,7 @@ import redis
 from redis.utils import HIREDIS_AVAILABLE
 
 from benchmarks._env import interleaved
-from dedupe.store.script_source import script_text
-from dedupe.store.store import Store
+from dedupe.store.store import Store, script_text
 from dedupe.values import defaults
 from dedupe.values.keys import CallKeys
 from dedupe.values.record import pack_queued

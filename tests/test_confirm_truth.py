@@ -19,7 +19,7 @@ from celery import Celery
 
 import dedupe
 from dedupe.producer.guard import keys_of_call
-from dedupe.store.script_source import script_text
+from dedupe.store.store import script_text
 
 from .conftest import RedisFactory
 from .helpers import wait_for

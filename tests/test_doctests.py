@@ -17,7 +17,7 @@ RUNNABLE = [
     "dedupe.cli",
     "dedupe.producer.message_repr",
     "dedupe.runs.inventory",
-    "dedupe.store.script_source",
+    "dedupe.store.store",
     "dedupe.values.canonical",
     "dedupe.values.config",
     "dedupe.values.header",

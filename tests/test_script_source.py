@@ -10,7 +10,7 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedupe.store.script_source import script_text, used_prelude
+from dedupe.store.store import script_text, used_prelude
 
 LUA = resources.files("dedupe.store") / "lua"
 PRELUDE = (LUA / "_prelude.lua").read_text(encoding="utf-8")

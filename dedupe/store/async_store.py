@@ -26,7 +26,7 @@ from .clients import async_client
 from .commands.base import DataLossBarrier
 from .redis_errors import reraise_unavailable
 from .replies import Requeue, first_holder, not_decided, read_cancel, read_enqueue, read_requeue
-from .script_source import script_text
+from .store import script_text
 
 __all__ = ["AsyncStore"]
 

@@ -1,5 +1,5 @@
 -- Its definitions are prepended to each script that uses them, and only those, when it is
--- loaded (see dedupe.store.script_source): a script runs them all on every call.
+-- loaded (see dedupe.store.store.script_text): a script runs them all on every call.
 -- A record is a msgpack array (see dedupe/values/record.py), its state told by its shape:
 --   provisional  {owner, nonce}
 --   queued       {owner, nonce, enqueued_at[, eta]}
