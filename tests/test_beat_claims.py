@@ -7,6 +7,7 @@ what the test names."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from celery import Celery
 from celery.beat import ScheduleEntry, SchedulingError
 from celery.schedules import crontab, schedule
+from kombu import Exchange, Queue
 
 from dedupe.beat import DedupeScheduler
 from dedupe.beat.ticks import tick_of
@@ -114,3 +116,27 @@ def test_a_tick_whose_send_fails_after_its_message_went_out_keeps_its_claim(
         assert queue_length(app) == 1
     finally:
         proxy.close()
+
+
+def test_a_tick_the_broker_refuses_gives_its_claim_up(
+    make_app: Callable[..., Celery], rabbitmq_url: str, tmp_path: Path, redis_client: Any
+) -> None:
+    # A full queue that rejects publishes: RabbitMQ answers the tick with a Nack, so it is
+    # surely not out, and another beat may send it.
+    queue = f"full-{uuid.uuid4().hex[:8]}"
+    arguments = {"x-max-length": 1, "x-overflow": "reject-publish"}
+    app = make_app(
+        broker=rabbitmq_url,
+        task_publish_retry=False,
+        task_default_queue=queue,
+        task_queues=[Queue(queue, Exchange(queue), queue, queue_arguments=arguments)],
+    )
+    scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "s"))
+    clock = _Clock()
+    every = crontab(minute="*/5", nowfun=clock, app=app)
+    app.send_task("x.y", (0,))  # (fills the queue)
+    with pytest.raises(SchedulingError):
+        scheduler.apply_async(_entry(app, every))
+    tick = tick_of(every)
+    assert tick is not None
+    assert redis_client.exists(tick_key(app.conf.dedupe_key_prefix, "e", tick.number)) == 0

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from kombu.common import Broadcast
 from kombu.exceptions import OperationalError
 
 import dedupe
@@ -24,7 +25,9 @@ from dedupe.values.config import DedupeConfig
 from dedupe.values.limits import LIMIT, LimitHeader, Rate, limit_keys
 from dedupe.values.options import resolve
 
+from .conftest import RedisFactory
 from .helpers import FAILS_AT_ONCE, UNREACHABLE, WorkerProcess, keys_with_prefix
+from .proxies import CuttingProxy
 
 pytestmark = [pytest.mark.slow]
 
@@ -158,6 +161,32 @@ def test_a_call_whose_publish_fails_gives_its_start_back(
     with pytest.raises(OperationalError):
         job.delay(1)
     assert keys_with_prefix(redis_client, app.conf.dedupe_key_prefix) == []
+
+
+def test_a_call_pushed_in_two_steps_on_the_redis_broker_gives_its_start_back_if_its_push_fails(
+    make_app: Callable[..., Celery], redis_factory: RedisFactory
+) -> None:
+    # A fanout: one script cannot push it, so its start is reserved first, then kombu
+    # publishes it; the broker's connection is cut as it does.
+    server = redis_factory()
+    proxy = CuttingProxy(server.port)
+    try:
+        app = make_app(broker=proxy.url, dedupe_redis_url=proxy.url, task_publish_retry=False)
+
+        @app.task(shared=False, base=dedupe.DedupeTask, key_rate_limit="1/m")
+        def job(x: int) -> None: ...
+
+        fanout = Broadcast(f"fanout-{app.conf.dedupe_key_prefix}")
+        with app.connection_for_write() as connection:  # (a consumer's queue bound to it)
+            fanout(connection.default_channel).declare()
+        proxy.cut_at = (b"PUBLISH", fanout.exchange.name.encode())
+        with pytest.raises(OperationalError):
+            job.apply_async((1,), queue=fanout, declare=[fanout])
+        assert proxy.cuts == 1
+        client = redis.Redis(port=server.port)
+        assert keys_with_prefix(client, app.conf.dedupe_key_prefix) == []
+    finally:
+        proxy.close()
 
 
 def test_a_run_that_finds_the_period_full_waits_for_the_next_free_start(

@@ -111,6 +111,24 @@ def test_an_accepted_call_whose_confirm_never_comes_back_leaves_its_record_provi
         proxy.close()
 
 
+def test_an_accepted_call_whose_confirm_kombu_publishes_again_is_confirmed(
+    make_app: Callable[..., Celery], rabbitmq_url: str, redis_client: redis.Redis
+) -> None:
+    # The confirm never comes back, and kombu's retry publishes the message again on a new
+    # connection: the call returns accepted, and its record is made durable as any other's.
+    proxy = CuttingProxy(RABBITMQ_PORT, delivered=True)
+    try:
+        app = make_app(broker=f"amqp://guest:guest@127.0.0.1:{proxy.port}//")
+        job = _job(app)
+        proxy.cut_at = (BASIC_PUBLISH, app.conf.task_default_queue.encode())
+        assert job.delay(1).deduplicated is False
+        assert proxy.cuts == 1
+        _, keys = keys_of_call(job, (1,), None, app, {})
+        assert redis_client.pttl(keys.call) > PROVISIONAL_TTL * 1000
+    finally:
+        proxy.close()
+
+
 def test_an_accepted_call_the_broker_refuses_under_publisher_confirms_frees_its_key(
     make_app: Callable[..., Celery],
     rabbitmq_url: str,

@@ -60,6 +60,9 @@ class PushPlan:
     #: The transport took the message (its publish returned), whatever the record is: a
     #: continuation's, which leaves the record to its run, has none of its own.
     taken: bool = False
+    #: The broker's publisher confirm of the message was awaited and never came (the
+    #: connection lost): queued or lost. kombu may publish it again, and return.
+    unanswered: bool = False
 
     @property
     def store(self) -> Store:

@@ -209,10 +209,13 @@ def _publish_in_line(
             with runtime.broker.pushing_in_line(producer, plan), publishing():
                 sent = (sender_for(call, producer) or call.publish)(call.args, call.kwargs, options)
         except BaseException:
-            # Only a place taken apart from its push goes: once its script is sent, its
-            # place and its message are both there or neither (a start alone lapses).
+            # Only a place or a start taken apart from its push goes (where one script could
+            # not push it): once its script is sent, they and the message are all there or
+            # none of them.
             if plan.owns_a_place_alone:
                 _leave_line(plan.store, header.keys, plan.task_id)
+            if isinstance(plan, StartPlan):
+                plan.give_back()
             raise
     return mark_result(sent, deduplicated=False)
 

@@ -269,7 +269,7 @@ def publishing_at_push(
     a duplicate unwinding as :class:`Refused` before the message reaches the broker; once the
     transport has the message, the provisional record awaits its confirm (``plan``). Under
     publisher confirms: a Nack gives the record up, and a wait for the broker's answer cut
-    short (the message queued or lost) leaves it provisional."""
+    short (the message queued or lost) leaves it provisional if the publish raises."""
     channel = producer.channel
     # The transport's, confirm mode included.
     transport_publish: Callable[..., object] = channel.basic_publish
@@ -288,10 +288,9 @@ def publishing_at_push(
             plan.move(RecordState.UNROUTED)
 
     def unanswered() -> None:
-        # Queued or lost: the provisional record stays as it is, for its short ttl (a
-        # publish that hangs leaves the same), neither confirmed nor cancelled.
-        if plan.state is RecordState.AWAITING_CONFIRM:
-            plan.move(RecordState.UNKNOWN)
+        # Queued or lost. Told apart only if the publish raises after all (kombu may send
+        # it again on a new connection, and return): see cancel_after_failure.
+        plan.unanswered = True
 
     def basic_publish(message: object, *args: object, **kwargs: object) -> object:
         if decision is not None:

@@ -112,7 +112,13 @@ class RecordMoves(DecidedCall):
         """:meth:`cancel_record` while an exception unwinds the call (or its batch, before it
         was published): that exception is what the caller must see, whatever the cancel
         meets."""
-        if self.plan.state is RecordState.AWAITING_CONFIRM:
+        plan = self.plan
+        if plan.state is RecordState.AWAITING_CONFIRM and plan.unanswered:
+            # Its publisher confirm never came: queued or lost. The provisional record
+            # stays as it is, for its short ttl (a publish that hangs leaves the same).
+            plan.move(RecordState.UNKNOWN)
+            return
+        if plan.state is RecordState.AWAITING_CONFIRM:
             # The transport has the message (what raised came after it): its record stays.
             self.confirm_after_failure()
             return
