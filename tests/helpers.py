@@ -20,6 +20,7 @@ import pytest
 import redis
 from celery.app.task import Task
 from celery.backends.redis import ResultConsumer
+from kombu import Exchange, Queue
 
 from dedupe.values.keys import (
     RAN_SUFFIX,
@@ -50,6 +51,24 @@ FAILS_AT_ONCE = {
     "broker_connection_timeout": 0.5,
     "broker_connection_max_retries": 0,
 }
+
+#: The start of an AMQP Basic.Publish method frame's payload (class 60, method 40): what a
+#: proxy in front of RabbitMQ finds in a publish.
+BASIC_PUBLISH = b"\x00<\x00("
+
+
+def full_queue(rabbitmq_url: str) -> dict[str, Any]:
+    """``make_app`` settings of an app on RabbitMQ whose queue (its own) holds one message and
+    refuses the next: under publisher confirms, that publish is answered with a Nack and
+    raises (no retry)."""
+    queue = f"full-{uuid.uuid4().hex[:8]}"
+    arguments = {"x-max-length": 1, "x-overflow": "reject-publish"}
+    return {
+        "broker": rabbitmq_url,
+        "task_publish_retry": False,
+        "task_default_queue": queue,
+        "task_queues": [Queue(queue, Exchange(queue), queue, queue_arguments=arguments)],
+    }
 
 
 def require(condition: bool, reason: str) -> None:

@@ -7,7 +7,6 @@ what the test names."""
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,13 @@ import pytest
 from celery import Celery
 from celery.beat import ScheduleEntry, SchedulingError
 from celery.schedules import crontab, schedule
-from kombu import Exchange, Queue
 
 from dedupe.beat import DedupeScheduler
 from dedupe.beat.ticks import tick_of
 from dedupe.values.keys import tick_key
 
 from .conftest import RedisFactory
+from .helpers import BASIC_PUBLISH, full_queue
 from .proxies import CuttingProxy, HoldingProxy
 
 
@@ -87,10 +86,6 @@ def test_a_refused_tick_claim_whose_holder_cannot_be_read_is_skipped(
         proxy.close()
 
 
-#: The start of an AMQP Basic.Publish method frame's payload (class 60, method 40).
-BASIC_PUBLISH = b"\x00<\x00("
-
-
 def test_a_tick_whose_send_fails_after_its_message_went_out_keeps_its_claim(
     make_app: Callable[..., Celery], rabbitmq_url: str, tmp_path: Path, queue_length: Any
 ) -> None:
@@ -123,14 +118,7 @@ def test_a_tick_the_broker_refuses_gives_its_claim_up(
 ) -> None:
     # A full queue that rejects publishes: RabbitMQ answers the tick with a Nack, so it is
     # surely not out, and another beat may send it.
-    queue = f"full-{uuid.uuid4().hex[:8]}"
-    arguments = {"x-max-length": 1, "x-overflow": "reject-publish"}
-    app = make_app(
-        broker=rabbitmq_url,
-        task_publish_retry=False,
-        task_default_queue=queue,
-        task_queues=[Queue(queue, Exchange(queue), queue, queue_arguments=arguments)],
-    )
+    app = make_app(**full_queue(rabbitmq_url))
     scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "s"))
     clock = _Clock()
     every = crontab(minute="*/5", nowfun=clock, app=app)

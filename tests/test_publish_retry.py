@@ -7,7 +7,6 @@ connection where the test says."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -15,13 +14,13 @@ import pytest
 import redis
 from amqp.exceptions import MessageNacked
 from celery import Celery
-from kombu import Exchange, Queue
 from kombu.exceptions import OperationalError
 
 import dedupe
 from dedupe.producer.guard import keys_of_call
 from dedupe.values.defaults import PROVISIONAL_TTL
 
+from .helpers import BASIC_PUBLISH, full_queue
 from .proxies import CuttingProxy
 
 RABBITMQ_PORT = 5672
@@ -55,10 +54,6 @@ def test_a_duplicate_whose_publish_is_retried_on_a_new_connection_is_refused(
         assert queue_length(first) == 1
     finally:
         proxy.close()
-
-
-#: The start of an AMQP Basic.Publish method frame's payload (class 60, method 40).
-BASIC_PUBLISH = b"\x00<\x00("
 
 
 def test_an_accepted_call_whose_publish_is_retried_on_a_new_connection_keeps_its_record(
@@ -136,14 +131,7 @@ def test_an_accepted_call_the_broker_refuses_under_publisher_confirms_frees_its_
     redis_client: redis.Redis,
 ) -> None:
     # A full queue that rejects publishes: the broker answers the message with a Nack.
-    queue = f"full-{uuid.uuid4().hex[:8]}"
-    arguments = {"x-max-length": 1, "x-overflow": "reject-publish"}
-    app = make_app(
-        broker=rabbitmq_url,
-        task_publish_retry=False,
-        task_default_queue=queue,
-        task_queues=[Queue(queue, Exchange(queue), queue, queue_arguments=arguments)],
-    )
+    app = make_app(**full_queue(rabbitmq_url))
     job = _job(app)
     assert job.delay(1).deduplicated is False
     with pytest.raises(OperationalError) as refused:  # (kombu's, raised from the Nack)
