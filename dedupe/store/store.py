@@ -80,6 +80,7 @@ def used_prelude(prelude: str, body: str) -> str:
     return "".join(text for name, text in definitions.items() if name in wanted)
 
 
+@cache  # (one prelude, read for each of the store's scripts)
 def _definitions(prelude: str) -> dict[str, str]:
     """Each top-level definition of ``prelude`` (in order), by name: from the comment lines
     right above it to the comment lines of the next one."""
