@@ -139,6 +139,13 @@ class LinePlan:
         script cannot write both); Redis unreachable is :attr:`unavailable`'s to judge."""
         _take_place(self, self.ttl_ms)
 
+    def leave_apart(self) -> None:
+        """The call's publish failed, or was cut short: a place it took apart from its message
+        goes, else it would hold the calls behind it until it lapses (and name a call that
+        never runs). Once its script is sent, the place and the message are both there or
+        neither: nothing to leave."""
+        _leave_place(self)
+
 
 @dataclass(eq=False)
 class StartPlan:
@@ -163,7 +170,7 @@ class StartPlan:
     #: As :class:`LinePlan`'s (a start alone is never "placed").
     state: Literal["absent", "sent", "placed", "pushed", "dropped"] = "absent"
     #: A start was asked for apart from the message (:meth:`reserve_apart`): it is in the
-    #: plan until the message's run starts, or :meth:`give_back` takes it out.
+    #: plan until the message's run starts, or :meth:`leave_apart` takes it out.
     reserved: bool = False
 
     @property
@@ -195,11 +202,13 @@ class StartPlan:
             _take_place(self, self.place.ms_after(delay_ms))
         return delay_ms
 
-    def give_back(self) -> None:
-        """The call's publish failed, or was cut short: its start reserved apart goes back to
-        the plan, where it would have stayed a period for a message that never existed (the
+    def leave_apart(self) -> None:
+        """The call's publish failed, or was cut short: what it took apart from its message
+        goes, its place in line (as :meth:`LinePlan.leave_apart`) and its start, back to the
+        plan, where it would have stayed a period for a message that never existed (the
         next call waiting for nothing). A message whose fate is unknown loses nothing: each
         run checks the starts made as it starts, so the limit holds there."""
+        _leave_place(self)
         if not self.reserved:
             return
         self.reserved = False
@@ -223,3 +232,14 @@ def _take_place(plan: LinePlan | StartPlan, ttl_ms: int) -> None:
     except RedisUnavailable as exc:
         plan.state = "absent"  # (unreachable: a leave would fail too; what it wrote lapses)
         plan.unavailable(exc)
+
+
+def _leave_place(plan: LinePlan | StartPlan) -> None:
+    """Free ``plan``'s place in line if it was taken apart and no message is known to go with
+    it (:attr:`LinePlan.owns_a_place_alone`)."""
+    if not plan.owns_a_place_alone:
+        return
+    try:
+        plan.store.leave_line(plan.keys, plan.task_id)
+    except RedisUnavailable as exc:
+        logger.warning("%s keeps its place in line until it lapses: %s", plan.task_id, exc.cause)

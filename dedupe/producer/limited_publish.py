@@ -24,7 +24,6 @@ from dedupe.errors import ConfigurationError, RedisUnavailable
 from dedupe.events import UNAVAILABLE, emit
 from dedupe.runs.runtime import Runtime, runtime_of
 from dedupe.store.commands.starts import PlaceWait
-from dedupe.store.store import Store
 from dedupe.values.config import SettingReader
 from dedupe.values.header import publishing
 from dedupe.values.key_derivation import keys_for
@@ -104,7 +103,7 @@ def publish_limited(call: Call) -> DedupeResult:
                 options["countdown"] = delay = delay_ms / 1000
             return _publish_apart(runtime, call, header, unique, now, delay)
         except BaseException:
-            start.give_back()
+            start.leave_apart()
             raise
     return _publish_apart(runtime, call, header, unique, now, delay)
 
@@ -120,9 +119,8 @@ def _publish_apart(
     """Publish a limited call whose start, if it has a rate, is reserved already: its place in
     line taken with its message in one step where the broker allows, else apart from it."""
     task_id = str(call.options["task_id"])
-    store = runtime.store
     if not header.holds_slots:
-        return _publish_with(call, header, store, task_id)
+        return _publish_with(call, header)
     if header.kind == "concurrency":
         return _publish_concurrency(runtime, call, header, unique.ttl, unique.lease, delay)
     place_ms = _place_wait(call, unique.lease, now).ms_after(milliseconds(delay) if delay else 0)
@@ -130,7 +128,7 @@ def _publish_apart(
     line = LinePlan(lambda: runtime.store, header.keys, task_id, place_ms, unavailable)
     if runtime.one_step:
         return _publish_in_line(runtime, call, header, line)
-    return _publish_with(call, header, store, task_id, place=line)
+    return _publish_with(call, header, place=line)
 
 
 def _publish_concurrency(
@@ -143,14 +141,14 @@ def _publish_concurrency(
     task_id = str(call.options["task_id"])
     unavailable = _on_unavailable(runtime, call.task_name, task_id, header.key)
     if delay:
-        return _publish_with(call, header, runtime.store, task_id)
+        return _publish_with(call, header)
     if not runtime.one_step:
         # Its place first, for call order: it lapses a lease on if its message never comes
         # (a process killed before its publish), so it never holds the line longer.
         place = LinePlan(
             lambda: runtime.store, header.keys, task_id, milliseconds(lease), unavailable
         )
-        return _publish_with(call, header, runtime.store, task_id, place=place)
+        return _publish_with(call, header, place=place)
     line = LinePlan(
         lambda: runtime.store,
         header.keys,
@@ -174,7 +172,7 @@ def _publish_concurrency(
 
 
 def _publish_with(
-    call: Call, header: LimitHeader, store: Store, task_id: str, *, place: LinePlan | None = None
+    call: Call, header: LimitHeader, *, place: LinePlan | None = None
 ) -> DedupeResult:
     """Publish a limited call (its start reserved already, if it has a rate), its ``place``
     in line taken first, apart from it (None: none to take)."""
@@ -185,11 +183,10 @@ def _publish_with(
         with publishing():
             sent = call.publish(call.args, call.kwargs, call.options)
     except BaseException:
-        # No message, or none known: the place goes, else it would hold the calls behind
-        # it until it lapses (and name a call that never runs); whatever cut the take
-        # short too. (A start reserved apart goes back in publish_limited.)
-        if place is not None and place.owns_a_place_alone:
-            _leave_line(store, header.keys, task_id)
+        # No message, or none known: whatever cut the take short too. (A start reserved
+        # apart goes back in publish_limited.)
+        if place is not None:
+            place.leave_apart()
         raise
     return mark_result(sent, deduplicated=False)
 
@@ -209,13 +206,9 @@ def _publish_in_line(
             with runtime.broker.pushing_in_line(producer, plan), publishing():
                 sent = (sender_for(call, producer) or call.publish)(call.args, call.kwargs, options)
         except BaseException:
-            # Only a place or a start taken apart from its push goes (where one script could
-            # not push it): once its script is sent, they and the message are all there or
-            # none of them.
-            if plan.owns_a_place_alone:
-                _leave_line(plan.store, header.keys, plan.task_id)
-            if isinstance(plan, StartPlan):
-                plan.give_back()
+            # (Only what was taken apart from its push goes, where one script could not push
+            # it: once its script is sent, all of it and the message are there or none.)
+            plan.leave_apart()
             raise
     return mark_result(sent, deduplicated=False)
 
@@ -241,13 +234,6 @@ def _on_unavailable(
         emit(UNAVAILABLE, task_name, task_id, key, action=action, error=exc.cause)
 
     return unavailable
-
-
-def _leave_line(store: Store, keys: Mapping[str, str], task_id: str) -> None:
-    try:
-        store.leave_line(keys, task_id)
-    except RedisUnavailable as exc:
-        logger.warning("%s keeps its place in line until it lapses: %s", task_id, exc.cause)
 
 
 def _place_wait(call: Call, ttl: float, now: float) -> PlaceWait:
