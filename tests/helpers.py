@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import logging
 import os
@@ -51,6 +52,22 @@ FAILS_AT_ONCE = {
     "broker_connection_timeout": 0.5,
     "broker_connection_max_retries": 0,
 }
+
+
+class Clock:
+    """The clock of an entry's schedule, moved by the test (``at``: where it starts)."""
+
+    def __init__(
+        self, at: dt.datetime = dt.datetime(2026, 11, 24, 9, 0, 0, 500_000, tzinfo=dt.timezone.utc)
+    ) -> None:
+        self.at = at
+
+    def __call__(self) -> dt.datetime:
+        return self.at
+
+    def advance(self, seconds: float) -> None:
+        self.at += dt.timedelta(seconds=seconds)
+
 
 #: The start of an AMQP Basic.Publish method frame's payload (class 60, method 40): what a
 #: proxy in front of RabbitMQ finds in a publish.

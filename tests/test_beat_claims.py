@@ -21,16 +21,12 @@ from dedupe.beat.ticks import tick_of
 from dedupe.values.keys import tick_key
 
 from .conftest import RedisFactory
-from .helpers import BASIC_PUBLISH, full_queue
+from .helpers import BASIC_PUBLISH, Clock, full_queue
 from .proxies import CuttingProxy, HoldingProxy
 
-
-class _Clock:
-    def __init__(self) -> None:
-        self.at = dt.datetime(2026, 11, 24, 9, 0, 0, 100, tzinfo=dt.timezone.utc)
-
-    def __call__(self) -> dt.datetime:
-        return self.at
+#: Where the tests' clocks start: a hair into a minute, so that a hair less than an interval
+#: on is still inside the slot claimed.
+_START = dt.datetime(2026, 11, 24, 9, 0, 0, 100, tzinfo=dt.timezone.utc)
 
 
 def _entry(app: Celery, every: Any) -> Any:
@@ -47,7 +43,7 @@ def test_an_interval_tick_whose_next_slot_claim_is_answered_late_is_sent(
     proxy = HoldingProxy(redis_factory().port, hold_for=1.0)
     try:
         app = make_app(dedupe_redis_url=proxy.url, dedupe_redis_options={"socket_timeout": 0.5})
-        clock = _Clock()
+        clock = Clock(_START)
         scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "s"))
         entry = _entry(app, schedule(60.0, nowfun=clock, app=app))
         assert scheduler.apply_async(entry) is not None
@@ -72,7 +68,7 @@ def test_a_refused_tick_claim_whose_holder_cannot_be_read_is_skipped(
     proxy = CuttingProxy(redis_factory().port, every=True)
     try:
         app = make_app(dedupe_redis_url=proxy.url, dedupe_redis_options={"socket_timeout": 0.5})
-        clock = _Clock()
+        clock = Clock(_START)
         every = crontab(minute="*/5", nowfun=clock, app=app)
         first, second = (
             DedupeScheduler(app=app, schedule_filename=str(tmp_path / f"s{n}")) for n in (1, 2)
@@ -98,7 +94,7 @@ def test_a_tick_whose_send_fails_after_its_message_went_out_keeps_its_claim(
             broker_transport_options={"confirm_publish": True},
             task_publish_retry=False,
         )
-        clock = _Clock()
+        clock = Clock(_START)
         every = crontab(minute="*/5", nowfun=clock, app=app)
         first, second = (
             DedupeScheduler(app=app, schedule_filename=str(tmp_path / f"s{n}")) for n in (1, 2)
@@ -120,7 +116,7 @@ def test_a_tick_the_broker_refuses_gives_its_claim_up(
     # surely not out, and another beat may send it.
     app = make_app(**full_queue(rabbitmq_url))
     scheduler = DedupeScheduler(app=app, schedule_filename=str(tmp_path / "s"))
-    clock = _Clock()
+    clock = Clock(_START)
     every = crontab(minute="*/5", nowfun=clock, app=app)
     app.send_task("x.y", (0,))  # (fills the queue)
     with pytest.raises(SchedulingError):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -21,21 +20,8 @@ from dedupe.store.store import Store
 from dedupe.values.limits import limit_keys
 
 from .conftest import RedisFactory
-from .helpers import FAILS_AT_ONCE, UNREACHABLE
+from .helpers import FAILS_AT_ONCE, UNREACHABLE, Clock
 from .proxies import HoldingProxy
-
-
-class Clock:
-    """The clock of an entry's schedule, moved by the test."""
-
-    def __init__(self) -> None:
-        self.at = dt.datetime(2026, 11, 24, 9, 0, 0, 500_000, tzinfo=dt.timezone.utc)
-
-    def __call__(self) -> dt.datetime:
-        return self.at
-
-    def advance(self, seconds: float) -> None:
-        self.at += dt.timedelta(seconds=seconds)
 
 
 class NextTickScheduler(DedupeScheduler):
