@@ -69,6 +69,13 @@ class Clock:
         self.at += dt.timedelta(seconds=seconds)
 
 
+#: ``make_app`` settings under which a publish on RabbitMQ whose confirm never comes back
+#: raises at once: publisher confirms on, no retry.
+CONFIRMED_ONCE = {
+    "broker_transport_options": {"confirm_publish": True},
+    "task_publish_retry": False,
+}
+
 #: The start of an AMQP Basic.Publish method frame's payload (class 60, method 40): what a
 #: proxy in front of RabbitMQ finds in a publish.
 BASIC_PUBLISH = b"\x00<\x00("
@@ -82,7 +89,7 @@ def full_queue(rabbitmq_url: str) -> dict[str, Any]:
     arguments = {"x-max-length": 1, "x-overflow": "reject-publish"}
     return {
         "broker": rabbitmq_url,
-        "task_publish_retry": False,
+        **CONFIRMED_ONCE,
         "task_default_queue": queue,
         "task_queues": [Queue(queue, Exchange(queue), queue, queue_arguments=arguments)],
     }

@@ -8,6 +8,9 @@ import socket
 import threading
 import time
 
+#: RabbitMQ's port on this machine (a proxy in front of it: ``RedisProxy(RABBITMQ_PORT)``).
+RABBITMQ_PORT = 5672
+
 
 class RedisProxy:
     """Passes bytes both ways; the server's writes go through :meth:`deliver`, which a
@@ -23,6 +26,11 @@ class RedisProxy:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def amqp_url(self) -> str:
+        """The broker URL through this proxy, when it stands in front of RabbitMQ."""
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
 
     def deliver(self, sink: socket.socket, data: bytes) -> None:
         """Hand one of the server's writes to the client."""

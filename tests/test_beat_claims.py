@@ -21,8 +21,8 @@ from dedupe.beat.ticks import tick_of
 from dedupe.values.keys import tick_key
 
 from .conftest import RedisFactory
-from .helpers import BASIC_PUBLISH, Clock, full_queue
-from .proxies import CuttingProxy, HoldingProxy
+from .helpers import BASIC_PUBLISH, CONFIRMED_ONCE, Clock, full_queue
+from .proxies import RABBITMQ_PORT, CuttingProxy, HoldingProxy
 
 #: Where the tests' clocks start: a hair into a minute, so that a hair less than an interval
 #: on is still inside the slot claimed.
@@ -87,13 +87,9 @@ def test_a_tick_whose_send_fails_after_its_message_went_out_keeps_its_claim(
 ) -> None:
     # RabbitMQ gets the message, and the connection dies before its confirm comes back: the
     # send raises, but the tick is out. Freed, its claim would let another beat send it again.
-    proxy = CuttingProxy(5672, delivered=True)
+    proxy = CuttingProxy(RABBITMQ_PORT, delivered=True)
     try:
-        app = make_app(
-            broker=f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
-            broker_transport_options={"confirm_publish": True},
-            task_publish_retry=False,
-        )
+        app = make_app(broker=proxy.amqp_url, **CONFIRMED_ONCE)
         clock = Clock(_START)
         every = crontab(minute="*/5", nowfun=clock, app=app)
         first, second = (

@@ -20,10 +20,8 @@ import dedupe
 from dedupe.producer.guard import keys_of_call
 from dedupe.values.defaults import PROVISIONAL_TTL
 
-from .helpers import BASIC_PUBLISH, full_queue
-from .proxies import CuttingProxy
-
-RABBITMQ_PORT = 5672
+from .helpers import BASIC_PUBLISH, CONFIRMED_ONCE, full_queue
+from .proxies import RABBITMQ_PORT, CuttingProxy
 
 
 def _job(app: Celery) -> Any:
@@ -43,7 +41,7 @@ def test_a_duplicate_whose_publish_is_retried_on_a_new_connection_is_refused(
     try:
         # Another process's app (its own connection, through the proxy), the same keys and queue.
         app = make_app(
-            broker=f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
+            broker=proxy.amqp_url,
             dedupe_key_prefix=first.conf.dedupe_key_prefix,
             task_default_queue=first.conf.task_default_queue,
         )
@@ -61,7 +59,7 @@ def test_an_accepted_call_whose_publish_is_retried_on_a_new_connection_keeps_its
 ) -> None:
     proxy = CuttingProxy(RABBITMQ_PORT)
     try:
-        app = make_app(broker=f"amqp://guest:guest@127.0.0.1:{proxy.port}//")
+        app = make_app(broker=proxy.amqp_url)
         job = _job(app)
         # The message's own frame is cut: the transport's publish raises, kombu publishes
         # again on a new connection, past the channel the push seam shadowed.
@@ -87,11 +85,7 @@ def test_an_accepted_call_whose_confirm_never_comes_back_leaves_its_record_provi
     # says so for the provisional ttl, as a publish that hangs leaves it: not for unique_ttl.
     proxy = CuttingProxy(RABBITMQ_PORT, delivered=True)
     try:
-        app = make_app(
-            broker=f"amqp://guest:guest@127.0.0.1:{proxy.port}//",
-            broker_transport_options={"confirm_publish": True},
-            task_publish_retry=False,
-        )
+        app = make_app(broker=proxy.amqp_url, **CONFIRMED_ONCE)
         job = _job(app)
         proxy.cut_at = (BASIC_PUBLISH, app.conf.task_default_queue.encode())
         with pytest.raises(Exception, match=r"(?i)connection|socket|closed|eof"):
@@ -113,7 +107,7 @@ def test_an_accepted_call_whose_confirm_kombu_publishes_again_is_confirmed(
     # connection: the call returns accepted, and its record is made durable as any other's.
     proxy = CuttingProxy(RABBITMQ_PORT, delivered=True)
     try:
-        app = make_app(broker=f"amqp://guest:guest@127.0.0.1:{proxy.port}//")
+        app = make_app(broker=proxy.amqp_url)
         job = _job(app)
         proxy.cut_at = (BASIC_PUBLISH, app.conf.task_default_queue.encode())
         assert job.delay(1).deduplicated is False
