@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 from celery.beat import ScheduleEntry, SchedulingError
 from celery.schedules import crontab, schedule
 
+from dedupe import DedupeTask
 from dedupe.beat import DedupeScheduler
 from dedupe.beat.ticks import tick_of
 from dedupe.values.keys import tick_key
@@ -120,3 +122,33 @@ def test_a_tick_the_broker_refuses_gives_its_claim_up(
     tick = tick_of(every)
     assert tick is not None
     assert redis_client.exists(tick_key(app.conf.dedupe_key_prefix, "e", tick.number)) == 0
+
+
+def test_a_limited_tick_whose_one_step_push_goes_unanswered_keeps_its_claim(
+    make_app: Callable[..., Celery], redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    # On a Redis broker that is the store, a key_concurrency tick's place in line and its
+    # message are one script. Its reply lost, the script may have pushed the tick: freed,
+    # its claim would let another beat send it again (a limited task accepts every call).
+    server = redis_factory()
+    proxy = CuttingProxy(server.port, delivered=True)
+    try:
+        app = make_app(broker=proxy.url, dedupe_redis_url=proxy.url)
+
+        @app.task(name="x.y", shared=False, base=DedupeTask, key_concurrency=1)
+        def limited(n: int) -> None: ...
+
+        clock = Clock(_START)
+        every = crontab(minute="*/5", nowfun=clock, app=app)
+        first, second = (
+            DedupeScheduler(app=app, schedule_filename=str(tmp_path / f"s{n}")) for n in (1, 2)
+        )
+        limited.delay(0)  # (the script is loaded: the cut one runs)
+        proxy.cut_at = (b"EVALSHA", app.conf.task_default_queue.encode())
+        with pytest.raises(SchedulingError):
+            first.apply_async(_entry(app, every))
+        assert proxy.cuts == 1
+        assert second.apply_async(_entry(app, every)) is None
+        assert redis.Redis(port=server.port).llen(app.conf.task_default_queue) == 2
+    finally:
+        proxy.close()

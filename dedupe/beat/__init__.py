@@ -143,7 +143,7 @@ class DedupeSchedulerMixin(_SchedulerBase):
                     result = self._send(task, task_name, args, call_kwargs, options, unique)
         except Exception as exc:
             if claimed is not None:
-                if watch is not None and watch.reached:
+                if watch is not None and watch.may_be_out(exc):
                     # Its message may be out: a second beat's send would be a second message.
                     logger.warning(
                         "beat: %s's send failed once the broker had its message: its tick "
