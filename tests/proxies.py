@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
+
+from .helpers import ROOT, free_port, wait_for
 
 #: RabbitMQ's port on this machine (a proxy in front of it: ``RedisProxy(RABBITMQ_PORT)``).
 RABBITMQ_PORT = 5672
@@ -116,3 +120,30 @@ class HoldingProxy(RedisProxy):
             self.held += 1
             time.sleep(self.hold_for)
         sink.sendall(data)
+
+
+class ProxyProcess:
+    """``tests.chaos.tcp_proxy`` in a process of its own between clients and ``target_port``:
+    stopped, every connection through it is cut and new ones are refused; started again,
+    on the same port, the way is open."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port, self.target = free_port(), target_port
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.chaos.tcp_proxy", str(self.port), str(self.target)],
+            cwd=ROOT,
+        )
+        wait_for(self._listening, message="the proxy process listens")
+
+    def _listening(self) -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None

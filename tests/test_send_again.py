@@ -5,52 +5,23 @@ proxy the test cuts (``CELERY_BROKER_WRITE_URL``); its deliveries come on the br
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from .helpers import ROOT, WorkerProcess, free_port, wait_for
+from .helpers import WorkerProcess, wait_for
+from .proxies import ProxyProcess
 from .test_flow_lines import forget_started
 
 pytestmark = [pytest.mark.slow]
 
 
-class WriteProxy:
-    """``tests.chaos.tcp_proxy`` between the worker's broker writes and the broker: stopped,
-    every write connection is cut and new ones are refused; started again, the way is open."""
-
-    def __init__(self, target_port: int) -> None:
-        self.port, self.target = free_port(), target_port
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.chaos.tcp_proxy", str(self.port), str(self.target)],
-            cwd=ROOT,
-        )
-        wait_for(self._listening, message="the write proxy listens")
-
-    def _listening(self) -> bool:
-        import socket
-
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", self.port)) == 0
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-
 @pytest.fixture
-def cut_writes(worker_app: Any, tag: str) -> Iterator[tuple[str, WriteProxy, WorkerProcess]]:
+def cut_writes(worker_app: Any, tag: str) -> Iterator[tuple[str, ProxyProcess, WorkerProcess]]:
     broker = urlsplit(str(worker_app.app.conf.broker_url))
-    proxy = WriteProxy(broker.port or 6379)
+    proxy = ProxyProcess(broker.port or 6379)
     proxy.start()
     queue = f"send-again-{tag}"
     write_url = f"redis://127.0.0.1:{proxy.port}{broker.path}"
@@ -70,7 +41,7 @@ def cut_writes(worker_app: Any, tag: str) -> Iterator[tuple[str, WriteProxy, Wor
 
 
 def test_a_waiting_call_whose_hand_off_is_cut_runs_once_the_broker_is_back(
-    worker_app: Any, tag: str, cut_writes: tuple[str, WriteProxy, WorkerProcess]
+    worker_app: Any, tag: str, cut_writes: tuple[str, ProxyProcess, WorkerProcess]
 ) -> None:
     queue, proxy, worker = cut_writes
     task = worker_app.two_at_once  # (key_concurrency=2, acks_late)
