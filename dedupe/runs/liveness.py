@@ -54,4 +54,14 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Has ``pid`` ended, and its parent not reaped it yet? (Linux: its state in /proc. A
+    worker whose event loop waits for the broker reaps its pool's children late.)"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[:1] == [b"Z"]
+    except OSError:
+        return False
