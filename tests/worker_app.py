@@ -284,6 +284,23 @@ def redelivered(self: Any, tag: str, seconds: float) -> str:
     return tag
 
 
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, acks_late=True)
+def cleans_up_when_stopped(self: Any, tag: str, seconds: float, cleanup: float) -> str:
+    """:func:`redelivered` whose first run, stopped (its process's SystemExit, say), takes
+    ``cleanup`` seconds more to unwind: it still runs then."""
+    first = _events.incr(f"deliveries:{tag}") == 1
+    log = runlog(tag)
+    _events.set(f"pid:{tag}", os.getpid())
+    log.started(self.request.id)
+    try:
+        time.sleep(seconds if first else 1)
+    finally:
+        if first:
+            time.sleep(cleanup)
+        log.ended(self.request.id)
+    return tag
+
+
 @app.task(
     bind=True,
     base=dedupe.DedupeTask,

@@ -14,6 +14,7 @@ from types import CodeType
 from typing import Any, TypeVar
 
 import celery
+from billiard import common as billiard_common
 from celery import Celery, _state
 from celery.app.amqp import AMQP
 from celery.app.task import Task
@@ -48,6 +49,7 @@ __all__ = [
     "exec_options",
     "on_fulfilled",
     "pending_results",
+    "pool_process_terminating",
     "removes_pending_by_task_id",
     "result_without_init",
     "setting_keys",
@@ -76,6 +78,31 @@ def current_app() -> Celery:
         return _current_app()
     # (The object behind Celery's proxy: apps are compared and keyed by identity.)
     return unproxied(celery.current_app)
+
+
+def _terminate_flag() -> Callable[[], bool] | None:
+    # billiard 4.3 asks its own; before, the handler set this list's one item.
+    fired = getattr(billiard_common, "terminate_handler_fired", None)
+    if callable(fired):
+        return lambda: bool(fired())
+    flag = getattr(billiard_common, "_should_have_exited", None)
+    if isinstance(flag, list) and len(flag) == 1 and isinstance(flag[0], bool):
+        return lambda: bool(flag[0])
+    return None
+
+
+_terminating = _terminate_flag()
+MEMBERS.need(
+    "billiard.common's terminate flag (terminate_handler_fired, or _should_have_exited)",
+    "keeping the key of a run whose pool process is terminated (Celery's cancel)",
+    lambda: _terminating,
+)
+
+
+def pool_process_terminating() -> bool:
+    """Has this pool process's own terminate-signal handler fired? (billiard's: the worker
+    sent it SIGTERM, a cancel or a revoke's terminate, and it unwinds to its exit.)"""
+    return _terminating is not None and _terminating()
 
 
 def current_worker_task() -> Task[..., object] | None:

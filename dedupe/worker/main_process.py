@@ -1,5 +1,6 @@
 """Worker side, in the prefork pool's parent (Celery's MainProcess): keys of runs it lost,
-revoked or is killing, and the continuation it sends itself (``retry_on_worker_lost``).
+revoked, cancelled or is killing, and the continuation it sends itself
+(``retry_on_worker_lost``).
 
 These handlers act for "any run" of a task id only when the run in the record is known dead
 or being killed by this process (:func:`dedupe.runs.liveness.lost_run_token`): a live copy of the
@@ -21,7 +22,7 @@ from dedupe.compat.celery_private import current_app, current_worker_task
 from dedupe.errors import DedupeError, RedisUnavailable
 from dedupe.events import RECLAIMED, UNAVAILABLE, emit
 from dedupe.runs.liveness import lost_run_token, run_is_dead
-from dedupe.runs.run import ANY_RUN, RunSpec
+from dedupe.runs.run import ANY_RUN, NO_RUN, RunSpec
 from dedupe.runs.run_end import RunEnd
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.surfaces import AnyTask, RequestSurface, TaskSurface
@@ -32,7 +33,7 @@ from .limited_runs import free_dead_slots, leave_line
 from .requeue import requeue_for_message, requeue_key
 from .run_spec import derived_spec, spec_for_request
 
-__all__ = ["on_failure", "on_publish_in_parent", "on_revoked"]
+__all__ = ["on_cancelled", "on_failure", "on_publish_in_parent", "on_revoked"]
 
 logger = logging.getLogger("dedupe.worker")
 
@@ -84,7 +85,7 @@ def on_revoked(
         # Celery announces the terminate as it sends the signal. A run may handle it (SIGUSR1
         # raises SoftTimeLimitExceeded, SIGTERM may be caught) and go on cleaning up: its key
         # goes when the run is over, never while it may still run beside a new one.
-        _free_when_over(sender, request)
+        _when_over(sender, request, requeue=False)
         return
     _act_for_lost_run(
         sender, request.id, request.args, request.kwargs, request, killing=bool(terminated)
@@ -163,9 +164,20 @@ def _act_for_lost_run(
 _WATCH_EVERY = 0.2
 
 
-def _free_when_over(task: AnyTask, request: Context) -> None:
-    """Free a terminated run's key once its process is gone (when the run ends by itself,
-    its own task_postrun frees or hands over the key, and there is nothing left to do)."""
+def on_cancelled(task: AnyTask, request: Context, *, acknowledged: bool) -> None:
+    """Celery cancelled a running run (``Request.cancel``: a broker connection lost under
+    ``worker_cancel_long_running_tasks_on_connection_loss``, a cold shutdown) and terminated
+    its process, which leaves the key as it stands. Once that process is gone, the key goes
+    back to queued for the message the broker delivers again; an ``acknowledged`` message is
+    gone, and its key with the run."""
+    if LimitHeader.read(getattr(request, "headers", None)) is not None:
+        return  # (a limited run's slot is freed in its process as it unwinds)
+    _when_over(task, request, requeue=not acknowledged)
+
+
+def _when_over(task: AnyTask, request: Context, *, requeue: bool) -> None:
+    """Once the process of a run this process terminated is gone, free its key, or put it
+    back to queued (``requeue``: its message comes back)."""
     runtime = installed(task.app)
     task_id = request.id
     if runtime is None or not task_id:
@@ -184,8 +196,13 @@ def _free_when_over(task: AnyTask, request: Context) -> None:
                 if holder is None or holder.task_id != task_id or holder.state != "running":
                     return  # the run ended and freed its key (or handed it over)
                 if run_is_dead(holder):
-                    store.release(keys, task_id, ANY_RUN)
-                    emit(RECLAIMED, task.name, task_id, keys.run, requeued=False)
+                    if requeue:
+                        # (Exactly this run's: a redelivered copy that took over is left be.)
+                        token = holder.run_token or NO_RUN
+                        requeue_key(runtime, keys, spec.ttl, task_id, token, 0.0)
+                    else:
+                        store.release(keys, task_id, ANY_RUN)
+                    emit(RECLAIMED, task.name, task_id, keys.run, requeued=requeue)
                     return
             except RedisUnavailable:
                 pass  # look again

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from celery.backends.base import DisabledBackend
 
+from dedupe.compat.celery_private import pool_process_terminating
 from dedupe.errors import RedisUnavailable
 from dedupe.events import RELEASED, UNAVAILABLE, emit
 from dedupe.runs.run import NO_RUN, Run, detach, run_of
@@ -44,6 +45,7 @@ def end_of_body(task: AnyTask, request: RequestSurface, end: RunEnd) -> None:
         or run.requeued
         or run.released
         or run.handover is not None
+        or pool_process_terminating()
     ):
         return
     if run.lease is not None:
@@ -136,6 +138,11 @@ def on_postrun(
         return
     if run.handover is not None:
         _hand_over(runtime, task, task_id, run, *run.handover)
+        return
+    if pool_process_terminating():
+        # The worker terminates this process (Celery's cancel, a revoke's terminate): the
+        # key stays as it stands until the process is gone, then the worker's main process
+        # frees it, or puts it back to queued for a message that comes back (main_process).
         return
     rejected = RunEnd.of_state(state, retval) is RunEnd.REJECTED_TO_REQUEUE
     if run.verdict == "claimed" and not (rejected and task.acks_late):

@@ -1,7 +1,7 @@
 """``DedupeTask``'s request class (Celery's ``Task.Request``): the run's claim sent as the
 worker accepts its message, where the same thread runs it (early_claim.py); a limited run's
 slot freed as the pool's parent learns that its child died (before Celery may put the
-message back)."""
+message back); the key of a run Celery cancels settled once its process is gone."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from billiard.einfo import ExceptionInfo
 from billiard.exceptions import WorkerLostError
+from celery.app.task import Context
 from celery.worker.request import Request
 
 from dedupe.values.limits import LimitHeader
@@ -17,6 +18,7 @@ from dedupe.values.limits import LimitHeader
 from . import early_claim
 from .early_claim import drop_unread, send_claim
 from .limited_runs import free_dead_slots
+from .main_process import on_cancelled
 
 __all__ = ["ClaimingRequest"]
 
@@ -37,6 +39,18 @@ class ClaimingRequest(Request):
             if unread is not None:
                 drop_unread(self.task, unread, consumed=self.acknowledged)
             raise
+
+    def cancel(self, pool: Any, *args: Any, **kwargs: Any) -> None:
+        # Celery cancels a running run it can no longer acknowledge (a broker connection
+        # lost) or wait for (a cold shutdown): it terminates the run's process, whose key
+        # the main process settles once the process is gone. (Read first: Celery marks the
+        # request ready.)
+        running, acknowledged = bool(self.time_start), self.acknowledged
+        super().cancel(pool, *args, **kwargs)
+        if running:
+            # The message's own fields, headers included (where the key's header is).
+            fields = self.request_dict
+            on_cancelled(self.task, Context(fields, headers=fields), acknowledged=acknowledged)
 
     def on_failure(
         self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
