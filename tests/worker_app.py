@@ -394,6 +394,42 @@ def sleepy_long_lease(self: Any, tag: str, seconds: float) -> str:
     return tag
 
 
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=30)
+def swallows_its_stop(self: Any, tag: str, seconds: float) -> str:
+    """Swallows the SystemExit of its process's terminate, and returns: the process lives on
+    (billiard's terminate flag still set) and runs what comes next."""
+    try:
+        _run(self, tag, seconds)
+    except SystemExit:
+        _events.set(f"swallowed:{tag}", 1)
+    return tag
+
+
+@app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=30)
+def slow_to_stop(self: Any, tag: str, seconds: float) -> str:
+    """Takes a second and a half to unwind from its process's terminate."""
+    try:
+        _run(self, tag, seconds)
+    except SystemExit:
+        time.sleep(1.5)
+        raise
+    return tag
+
+
+@app.task(
+    bind=True,
+    base=dedupe.DedupeTask,
+    unique=True,
+    unique_until="started",
+    unique_lease=30,
+    on_running_countdown=0.2,
+)
+def started_long_lease(self: Any, tag: str, seconds: float) -> str:
+    """unique_until="started" (its run lock a key of its own) with a 30 s lease."""
+    _run(self, tag, seconds)
+    return tag
+
+
 @app.task(bind=True, base=dedupe.DedupeTask, unique=True, unique_lease=30, time_limit=1)
 def hard_limited_long_lease(self: Any, tag: str) -> None:
     _run(self, tag, 5)

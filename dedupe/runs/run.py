@@ -104,6 +104,9 @@ class Run:
     latest: Latest | None = None
     #: The arguments the run takes in place of its message's: the latest call's.
     arguments: tuple[list[object], dict[str, object]] | None = None
+    #: Its process was on its way out as it started (a pool process that swallowed the
+    #: SystemExit of its worker's terminate): its end is its own, not the terminate's.
+    started_terminating: bool = False
     #: A continuation (retry, replace) put this key back to queued: its message owns it.
     #: A continuation to another key (new arguments, another task) leaves it False, and
     #: the run's own key is released at the end.

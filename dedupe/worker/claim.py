@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from dedupe.compat.celery_private import pool_process_terminating
 from dedupe.errors import RedisUnavailable
 from dedupe.events import CLAIMED, UNAVAILABLE, emit
 from dedupe.runs.liveness import run_is_dead
@@ -155,7 +156,8 @@ def _claimed(runtime: Runtime, task: TaskSurface, claim: RunClaim, holder: Holde
     )
     runtime.heartbeat.hold(lease, task.name)
     emit(CLAIMED, task.name, task_id, spec.keys.run)
-    return Run(spec, claim.token, "claimed", lease=lease)
+    terminating = pool_process_terminating()
+    return Run(spec, claim.token, "claimed", lease=lease, started_terminating=terminating)
 
 
 def record_ttl_ms(runtime: Runtime, task: TaskSurface, spec: RunSpec) -> int:

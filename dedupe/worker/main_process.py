@@ -9,7 +9,9 @@ task, in another child or on another host, is never touched.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import signal
 import threading
 import time
@@ -22,12 +24,13 @@ from dedupe.compat.celery_private import current_app, current_worker_task
 from dedupe.errors import DedupeError, RedisUnavailable
 from dedupe.events import RECLAIMED, UNAVAILABLE, emit
 from dedupe.runs.liveness import lost_run_token, run_is_dead
-from dedupe.runs.run import ANY_RUN, NO_RUN, RunSpec
+from dedupe.runs.run import NO_RUN, RunSpec
 from dedupe.runs.run_end import RunEnd
 from dedupe.runs.runtime import Runtime, installed
 from dedupe.surfaces import AnyTask, RequestSurface, TaskSurface
 from dedupe.values.header import KeyHeader, is_publishing
 from dedupe.values.limits import LimitHeader
+from dedupe.values.redelivery import horizon
 
 from .limited_runs import free_dead_slots, leave_line
 from .requeue import requeue_for_message, requeue_key
@@ -160,8 +163,22 @@ def _act_for_lost_run(
             emit(RECLAIMED, task.name, task_id, spec.keys.run, requeued=requeue)
 
 
-#: Seconds between two looks at a terminated run's key.
+#: Seconds between two looks at a terminated run's key, for its lease; then _WATCH_LATER.
 _WATCH_EVERY = 0.2
+_WATCH_LATER = 2.0
+#: Seconds the process waits at its exit for the watches of runs it terminated (a cold
+#: shutdown terminates its runs and exits: their children are gone within moments).
+_WATCHES_AT_EXIT = 3.0
+
+_watches: set[threading.Thread] = set()
+os.register_at_fork(after_in_child=_watches.clear)  # (a pool child watches nothing)
+
+
+@atexit.register
+def _settle_watched() -> None:
+    deadline = time.monotonic() + _WATCHES_AT_EXIT
+    for watch in list(_watches):
+        watch.join(max(0.0, deadline - time.monotonic()))
 
 
 def on_cancelled(task: AnyTask, request: Context, *, acknowledged: bool) -> None:
@@ -186,29 +203,37 @@ def _when_over(task: AnyTask, request: Context, *, requeue: bool) -> None:
     if spec is None:
         return
     store, keys = runtime.store, spec.keys
-    # Past its lease, the key of a run nobody renews frees itself.
-    deadline = time.monotonic() + spec.lease + 1
+    # (Its message may come back as late as a dead run's record lives: requeued as long.)
+    ttl = max(spec.ttl, horizon(runtime.broker.redelivery, spec.lease, spec.ttl))
+    often_until = time.monotonic() + spec.lease
 
     def watch() -> None:
-        while time.monotonic() < deadline:
-            try:
-                holder = store.lookup(keys)
-                if holder is None or holder.task_id != task_id or holder.state != "running":
-                    return  # the run ended and freed its key (or handed it over)
-                if run_is_dead(holder):
-                    if requeue:
-                        # (Exactly this run's: a redelivered copy that took over is left be.)
+        try:
+            while True:
+                try:
+                    # The run key: the call's own record holds calls accepted since, in the
+                    # modes that free it as the run starts.
+                    holder = store.run_holder(keys)
+                    if holder is None or holder.task_id != task_id or holder.state != "running":
+                        return  # the run ended and freed its key (or handed it over)
+                    if run_is_dead(holder):
+                        # Exactly this run's: a redelivered copy that took over is left be.
                         token = holder.run_token or NO_RUN
-                        requeue_key(runtime, keys, spec.ttl, task_id, token, 0.0)
-                    else:
-                        store.release(keys, task_id, ANY_RUN)
-                    emit(RECLAIMED, task.name, task_id, keys.run, requeued=requeue)
-                    return
-            except RedisUnavailable:
-                pass  # look again
-            time.sleep(_WATCH_EVERY)
+                        if requeue:
+                            requeue_key(runtime, keys, ttl, task_id, token, 0.0)
+                        else:
+                            store.release(keys, task_id, token)
+                        emit(RECLAIMED, task.name, task_id, keys.run, requeued=requeue)
+                        return
+                except RedisUnavailable:
+                    pass  # look again
+                time.sleep(_WATCH_EVERY if time.monotonic() < often_until else _WATCH_LATER)
+        finally:
+            _watches.discard(threading.current_thread())
 
-    threading.Thread(target=watch, name=f"dedupe-terminated-{task_id}", daemon=True).start()
+    thread = threading.Thread(target=watch, name=f"dedupe-terminated-{task_id}", daemon=True)
+    _watches.add(thread)
+    thread.start()
 
 
 def _spec_of_lost_run(

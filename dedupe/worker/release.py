@@ -8,10 +8,13 @@ the list is in the design notes: docs/design-notes.md, "dedupe.worker.release").
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, cast
 
+from celery import states
 from celery.backends.base import DisabledBackend
+from kombu.utils.imports import symbol_by_name
 
 from dedupe.compat.celery_private import pool_process_terminating
 from dedupe.errors import RedisUnavailable
@@ -24,6 +27,7 @@ from dedupe.values.redelivery import horizon
 from dedupe.values.timing import milliseconds
 
 from . import limited_runs
+from .request import ClaimingRequest
 from .requeue import requeue_key
 from .run_spec import latest_mode
 
@@ -45,7 +49,7 @@ def end_of_body(task: AnyTask, request: RequestSurface, end: RunEnd) -> None:
         or run.requeued
         or run.released
         or run.handover is not None
-        or pool_process_terminating()
+        or (end is not RunEnd.SUCCEEDED and left_to_the_main_process(task, run))
     ):
         return
     if run.lease is not None:
@@ -139,10 +143,7 @@ def on_postrun(
     if run.handover is not None:
         _hand_over(runtime, task, task_id, run, *run.handover)
         return
-    if pool_process_terminating():
-        # The worker terminates this process (Celery's cancel, a revoke's terminate): the
-        # key stays as it stands until the process is gone, then the worker's main process
-        # frees it, or puts it back to queued for a message that comes back (main_process).
+    if state != states.SUCCESS and left_to_the_main_process(task, run):
         return
     rejected = RunEnd.of_state(state, retval) is RunEnd.REJECTED_TO_REQUEUE
     if run.verdict == "claimed" and not (rejected and task.acks_late):
@@ -168,6 +169,30 @@ def on_postrun(
             emit(RELEASED, task.name, task_id, spec.keys.run)
     except RedisUnavailable as exc:
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=_NOT_FREED, error=exc.cause)
+
+
+def left_to_the_main_process(task: TaskSurface, run: Run) -> bool:
+    """Does the worker's main process settle this run's key, once its process is gone? The
+    worker terminates the process (Celery's cancel, a revoke's terminate: billiard's own
+    handler ran since the run started), and the task's request class is DedupeTask's, whose
+    cancel it watches (and every revoke). The key stays as it stands meanwhile: freed now,
+    a call would be accepted beside a message that comes back, or a new run start beside
+    this one's unwinding. (Another task's run frees it as it unwinds.)"""
+    return (
+        not run.started_terminating
+        and pool_process_terminating()
+        and _request_class_claims(getattr(task, "Request", None))
+    )
+
+
+@functools.cache
+def _request_class_claims(request_class: object) -> bool:
+    # (A name, "module:Class", as Celery's own default is, or the class.)
+    try:
+        found = symbol_by_name(request_class) if isinstance(request_class, str) else request_class
+    except Exception:  # (Celery's worker would fail on it too)
+        return False
+    return isinstance(found, type) and issubclass(found, ClaimingRequest)
 
 
 def _hand_over(

@@ -46,11 +46,14 @@ class ClaimingRequest(Request):
         # the main process settles once the process is gone. (Read first: Celery marks the
         # request ready.)
         running, acknowledged = bool(self.time_start), self.acknowledged
-        super().cancel(pool, *args, **kwargs)
-        if running:
-            # The message's own fields, headers included (where the key's header is).
-            fields = self.request_dict
-            on_cancelled(self.task, Context(fields, headers=fields), acknowledged=acknowledged)
+        try:
+            super().cancel(pool, *args, **kwargs)  # (its announce may fail once signalled)
+        finally:
+            if running:
+                # The message's own fields, headers included (where the key's header is).
+                fields = self.request_dict
+                context = Context(fields, headers=fields)
+                on_cancelled(self.task, context, acknowledged=acknowledged)
 
     def on_failure(
         self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False

@@ -35,8 +35,14 @@ class AdminCommands(StoreBase):
 
     def lookup(self, keys: CallKeys) -> Holder | None:
         """The holder of a call's keys: the queued record first, else the running one."""
-        names = keys.names
+        return self._first_holder(keys.names, keys.call)
 
+    def run_holder(self, keys: CallKeys) -> Holder | None:
+        """The record of a call's run key: the run that holds it (the call's own record,
+        queued or running, with unique_until="finished")."""
+        return self._first_holder([keys.run], keys.run)
+
+    def _first_holder(self, names: list[str], key: str) -> Holder | None:
         def read() -> Holder | None:
             with self.client.pipeline(transaction=False) as pipe:
                 for name in names:
@@ -44,7 +50,7 @@ class AdminCommands(StoreBase):
                     pipe.pttl(name)
                 return first_holder(names, pipe.execute())
 
-        with reraise_unavailable("lookup", keys.call):
+        with reraise_unavailable("lookup", key):
             return self._command(read)
 
     def claim_tick(self, key: str, claimant: bytes, ttl_ms: int) -> bool:
