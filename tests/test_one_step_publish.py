@@ -12,6 +12,7 @@ import base64
 import datetime as dt
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -233,3 +234,23 @@ def test_a_debounced_or_replacing_call_is_one_round_trip_accepted_or_duplicate(
     assert duplicate["evalsha"] == 1
     assert duplicate["hset"] == 1
     assert "lpush" not in duplicate
+
+
+def test_a_call_after_the_server_closed_its_idle_connection_is_published(
+    make_app: Any, redis_factory: RedisFactory
+) -> None:
+    # Redis closes a connection idle past its timeout. The one-step script, written on the
+    # closed connection, was answered by nothing: the call raised RedisUnavailable (a push
+    # of unknown fate) though the server never saw it.
+    server = redis_factory()
+    client = redis.Redis.from_url(server.url)
+    client.config_set("timeout", 1)
+    app = make_app(broker=server.url, dedupe_redis_url=server.url)
+
+    @app.task(shared=False, base=dedupe.DedupeTask, unique=True)
+    def job(x: int) -> None: ...
+
+    job.delay(1)  # (the script known, the connection made)
+    time.sleep(2.5)
+    assert not job.delay(2).deduplicated
+    assert client.llen(app.conf.task_default_queue) == 2

@@ -194,7 +194,7 @@ def test_the_sweeper_gives_up_on_a_redis_out_of_reach_and_ends(
 ) -> None:
     server, client, runner, setter = _giving_up_soon(redis_factory, monkeypatch)
     # (However loaded the machine, the send is one not waited for.)
-    monkeypatch.setattr(deferred, "_TRUSTED_IDLE", 60.0)
+    monkeypatch.setattr(deferred, "TRUSTED_IDLE", 60.0)
 
     def warm_freeze_send() -> None:
         runner(setter, ["frozen"], ["warm"])  # (this thread's connection fresh: not waited on)
@@ -254,7 +254,7 @@ def test_land_all_waits_for_the_replies_a_thread_left_unread_as_a_process_exits(
     # it (os._exit), so whatever is still unread is read now, waiting for it.
     server = redis_factory()
     client = redis.Redis(port=server.port, socket_timeout=2)
-    monkeypatch.setattr(deferred, "_TRUSTED_IDLE", 60.0)
+    monkeypatch.setattr(deferred, "TRUSTED_IDLE", 60.0)
     runner = ScriptRunner(client)
     setter = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
     runner(setter, ["exiting"], ["warm"])

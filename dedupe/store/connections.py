@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import socket
 import threading
 import time
 import weakref
@@ -30,6 +31,7 @@ from .resp import Part, pack_command, pack_parts
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
+    "TRUSTED_IDLE",
     "ConnectionLocal",
     "ConnectionState",
     "Reply",
@@ -61,6 +63,11 @@ def connection_cap(pool: Any) -> int:
 #: polling again: a stray slow reply costs one call, a far Redis one poll in this many.
 _RETRY_POLL_AFTER = 63
 _T = TypeVar("_T")
+#: A connection idle this long may have been closed by the server (its ``timeout``, whose
+#: shortest is 1 s), a proxy or a restart. Its socket is looked at before its next write (a
+#: server's close is seen there, no round trip); a send nobody reads the reply of waits for
+#: it instead (:mod:`.deferred`: a proxy's silent drop is seen only by a reply).
+TRUSTED_IDLE = 0.5
 #: Forks seen by this process: a connection opened before the last one is its parent's.
 #: (Counting forks costs nothing per call; asking os.getpid() is a system call each time.)
 forks = 0
@@ -350,16 +357,13 @@ class ThreadConnections:
     def _connection(self) -> AbstractConnection:
         """This thread's connection, in step (else replaced), opened if it has none."""
         local = self._local
-        local.used_at = time.monotonic()
+        now = time.monotonic()
+        idle, local.used_at = now - local.used_at, now
         connection = local.connection
         if connection is not None and local.forks == forks:
-            if local.owed != len(local.pending):
-                logger.debug("a call was cut short between a send and its reply: reconnecting")
-                self._drop_connection()
-            elif local.capped and local.cap is None and not local.pending:
-                self._drop_connection()  # (a retry's: its timeouts were what it had left)
-            else:
+            if not _to_replace(local, connection, idle):
                 return connection
+            self._drop_connection()
         if local.forks != forks:
             # A forked child: its parent's connection and sends are not its own. (Left open:
             # redis-py only shuts a socket down in the process that opened it, and closing
@@ -442,3 +446,41 @@ def _poller(connection: AbstractConnection) -> object:
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return poller
+
+
+def _to_replace(local: ConnectionState, connection: AbstractConnection, idle: float) -> bool:
+    """Must this thread's connection (``idle`` seconds since its last use) be replaced before
+    its next write?
+
+    - A call was cut short between a send and its reply: the replies are out of step.
+    - A retry's: its timeouts were what that retry had left of the budget.
+    - Idle past TRUSTED_IDLE, and the server closed it: written on, it would answer nothing,
+      and a script that must not run twice would be reported as of unknown fate.
+    """
+    if local.owed != len(local.pending):
+        logger.debug("a call was cut short between a send and its reply: reconnecting")
+        return True
+    if local.capped and local.cap is None and not local.pending:
+        return True
+    if idle > TRUSTED_IDLE and not local.owed and _closed_by_server(connection):
+        logger.debug("the dedup Redis closed an idle connection: reconnecting")
+        return True
+    return False
+
+
+def _closed_by_server(connection: AbstractConnection) -> bool:
+    """Has the server closed this connection (nothing owed on it)? Looked at without a wait
+    and without reading: a plain socket that reads as its end. (Another socket, TLS or a
+    cooperative one, is not looked at: its first write after the close finds out.)"""
+    sock = socket_of(connection)
+    if sock is None or type(sock).__module__ != "socket" or not hasattr(select, "poll"):
+        return False
+    # (Polled first: a socket with a timeout waits that long in recv, MSG_DONTWAIT or not.)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(0):
+        return False  # (open, nothing to read)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True  # (reset)

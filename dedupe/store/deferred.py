@@ -23,18 +23,13 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, ResponseError
 
-from .connections import ConnectionState, Reply, ThreadConnections
+from .connections import TRUSTED_IDLE, ConnectionState, Reply, ThreadConnections
 from .resp import Part
 
 __all__ = ["DefersReads", "land_all"]
 
 logger = logging.getLogger("dedupe.store")
 
-# A connection idle this long may have been closed by the server (its `timeout`), a proxy or
-# a restart, and a send nobody reads the reply of is lost on it without a trace: such a send
-# waits for its reply instead (one round trip, once per idle spell: a release after a run
-# longer than this). Redis's shortest idle timeout is 1 s.
-_TRUSTED_IDLE = 0.5
 #: Seconds between two looks of the sweeper for sends whose replies nobody read: a reply the
 #: sending thread has not read within about twice this is read by the sweeper, and a send
 #: the connection lost is sent again.
@@ -119,7 +114,10 @@ class DefersReads(ThreadConnections):
         local = self._local
         # (A send whose reply is kept is read later, and sent again if the connection died.)
         idle = time.monotonic() - local.used_at if slot is None else 0.0
-        if script.sha not in self._known or idle > _TRUSTED_IDLE:
+        # On a connection idle past TRUSTED_IDLE, a send nobody reads the reply of could be lost
+        # without a trace (a proxy's silent drop): it waits for its reply instead (one round
+        # trip, once per idle spell: a release after a run longer than this).
+        if script.sha not in self._known or idle > TRUSTED_IDLE:
             value = self(script, keys, args)
             if slot is not None:
                 slot.settle(value, None)
