@@ -45,6 +45,16 @@ def _running(task: Any, args: tuple[Any, ...]) -> Any:
     )
 
 
+def _freed(task: Any, args: tuple[Any, ...], by: str) -> None:
+    """Wait for the key of ``task(*args)`` to be free: within 5 s, by ``by`` (its lease is
+    30 s)."""
+    wait_for(
+        lambda: dedupe.lookup(task, args) is None,
+        timeout=5,
+        message=f"freed by {by} (the lease is 30 s)",
+    )
+
+
 def _swallowed_terminate(worker_app: Any, tag: str, queue: str) -> None:
     """A run that swallows its process's terminate and returns, in the worker of ``queue``."""
     first = worker_app.swallows_its_stop.apply_async((tag, 30), queue=queue)
@@ -60,11 +70,7 @@ def test_a_run_that_swallows_its_terminate_and_returns_frees_its_key(
     worker = _own_worker(worker_app, tag)
     try:
         _swallowed_terminate(worker_app, tag, f"terminated-{tag}")
-        wait_for(
-            lambda: dedupe.lookup(worker_app.swallows_its_stop, (tag, 30)) is None,
-            timeout=5,
-            message="freed by its run (the lease is 30 s)",
-        )
+        _freed(worker_app.swallows_its_stop, (tag, 30), by="its run")
     finally:
         worker.stop()
 
@@ -78,11 +84,7 @@ def test_a_process_that_swallowed_its_terminate_frees_the_keys_of_its_next_runs(
         _swallowed_terminate(worker_app, tag, queue)
         # The same process, its terminate flag still set, runs the next call to its end.
         assert worker_app.sleepy_long_lease.apply_async((tag, 0), queue=queue).get(10) == tag
-        wait_for(
-            lambda: dedupe.lookup(worker_app.sleepy_long_lease, (tag, 0)) is None,
-            timeout=5,
-            message="freed by its run (the lease is 30 s)",
-        )
+        _freed(worker_app.sleepy_long_lease, (tag, 0), by="its run")
     finally:
         worker.stop()
 
@@ -120,10 +122,6 @@ def test_a_cold_shutdown_frees_the_key_of_the_run_it_cancels_before_it_exits(
         assert worker.process is not None
         os.kill(worker.process.pid, signal.SIGQUIT)
         worker.process.wait(timeout=20)
-        wait_for(
-            lambda: dedupe.lookup(task, (tag, 30)) is None,
-            timeout=5,
-            message="freed by the worker (the lease is 30 s)",
-        )
+        _freed(task, (tag, 30), by="the worker")
     finally:
         worker.stop()
