@@ -472,14 +472,12 @@ def _closed_by_server(connection: AbstractConnection) -> bool:
     """Has the server closed this connection (nothing owed on it)? Looked at without a wait
     and without reading: a plain socket that reads as its end. (Another socket, TLS or a
     cooperative one, is not looked at: its first write after the close finds out.)"""
-    sock = socket_of(connection)
-    if sock is None or type(sock).__module__ != "socket" or not hasattr(select, "poll"):
-        return False
+    poller: Any = _poller(connection) if hasattr(select, "poll") else None
     # (Polled first: a socket with a timeout waits that long in recv, MSG_DONTWAIT or not.)
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    if not poller.poll(0):
-        return False  # (open, nothing to read)
+    if poller is None or not poller.poll(0):
+        return False  # (not a plain socket; or open, nothing to read)
+    sock = socket_of(connection)
+    assert sock is not None  # (_poller made a poller of it)
     try:
         return sock.recv(1, socket.MSG_PEEK) == b""
     except OSError:

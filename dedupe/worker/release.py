@@ -49,7 +49,7 @@ def end_of_body(task: AnyTask, request: RequestSurface, end: RunEnd) -> None:
         or run.requeued
         or run.released
         or run.handover is not None
-        or (end is not RunEnd.SUCCEEDED and left_to_the_main_process(task, run))
+        or (end is not RunEnd.SUCCEEDED and _left_to_the_main_process(task, run))
     ):
         return
     if run.lease is not None:
@@ -143,7 +143,7 @@ def on_postrun(
     if run.handover is not None:
         _hand_over(runtime, task, task_id, run, *run.handover)
         return
-    if state != states.SUCCESS and left_to_the_main_process(task, run):
+    if state != states.SUCCESS and _left_to_the_main_process(task, run):
         return
     rejected = RunEnd.of_state(state, retval) is RunEnd.REJECTED_TO_REQUEUE
     if run.verdict == "claimed" and not (rejected and task.acks_late):
@@ -171,7 +171,7 @@ def on_postrun(
         emit(UNAVAILABLE, task.name, task_id, spec.keys.run, action=_NOT_FREED, error=exc.cause)
 
 
-def left_to_the_main_process(task: TaskSurface, run: Run) -> bool:
+def _left_to_the_main_process(task: TaskSurface, run: Run) -> bool:
     """Does the worker's main process settle this run's key, once its process is gone? The
     worker terminates the process (Celery's cancel, a revoke's terminate: billiard's own
     handler ran since the run started), and the task's request class is DedupeTask's, whose
